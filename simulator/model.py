@@ -1,0 +1,160 @@
+"""Decoder-transformer shapes: exact parameter counts, FLOPs per token and KV-cache bytes.
+
+A Llama-family block is RMSNorm → attention (q, k, v, o; grouped-query) → RMSNorm → SwiGLU MLP
+(gate, up, down). Critics and reward/cost models replace the LM head by a scalar head
+(`head="scalar"`). Presets are the published configs; their counts are checked against the
+published totals in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+
+from .errors import HflowError
+
+Head = Literal["lm", "scalar"]
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    ffn: PositiveInt
+    vocab: PositiveInt
+    tied_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    head_dim: PositiveInt | None = None  # defaults to hidden // heads
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        return self
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    # ---- parameters -------------------------------------------------------------------------
+    def layer_params(self) -> int:
+        h, d = self.hidden, self.dim_head
+        q = h * self.heads * d
+        kv = 2 * h * self.kv_heads * d
+        o = self.heads * d * h
+        bias = (self.heads + 2 * self.kv_heads) * d if self.attention_bias else 0
+        mlp = 3 * h * self.ffn
+        norms = 2 * h
+        return q + kv + o + bias + mlp + norms
+
+    def num_params(self, head: Head = "lm") -> int:
+        embed = self.vocab * self.hidden
+        if head == "scalar":
+            out = self.hidden + 1  # value head: hidden -> 1 with bias
+        else:
+            out = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return embed + self.layers * self.layer_params() + self.hidden + out
+
+    def matmul_params(self, head: Head = "lm") -> int:
+        """Parameters that take part in a matmul per token (the embedding lookup does not)."""
+        out = self.hidden if head == "scalar" else self.vocab * self.hidden
+        return self.layers * self.layer_params() + out
+
+    # ---- compute and memory per token -------------------------------------------------------
+    def forward_flops_per_token(self, context: float, head: Head = "lm") -> float:
+        """Forward FLOPs for one token attending to `context` tokens: 2·N_matmul + attention
+        (QKᵀ and AV: 2·2·layers·context·heads·head_dim)."""
+        attn = 4 * self.layers * context * self.heads * self.dim_head
+        return 2 * self.matmul_params(head) + attn
+
+    def sequence_forward_flops(self, seq_len: int, head: Head = "lm") -> float:
+        """Forward FLOPs of a whole causal sequence: each token attends to (seq_len+1)/2 on average."""
+        return seq_len * self.forward_flops_per_token((seq_len + 1) / 2, head)
+
+    def kv_bytes_per_token(self, bytes_per_elem: int = 2) -> int:
+        return 2 * self.layers * self.kv_heads * self.dim_head * bytes_per_elem
+
+    def weight_bytes(self, head: Head = "lm", bytes_per_param: int = 2) -> int:
+        return self.num_params(head) * bytes_per_param
+
+    # ---- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face `config.json` (or a folder holding one)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        if not p.is_file():
+            raise HflowError(f"{p}: no config.json here; pass a Hugging Face model folder or its config.json")
+        try:
+            cfg = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            raise HflowError(f"{p}: not valid JSON; a Hugging Face config.json is expected") from None
+        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                               "vocab_size") if k not in cfg]
+        if missing:
+            raise HflowError(f"{p}: missing {', '.join(missing)}; only decoder (Llama-family) configs are supported")
+        return cls(
+            name=name or cfg.get("_name_or_path") or p.parent.name,
+            layers=cfg["num_hidden_layers"],
+            hidden=cfg["hidden_size"],
+            heads=cfg["num_attention_heads"],
+            kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            ffn=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+            head_dim=cfg.get("head_dim"),
+        )
+
+
+def _m(name, layers, hidden, heads, kv_heads, ffn, vocab, **kw) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                     vocab=vocab, **kw)
+
+
+# Published configs (Hugging Face config.json of each release).
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        _m("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+        _m("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+        _m("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+        _m("codellama-34b", 48, 8192, 64, 8, 22016, 32000),
+        _m("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
+        _m("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
+        _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
+        _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, attention_bias=True),
+        # The embedded default's policy: small enough to train on two CPU cores.
+        _m("tiny", 4, 128, 4, 4, 512, 64),
+    ]
+}
+
+
+def model_preset(name: str) -> ModelSpec:
+    try:
+        return MODEL_PRESETS[name.lower()]
+    except KeyError:
+        known = ", ".join(MODEL_PRESETS)
+        raise HflowError(f"unknown model preset '{name}'; known presets: {known} (or pass a HF model folder)") from None
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """A preset name, a HF model folder / config.json, or a YAML/JSON ModelSpec file."""
+    p = Path(ref)
+    if p.is_dir() or p.name == "config.json":
+        return ModelSpec.from_hf_config(p)
+    if p.suffix in (".yaml", ".yml", ".json") and p.exists():
+        from .io import load_model_file
+
+        return load_model_file(ModelSpec, p)
+    return model_preset(ref)

@@ -1,0 +1,58 @@
+"""ParallelConfig: how one model is split over its devices (pipeline × tensor × data).
+
+Data parallelism in training is fully sharded (FSDP / ZeRO-3: weights, gradients and optimizer
+states are split over dp), which is what the runtime runs. Rank order is (pp, dp, tp) with tp
+fastest, so a tensor-parallel group is consecutive devices and stays inside a node.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
+from .errors import HflowError
+from .model import ModelSpec
+
+
+class ParallelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pp: PositiveInt = 1
+    tp: PositiveInt = 1
+    dp: PositiveInt = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.tp * self.dp
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.pp * self.tp
+
+    def label(self) -> str:
+        return f"{self.pp}-{self.tp}-{self.dp}"
+
+    def __str__(self) -> str:
+        return f"pp{self.pp}·tp{self.tp}·dp{self.dp}"
+
+    def problems(self, model: ModelSpec, devices_per_node: int | None = None) -> list[str]:
+        out = []
+        if model.heads % self.tp or model.kv_heads % self.tp:
+            out.append(f"tp={self.tp} must divide heads={model.heads} and kv_heads={model.kv_heads}")
+        if model.layers % self.pp:
+            out.append(f"pp={self.pp} must divide layers={model.layers}")
+        if devices_per_node is not None and self.tp > devices_per_node:
+            out.append(f"tp={self.tp} exceeds {devices_per_node} devices per node (tensor parallelism stays inside a node)")
+        return out
+
+    def validate_for(self, model: ModelSpec, devices_per_node: int | None = None) -> ParallelConfig:
+        bad = self.problems(model, devices_per_node)
+        if bad:
+            raise HflowError(f"parallel config {self} does not fit {model.name}: {'; '.join(bad)}")
+        return self
+
+    def rank_coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) coordinates of a rank; tp varies fastest."""
+        tp = rank % self.tp
+        dp = (rank // self.tp) % self.dp
+        pp = rank // (self.tp * self.dp)
+        return pp, dp, tp

@@ -1,0 +1,173 @@
+"""Plan: the planner's output and the runtime's input — one JSON document, validated and versioned.
+
+For each model role: the colocation group it lives in (groups own disjoint devices), its training
+ParallelConfig and, for the actor, its generation ParallelConfig. The actor's generation either
+runs in its own group through the 3D-HybridEngine (`generate_group` unset) or on a separate group
+of inference devices (OpenRLHF-style, `generate_group` set).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import HflowError, describe_validation_error
+from .hardware import ClusterSpec
+from .model import Head, ModelSpec
+from .parallel import ParallelConfig
+from .workload import Workload
+
+PLAN_VERSION = 1
+
+Role = Literal["actor", "critic", "ref", "reward", "cost"]
+Algorithm = Literal["ppo", "grpo", "remax", "safe-rlhf", "rloo"]
+ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
+
+# Every role an algorithm can use, in call order of the dataflow. `ref` may be dropped (no KL);
+# `reward`/`cost` may be rule-based functions instead of models (then they own no devices).
+ALGORITHM_ROLES: dict[str, tuple[str, ...]] = {
+    "ppo": ("actor", "critic", "ref", "reward"),
+    "grpo": ("actor", "ref", "reward"),
+    "remax": ("actor", "ref", "reward"),
+    "safe-rlhf": ("actor", "critic", "ref", "reward", "cost"),
+    "rloo": ("actor", "ref", "reward"),
+}
+REQUIRED_ROLES: dict[str, tuple[str, ...]] = {
+    "ppo": ("actor", "critic"),
+    "grpo": ("actor",),
+    "remax": ("actor",),
+    "safe-rlhf": ("actor", "critic"),
+    "rloo": ("actor",),
+}
+TRAINED_ROLES = ("actor", "critic")
+SCALAR_HEAD_ROLES = ("critic", "reward", "cost")
+
+
+def role_head(role: str) -> Head:
+    return "scalar" if role in SCALAR_HEAD_ROLES else "lm"
+
+
+class Device(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: int = Field(ge=0)
+    index: int = Field(ge=0)
+
+
+class DeviceGroup(BaseModel):
+    """A colocation group: the models in it take turns on these devices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    devices: list[Device]
+
+
+class RolePlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec
+    group: str
+    train: ParallelConfig = ParallelConfig()
+    generate: ParallelConfig | None = None  # actor only
+    generate_group: str | None = None  # actor only: separate inference devices (OpenRLHF-style)
+    path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = PLAN_VERSION
+    algorithm: Algorithm = "ppo"
+    cluster: ClusterSpec
+    workload: Workload = Workload()
+    groups: list[DeviceGroup]
+    roles: dict[Role, RolePlan]
+    reshard: ReshardMode = "hybridflow"
+    reward_function: str | None = None  # "module:function" when the reward is rule-based
+    cost_function: str | None = None
+    offload: bool = False  # colocated models move their states to host memory when idle
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        groups = {g.name: g for g in self.groups}
+        if len(groups) != len(self.groups):
+            raise ValueError("group names must be unique")
+        seen: dict[tuple[int, int], str] = {}
+        n, per = self.cluster.nodes, self.cluster.devices_per_node
+        for g in self.groups:
+            if not g.devices:
+                raise ValueError(f"group '{g.name}' has no devices")
+            for d in g.devices:
+                if d.node >= n or d.index >= per:
+                    raise ValueError(f"group '{g.name}' names device {d.node}:{d.index}, outside the {n}x{per} cluster")
+                if (d.node, d.index) in seen:
+                    raise ValueError(f"device {d.node}:{d.index} is in both '{seen[(d.node, d.index)]}' and '{g.name}'")
+                seen[(d.node, d.index)] = g.name
+        allowed = ALGORITHM_ROLES[self.algorithm]
+        for role, rp in self.roles.items():
+            if role not in allowed:
+                raise ValueError(f"role '{role}' is not used by {self.algorithm} (roles: {', '.join(allowed)})")
+            for gname in (rp.group, rp.generate_group):
+                if gname is not None and gname not in groups:
+                    raise ValueError(f"role '{role}' names unknown group '{gname}' (groups: {', '.join(groups)})")
+            size = len(groups[rp.group].devices)
+            if rp.train.world_size != size:
+                raise ValueError(f"role '{role}': train config {rp.train} uses {rp.train.world_size} devices "
+                                 f"but group '{rp.group}' has {size}")
+            if role != "actor" and (rp.generate or rp.generate_group):
+                raise ValueError(f"role '{role}': only the actor has a generation config")
+        for role in REQUIRED_ROLES[self.algorithm]:
+            if role not in self.roles:
+                raise ValueError(f"{self.algorithm} needs a '{role}' model")
+        if "reward" not in self.roles and not self.reward_function:
+            raise ValueError("give a 'reward' model or a reward_function ('module:function')")
+        if self.algorithm == "safe-rlhf" and "cost" not in self.roles and not self.cost_function:
+            raise ValueError("safe-rlhf needs a 'cost' model or a cost_function ('module:function')")
+        return self
+
+    # ---- views ------------------------------------------------------------------------------
+    def group(self, name: str) -> DeviceGroup:
+        return next(g for g in self.groups if g.name == name)
+
+    def roles_in(self, group: str) -> list[str]:
+        return [r for r, rp in self.roles.items() if rp.group == group]
+
+    def generation_config(self) -> ParallelConfig:
+        """The actor's generation layout; defaults to its training layout."""
+        a = self.roles["actor"]
+        return a.generate or a.train
+
+    def placement(self) -> list[list[str]]:
+        return [self.roles_in(g.name) for g in self.groups if self.roles_in(g.name)]
+
+    def validate_parallel(self) -> Plan:
+        """Check every config divides its model (raises HflowError with the first problem)."""
+        per = self.cluster.devices_per_node
+        for rp in self.roles.values():
+            rp.train.validate_for(rp.model, per)
+            if rp.generate:
+                rp.generate.validate_for(rp.model, per)
+                gsize = len(self.group(rp.generate_group).devices) if rp.generate_group else rp.train.world_size
+                if rp.generate.world_size != gsize:
+                    raise HflowError(f"actor generation config {rp.generate} uses {rp.generate.world_size} devices "
+                                     f"but its group has {gsize}")
+                if not rp.generate_group and (rp.train.tp % rp.generate.tp or rp.train.pp % rp.generate.pp):
+                    raise HflowError(f"actor generation config {rp.generate} must have tp | {rp.train.tp} and "
+                                     f"pp | {rp.train.pp} (3D-HybridEngine); pick divisors of the training layout")
+        return self
+
+    @classmethod
+    def from_json_text(cls, text: str, source: str = "plan") -> Plan:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as e:
+            raise HflowError(describe_validation_error(e, source)) from None
+
+    @classmethod
+    def load(cls, path) -> Plan:
+        from .io import load_model_file
+
+        return load_model_file(cls, path).validate_parallel()
