@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import HflowError, describe_validation_error
 from .hardware import ClusterSpec
-from .model import Head, ModelSpec
+from .model import Head, ModelSpec, model_preset
 from .parallel import ParallelConfig
 from .workload import Workload
 
@@ -73,6 +73,14 @@ class RolePlan(BaseModel):
     generate: ParallelConfig | None = None  # actor only
     generate_group: str | None = None  # actor only: separate inference devices (OpenRLHF-style)
     path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_by_name(cls, data):
+        # `"model": "llama2-7b"` in a plan file means the preset (unknown names list the known ones).
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = {**data, "model": model_preset(data["model"])}
+        return data
 
 
 class Plan(BaseModel):

@@ -1,0 +1,312 @@
+"""Calibration: fit the cost model's hardware figures and efficiency terms to a measured profile.
+
+Every profile point is priced by the very CostModel methods that price a plan (train, forward,
+generate, reshard, the ring collectives); scipy's least_squares then moves a chosen set of terms
+— the HardwareSpec's *effective* figures (FLOP/s, memory and link bandwidth, collective latency)
+and EfficiencyParams' shape terms (the few-tokens and thin-shard fall-offs, the per-decode-step
+overhead, FSDP overlap, Adam traffic) — to minimise the relative error of every point, each op
+kind weighted equally. The efficiency *fractions* are pinned at 1, so the fitted hardware figures
+are what the device achieves, not its datasheet.
+
+Bytes: the cost model counts weights and activations at 2 bytes per element (bf16). A profile
+measured in fp32 (CPU) moves twice that; collective points are priced at their bf16-equivalent
+size, so the fitted bandwidths are per bf16-equivalent byte and stay consistent with the model's
+own byte counts.
+
+    cal = calibrate(Profile.load("profiles/cpu-2core.json"))
+    cal.errors["generate"].median        # |predicted − measured| / measured, median over its points
+    cm = cal.cost_model(cluster)         # a CostModel on the profile's hardware
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from functools import lru_cache
+from typing import Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cost import CostModel
+from .efficiency import EfficiencyParams
+from .errors import HflowError
+from .hardware import ClusterSpec, HardwareSpec
+from .profile import COLLECTIVE_OPS, Profile, ProfilePoint
+from .workload import Workload
+
+BF16 = 2
+UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran whole, as measured
+FIT_OPS = ("train", "forward", "generate", "reshard", "allreduce", "allgather")
+
+
+class Term(NamedTuple):
+    """One fitted figure: where it lives ("hardware" or "params"), its field and its bounds."""
+
+    where: Literal["hardware", "params"]
+    field: str
+    lower: float
+    upper: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.where}.{self.field}"
+
+
+DEFAULT_TERMS: tuple[Term, ...] = (
+    Term("hardware", "peak_flops", 1e8, 1e17),
+    Term("hardware", "hbm_bandwidth", 1e7, 1e14),
+    Term("hardware", "intra_node_bandwidth", 1e6, 1e13),
+    Term("hardware", "intra_node_latency", 1e-7, 1.0),
+    Term("params", "tokens_half", 1e-2, 1e6),
+    Term("params", "width_half", 1e-2, 1e6),
+    Term("params", "decode_step_overhead", 1e-7, 1.0),
+    Term("params", "fsdp_overlap", 1e-4, 1.0),
+)
+# Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
+# engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
+PINNED = {"matmul_efficiency": 1.0, "hbm_efficiency": 1.0, "intra_link_efficiency": 1.0,
+          "inter_link_efficiency": 1.0, "max_decode_batch": 1 << 20}
+
+
+class OpError(BaseModel):
+    """How far one op kind's points sit from the fit: |predicted − measured| / measured."""
+
+    points: int
+    median: float
+    max: float
+    bias: float  # median signed (predicted − measured) / measured: > 0 means over-predicted
+
+
+class PointFit(BaseModel):
+    label: str
+    op: str
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+class Calibration(BaseModel):
+    """The fit's result: the profile's hardware and efficiency terms, and its error per op kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str
+    hardware: HardwareSpec
+    params: EfficiencyParams
+    dtype_bytes: int = 4
+    terms: dict[str, float] = Field(default_factory=dict)
+    errors: dict[str, OpError] = Field(default_factory=dict)
+    fit: list[PointFit] = Field(default_factory=list)
+    converged: bool = True
+
+    def cluster(self, like: ClusterSpec | None = None, nodes: int = 1, devices_per_node: int = 1) -> ClusterSpec:
+        """A cluster of the profile's (fitted) devices, shaped like `like` when given."""
+        if like is not None:
+            nodes, devices_per_node = like.nodes, like.devices_per_node
+        return ClusterSpec(hardware=self.hardware, nodes=nodes, devices_per_node=devices_per_node)
+
+    def cost_model(self, cluster: ClusterSpec | None = None) -> CostModel:
+        """A CostModel pricing on this profile's hardware, in the shape (nodes × devices) of `cluster`."""
+        return CostModel(self.cluster(cluster), self.params)
+
+
+# ---- pricing one point -------------------------------------------------------------------------
+def _workload(p: ProfilePoint) -> Workload:
+    return Workload(prompts=p.batch, prompt_len=max(p.prompt_len, 1), response_len=max(p.response_len, 1),
+                    ppo_epochs=1, mini_batches=p.steps, micro_batch_size=p.micro_batch or p.batch)
+
+
+def _seq_workload(p: ProfilePoint) -> Workload:
+    """train/forward points: the whole sequence as `prompt_len` (a Workload needs both lengths ≥ 1)."""
+    seq = p.prompt_len + p.response_len
+    return Workload(prompts=p.batch, prompt_len=max(seq - 1, 1), response_len=1 if seq > 1 else 1,
+                    ppo_epochs=1, mini_batches=p.steps, micro_batch_size=p.micro_batch or p.batch)
+
+
+def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float:
+    """Seconds the cost model gives the op a profile point measured."""
+    if p.op == "train":
+        return cm.train(p.model, p.head, p.parallel, _seq_workload(p)).seconds
+    if p.op == "forward":
+        return cm.forward(p.model, p.head, p.parallel, _seq_workload(p), sequences=p.batch).seconds
+    if p.op == "generate":
+        return cm.generate(p.model, p.parallel, _workload(p), sequences=p.batch,
+                           free_bytes_per_device=UNLIMITED).seconds
+    if p.op == "reshard":
+        return cm.reshard(p.model, p.parallel, p.gen, p.mode).seconds
+    if p.op in COLLECTIVE_OPS:
+        size = p.size_bytes * BF16 / dtype_bytes  # bf16-equivalent bytes (module docstring)
+        ranks = tuple(range(p.group_size))
+        bw, lat = (cm.allreduce if p.op == "allreduce" else cm.allgather)(size, p.group_size, ranks)
+        return bw + lat
+    raise HflowError(f"op kind '{p.op}' is a probe figure, not priced by the cost model")
+
+
+# ---- the fit -----------------------------------------------------------------------------------
+def _build(profile_hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...], x: np.ndarray
+           ) -> tuple[HardwareSpec, EfficiencyParams]:
+    hw, pr = {}, {}
+    for t, v in zip(terms, np.exp(x), strict=True):
+        (hw if t.where == "hardware" else pr)[t.field] = float(v)
+    # model_copy(update=...) skips validation: fast inside the optimiser, bounds keep values legal.
+    return profile_hw.model_copy(update=hw), base.model_copy(update=pr)
+
+
+def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) -> np.ndarray:
+    vals = []
+    for t in terms:
+        v = getattr(hw if t.where == "hardware" else base, t.field)
+        vals.append(min(max(float(v), t.lower * 1.0001), t.upper * 0.9999))
+    return np.log(np.array(vals))
+
+
+def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops: tuple[str, ...] = FIT_OPS,
+              base: EfficiencyParams | None = None, cluster_devices: int | None = None) -> Calibration:
+    """Fit `terms` to the profile's points of kinds `ops` (scipy least_squares, soft-L1 loss on
+    log(predicted / measured), each op kind weighted equally) and report the error per op kind."""
+    from scipy.optimize import least_squares
+
+    points = [p for p in profile.points if p.op in ops]
+    if not points:
+        raise HflowError(f"profile '{profile.name}' has no points of kinds {', '.join(ops)} to fit; "
+                         "measure one with `hflow-plan profile`")
+    base = (base or EfficiencyParams()).model_copy(update=PINNED)
+    dtype_bytes = _dtype_bytes(profile.fingerprint.dtype)
+    devices = cluster_devices or max([profile.fingerprint.devices]
+                                     + [p.parallel.world_size for p in points] + [p.group_size for p in points])
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.op] = counts.get(p.op, 0) + 1
+    weights = np.array([1.0 / math.sqrt(counts[p.op]) for p in points])
+    measured = np.array([p.seconds for p in points])
+    # Terms no point can move (no collective points → no bandwidth signal) stay at their start.
+    live = tuple(t for t in terms if _moves(t, points))
+
+    def model_at(x):
+        hw, pr = _build(profile.hardware, base, live, x)
+        return CostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr)
+
+    def residuals(x):
+        cm = model_at(x)
+        pred = np.array([predict_point(cm, p, dtype_bytes) for p in points])
+        return weights * np.log(np.maximum(pred, 1e-12) / measured)
+
+    x0 = _start(profile.hardware, base, live)
+    lo = np.log([t.lower for t in live])
+    hi = np.log([t.upper for t in live])
+    converged = True
+    if live:
+        res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale=1.0,
+                            diff_step=1e-3, ftol=1e-6, xtol=1e-6, gtol=1e-8,
+                            max_nfev=60 * (len(live) + 1))
+        x, converged = res.x, bool(res.success)
+    else:
+        x = x0
+    hw, pr = _build(profile.hardware, base, live, x)
+    hw, pr = HardwareSpec.model_validate(hw.model_dump()), EfficiencyParams.model_validate(pr.model_dump())
+    cm = CostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr)
+    fit = [PointFit(label=p.label(), op=p.op, measured=p.seconds, predicted=predict_point(cm, p, dtype_bytes))
+           for p in points]
+    return Calibration(profile=profile.name, hardware=hw.model_copy(update={"source": _source(profile)}),
+                       params=pr, dtype_bytes=dtype_bytes, terms={t.key: float(v) for t, v in zip(live, np.exp(x),
+                                                                                                strict=True)},
+                       errors=errors_by_op(fit), fit=fit, converged=converged)
+
+
+def _moves(term: Term, points: list[ProfilePoint]) -> bool:
+    """Whether any point's price depends on the term (a crude but exact-enough relevance rule)."""
+    ops = {p.op for p in points}
+    multi = any(p.parallel.world_size > 1 or p.group_size > 1 for p in points)
+    needs = {
+        "peak_flops": ops & {"train", "forward", "generate"},
+        "hbm_bandwidth": ops & {"generate", "train"},
+        "intra_node_bandwidth": multi,
+        "intra_node_latency": multi,
+        "tokens_half": ops & {"train", "forward", "generate"},
+        "width_half": ops & {"train", "forward", "generate"},
+        "decode_step_overhead": "generate" in ops,
+        "fsdp_overlap": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
+    }
+    return bool(needs.get(term.field, True))
+
+
+def errors_by_op(fit: list[PointFit]) -> dict[str, OpError]:
+    out: dict[str, list[float]] = {}
+    for f in fit:
+        out.setdefault(f.op, []).append(f.error)
+    return {op: OpError(points=len(e), median=statistics.median(abs(v) for v in e), max=max(abs(v) for v in e),
+                        bias=statistics.median(e)) for op, e in out.items()}
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}.get(dtype, 4)
+
+
+def _source(profile: Profile) -> str:
+    fp = profile.fingerprint
+    return (f"fitted to profile '{profile.name}' ({len(profile.points)} points, {fp.device_kind} {fp.device_name}, "
+            f"{fp.dtype}); bandwidths per bf16-equivalent byte")
+
+
+# ---- entry points for the CLI ------------------------------------------------------------------
+CACHE_VERSION = "1"  # bump when the terms or the pricing of points change
+
+
+@lru_cache(maxsize=8)
+def _calibrate_cached(digest: str, text: str) -> Calibration:
+    """Fit once per profile content: in memory, and on disk under $HFLOW_CACHE (default
+    ~/.cache/hybridflow) so replay/simulate --profile do not refit a file they have seen."""
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ.get("HFLOW_CACHE", Path.home() / ".cache" / "hybridflow"))
+    cached = root / f"calibration-{digest[:24]}.json"
+    if cached.is_file():
+        try:
+            return Calibration.model_validate_json(cached.read_text())
+        except ValueError:
+            pass  # stale or damaged: fit again
+    cal = calibrate(Profile.model_validate_json(text))
+    try:
+        from .io import write_atomic
+
+        write_atomic(cached, cal.model_dump_json() + "\n")
+    except OSError:
+        pass  # a read-only home only costs the refit
+    return cal
+
+
+def calibrate_file(path) -> Calibration:
+    """Load and fit a profile file (or a shipped profile's name), cached per file content."""
+    from .profile import resolve_profile
+
+    profile = resolve_profile(path)
+    text = profile.model_dump_json()
+    digest = hashlib.sha256((CACHE_VERSION + text).encode()).hexdigest()
+    return _calibrate_cached(digest, text)
+
+
+def cost_model_from_profile(profile: Profile | Calibration | str, cluster: ClusterSpec | None = None) -> CostModel:
+    """A CostModel fitted to `profile` (a Profile, a Calibration, or a file / shipped name), in the
+    shape of `cluster` (its nodes × devices per node; its hardware is replaced by the profile's)."""
+    if isinstance(profile, Calibration):
+        cal = profile
+    elif isinstance(profile, Profile):
+        cal = calibrate(profile)
+    else:
+        cal = calibrate_file(profile)
+    return cal.cost_model(cluster)
+
+
+def plan_on_profile(plan, profile_ref) -> tuple[object, CostModel, Calibration]:
+    """(the plan moved onto the profile's hardware, its CostModel, the calibration): what
+    `simulate --profile FILE` runs. Memory checks then use the profile's device memory too."""
+    cal = profile_ref if isinstance(profile_ref, Calibration) else calibrate_file(profile_ref)
+    cluster = cal.cluster(plan.cluster)
+    moved = plan.model_copy(update={"cluster": cluster})
+    return moved, CostModel(cluster, cal.params), cal

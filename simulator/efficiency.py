@@ -1,0 +1,118 @@
+"""EfficiencyParams: every tunable efficiency, latency and overhead term of the cost and memory model.
+
+The hardware spec says what a device *could* do (datasheet peak, link bandwidth); these terms say
+what it really achieves. Defaults come from published measurements (each field says which, and
+docs/cost-model.md explains the reasoning); a measured profile refits them (scipy) later, so every
+term lives here in one pydantic model and nowhere else.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+GiB = 2**30
+
+
+class EfficiencyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # ---- compute --------------------------------------------------------------------------
+    matmul_efficiency: float = Field(
+        0.75, gt=0, le=1,
+        description="fraction of dense bf16 peak a transformer layer reaches on large shapes. cuBLAS bf16 "
+                    "GEMMs reach ~80-90% of A100/H100 peak at large sizes (NVIDIA 'Matrix Multiplication "
+                    "Background' guide); norms, softmax and elementwise kernels pull a whole layer lower. "
+                    "llm-foundry's FSDP benchmarks of MPT-7B on 8 A100s measure 64-77% hardware FLOP "
+                    "utilization; this gives ~70% for those runs.")
+    tokens_half: PositiveFloat = Field(
+        128.0,
+        description="rows (tokens per device per matmul) at which matmul efficiency is half its maximum: "
+                    "the roofline ridge of an A100 is 312e12/2.0e12 ~ 150 FLOP/byte, and a bf16 GEMM with "
+                    "M rows has an arithmetic intensity of about M, so GEMMs with fewer rows are "
+                    "bandwidth-bound. Decode steps model their memory bound explicitly and skip this term.")
+    width_half: PositiveFloat = Field(
+        256.0,
+        description="shard width (hidden / tp) at which matmul efficiency is half its maximum: thin "
+                    "shards under high tensor parallelism suffer tile and wave quantization. Chosen so "
+                    "that tp=8 on a 4096-wide model keeps ~70% of tp=1's per-device efficiency, in line "
+                    "with Megatron-LM's tensor-parallel weak-scaling (~77% at tp=8, Shoeybi et al. 2019).")
+    # ---- memory traffic -------------------------------------------------------------------
+    hbm_efficiency: float = Field(
+        0.8, gt=0, le=1,
+        description="achieved fraction of datasheet HBM bandwidth for streaming reads. With "
+                    "decode_step_overhead it reproduces a public vLLM sweep (Llama-3.1-8B, batch 1, A100-40GB, "
+                    "1024-token prompts: ~75 tokens/s): (15.0 GB of matmul weights + 0.13 GB of KV) / "
+                    "(0.8 × 1.555 TB/s) + 1 ms = 13.2 ms per token = 76 tokens/s.")
+    adam_bytes_per_param: PositiveFloat = Field(
+        28.0,
+        description="HBM bytes an Adam step moves per parameter: read fp32 master, m, v (12) and the bf16 "
+                    "gradient (2), write master, m, v (12) and the bf16 weight copy (2). Memory-bound.")
+    # ---- links ------------------------------------------------------------------------------
+    intra_link_efficiency: float = Field(
+        0.78, gt=0, le=1,
+        description="NCCL bus bandwidth / link bandwidth inside a node: nccl-tests all-reduce busbw "
+                    "~230-240 GB/s on DGX A100 NVLink3 (300 GB/s each way).")
+    inter_link_efficiency: float = Field(
+        0.9, gt=0, le=1,
+        description="NCCL bus bandwidth / NIC line rate across nodes: InfiniBand HDR 200 Gb/s reaches "
+                    "~22-24 GB/s in nccl-tests.")
+    host_link_efficiency: float = Field(
+        0.9, gt=0, le=1, description="achieved fraction of the device<->host copy bandwidth (pinned memory).")
+    fsdp_overlap: float = Field(
+        0.8, ge=0, le=1,
+        description="fraction of compute time under which FSDP/ZeRO-3 all-gathers and reduce-scatters "
+                    "hide (prefetching; Zhao et al., 'PyTorch FSDP', VLDB'23 report near-full overlap "
+                    "on fast links). Only the rest is exposed.")
+    # ---- generation --------------------------------------------------------------------------
+    decode_step_overhead: PositiveFloat = Field(
+        1.0e-3,
+        description="fixed seconds per decode step beyond weight/KV traffic and collectives: scheduling, "
+                    "sampling, kernel launches (vLLM with CUDA graphs; fitted together with hbm_efficiency "
+                    "to the batch-1 measurement above).")
+    max_decode_batch: PositiveInt = Field(
+        256, description="most sequences decoded at once per replica: vLLM's default max_num_seqs for the "
+                         "LLM class (256 on A100 and devices under 70 GB; 1024 on H100/H200, see for_hardware).")
+    prefill_chunk_tokens: PositiveInt = Field(
+        8192, description="tokens per prefill batch (vLLM's chunked-prefill max_num_batched_tokens for the LLM "
+                          "class: 8192 on A100, 16384 on H100/H200); chunks pipeline across stages.")
+    # ---- the single controller (CPU) ----------------------------------------------------------
+    driver_seconds_per_token: float = Field(
+        5e-9, ge=0,
+        description="driver-side seconds per response token for advantage estimation (vectorized "
+                    "torch/numpy over the batch: a few ns per element).")
+    rule_reward_seconds_per_sequence: float = Field(
+        1e-4, ge=0,
+        description="driver-side seconds per sequence for a rule-based reward or cost function "
+                    "(Python string matching, ~100 us per sample).")
+    # ---- memory reservations -----------------------------------------------------------------
+    usable_memory_fraction: float = Field(
+        0.95, gt=0, le=1,
+        description="fraction of device memory the runtime can fill; the rest is lost to allocator "
+                    "fragmentation (PyTorch caching allocator; vLLM's gpu_memory_utilization is 0.9).")
+    reserved_bytes: float = Field(
+        1.5 * GiB, ge=0,
+        description="bytes per device held outside the models: CUDA context (~0.5 GB), NCCL "
+                    "communicator buffers, cuBLAS workspaces.")
+
+    @classmethod
+    def for_hardware(cls, hardware, **overrides) -> EfficiencyParams:
+        """The defaults for one device kind: vLLM schedules bigger batches on >= 70 GB devices other than
+        the A100 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)."""
+        big = hardware.hbm_bytes >= 70 * 2**30 and "a100" not in hardware.name.lower()
+        base = {"max_decode_batch": 1024, "prefill_chunk_tokens": 16384} if big else {}
+        return _cached(cls, tuple(sorted({**base, **overrides}.items())))
+
+    def usable_bytes(self, hbm_bytes: float) -> float:
+        """What a device offers the models after fragmentation and the fixed reservation."""
+        return hbm_bytes * self.usable_memory_fraction - self.reserved_bytes
+
+
+DEFAULT_PARAMS = EfficiencyParams()
+_CACHE: dict[tuple, EfficiencyParams] = {}
+
+
+def _cached(cls, items: tuple) -> EfficiencyParams:
+    hit = _CACHE.get(items)
+    if hit is None:
+        hit = _CACHE[items] = cls(**dict(items))
+    return hit

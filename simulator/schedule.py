@@ -1,0 +1,143 @@
+"""The schedule simulation: when each op of a dataflow runs, given how long each takes.
+
+The single controller issues ops in call order; ops on one device group (a lane) run one after
+another in that order, ops on disjoint groups run concurrently, and no op starts before every
+op it reads from has ended. That is list scheduling in program order — one pass over the call
+order, O(ops + edges) — so the planner can call `schedule` for every candidate it prices.
+`simulate` does the whole thing for a Plan: dataflow, lanes, prices, schedule → Timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import networkx as nx
+
+from .dataflow import DRIVER, Lanes, add_offload_ops, build_dataflow, call_order, lanes_tuple, unroll
+from .errors import HflowError
+from .plan import Plan
+from .timeline import Event, Timeline
+
+
+def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapping[Hashable, float]
+             ) -> dict[Hashable, tuple[float, float]]:
+    """(start, end) of every op. Pure: reads the graph, the lane(s) each op occupies and its
+    duration. An op that occupies several lanes (a weight broadcast between two groups) waits for
+    all of them and holds all of them."""
+    free: dict[str, float] = {}
+    times: dict[Hashable, tuple[float, float]] = {}
+    ends: dict[Hashable, float] = {}
+    for n, preds in _compiled(graph):  # the planner's hot path: plain dicts and tuples only
+        lanes = lane_of[n]
+        dur = seconds[n]
+        if dur < 0:
+            raise HflowError(f"op {n!r} has negative duration {dur}")
+        start = 0.0
+        for p in preds:
+            if ends[p] > start:
+                start = ends[p]
+        if isinstance(lanes, str):
+            start = max(start, free.get(lanes, 0.0))
+            free[lanes] = end = start + dur
+        else:
+            for lane in lanes:
+                start = max(start, free.get(lane, 0.0))
+            end = start + dur
+            for lane in lanes:
+                free[lane] = end
+        ends[n] = end
+        times[n] = (start, end)
+    return times
+
+
+def _compiled(graph: nx.DiGraph) -> list[tuple[Hashable, tuple]]:
+    """(op, its inputs) in call order, cached beside the call order."""
+    order = call_order(graph)
+    cached = graph.graph.get("_compiled")
+    if cached is not None and cached[0] is order:
+        return cached[1]
+    pred = graph._pred
+    out = [(n, tuple(pred[n])) for n in order]
+    graph.graph["_compiled"] = (order, out)
+    return out
+
+
+def makespan(times: Mapping[Hashable, tuple[float, float]]) -> float:
+    return max((e for _, e in times.values()), default=0.0) - min((s for s, _ in times.values()), default=0.0)
+
+
+# ---- a Plan ---------------------------------------------------------------------------------
+def plan_dataflow(plan: Plan) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
+    """One iteration of the plan's dataflow and the device group(s) each op runs on."""
+    actor = plan.roles["actor"]
+    graph = build_dataflow(plan.algorithm, plan.roles, reward_model="reward" in plan.roles,
+                           cost_model="cost" in plan.roles, hybrid_engine=actor.generate_group is None)
+    lane_of: dict[Hashable, Lanes] = {}
+    for n, a in graph.nodes(data=True):
+        if a["driver"]:
+            lane_of[n] = DRIVER
+        elif a.get("broadcast"):
+            lane_of[n] = (actor.group, actor.generate_group)
+        elif a["op"] in ("generate", "generate_baseline") and actor.generate_group:
+            lane_of[n] = actor.generate_group
+        else:
+            lane_of[n] = plan.roles[a["role"]].group
+    if plan.offload:
+        add_offload_ops(graph, lane_of, set(plan.roles))
+    return graph, lane_of
+
+
+def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None) -> dict[Hashable, object]:
+    """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once)."""
+    from .cost import CostModel, price_op  # the cost model prices; this module only schedules
+
+    cm = cost_model or CostModel(plan.cluster)
+    cache: dict[tuple[str, str, bool], object] = {}
+    out = {}
+    for n, a in graph.nodes(data=True):
+        key = (a["op"], a["role"], bool(a.get("baseline")))
+        if key not in cache:
+            cache[key] = price_op(cm, plan, a["op"], a["role"], baseline=key[2])
+        out[n] = cache[key]
+    return out
+
+
+def lane_names(plan: Plan) -> dict[str, str]:
+    """Lane name → what it is (devices), for exports and tables."""
+    out = {}
+    for g in plan.groups:
+        nodes = sorted({d.node for d in g.devices})
+        where = ", ".join(f"node{k}:" + _ranges(sorted(d.index for d in g.devices if d.node == k)) for k in nodes)
+        out[g.name] = f"{len(g.devices)} device{'s' if len(g.devices) > 1 else ''} ({where})"
+    out[DRIVER] = "single controller (CPU)"
+    return out
+
+
+def _ranges(xs: list[int]) -> str:
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(f"{xs[i]}" if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def simulate(plan: Plan, cost_model=None, iterations: int = 1) -> Timeline:
+    """The simulated Timeline of `iterations` iterations of `plan` (source="simulated")."""
+    graph, lane_of = plan_dataflow(plan)
+    costs = price_dataflow(plan, graph, cost_model)
+    big, big_lanes = unroll(graph, lane_of, iterations)
+    times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big})
+    events = []
+    for n in call_order(big):
+        a, c = big.nodes[n], costs[n[1]]
+        start, end = times[n]
+        events.append(Event(op=a["op"], role=a["role"], group="+".join(lanes_tuple(big_lanes[n])), start=start,
+                            end=end, iteration=n[0], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
+    return Timeline(
+        source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
+        meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
+              "makespan": makespan(times)},
+    )

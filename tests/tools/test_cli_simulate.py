@@ -1,0 +1,137 @@
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hybridflow.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PLANS = ROOT / "examples" / "plans"
+COLOCATED = PLANS / "ppo-llama2-7b-1x8-colocated.json"
+SPLIT = PLANS / "ppo-llama2-13b-2x8-split.json"
+
+
+def run_json(capsys, *argv):
+    assert main(["simulate", *map(str, argv), "--json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # exactly one JSON object on stdout
+
+
+@pytest.mark.parametrize("plan", sorted(PLANS.glob("*.json")), ids=lambda p: p.stem)
+def test_every_example_plan_simulates(capsys, plan):
+    r = run_json(capsys, plan)
+    assert r["iteration_seconds"] > 0
+    doc = json.loads(plan.read_text())
+    w = doc["workload"]
+    tokens = w["prompts"] * w.get("samples_per_prompt", 1) * (w["prompt_len"] + w["response_len"])
+    assert r["tokens_per_second"] == pytest.approx(tokens / r["iteration_seconds"])  # the paper's metric
+    assert set(r["memory"]) == set(doc["roles"])
+    for m in r["memory"].values():
+        assert m["bytes_per_device"] > 0 and isinstance(m["fits"], bool)
+    for op in r["ops"]:
+        assert {"op", "model", "start", "end"} <= set(op) and op["end"] >= op["start"] >= 0
+    assert r["iteration_seconds"] == pytest.approx(max(o["end"] for o in r["ops"]) - min(o["start"] for o in r["ops"]))
+
+
+def test_ops_of_one_group_never_overlap_and_split_groups_do(capsys):
+    r = run_json(capsys, SPLIT)
+    by_group = {}
+    for o in r["ops"]:
+        for g in o["group"].split("+"):
+            by_group.setdefault(g, []).append((o["start"], o["end"]))
+    for spans in by_group.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:], strict=False))
+    ops = {o["op"]: o for o in r["ops"]}
+    # the critic's values run on node 1 while the actor computes log-probs on node 0
+    assert ops["values"]["start"] < ops["actor_logprob"]["end"] and ops["actor_logprob"]["start"] < ops["values"]["end"]
+    assert ops["advantage"]["start"] >= max(ops[k]["end"] for k in ("actor_logprob", "ref_logprob", "values", "reward"))
+
+
+def test_colocated_iteration_is_the_sum_of_its_ops(capsys):
+    r = run_json(capsys, COLOCATED)
+    device_ops = [o for o in r["ops"] if o["group"] != "driver"]
+    assert r["iteration_seconds"] == pytest.approx(sum(o["end"] - o["start"] for o in device_ops)
+                                                    + sum(o["end"] - o["start"] for o in r["ops"]
+                                                          if o["op"] == "advantage"))
+
+
+def test_iterations_flag(capsys):
+    one = run_json(capsys, COLOCATED)
+    three = run_json(capsys, COLOCATED, "--iterations", "3")
+    assert three["iterations"] == 3 and len(three["ops"]) == 3 * len(one["ops"])
+    assert three["iteration_seconds"] == pytest.approx(one["iteration_seconds"])
+
+
+def test_tables_trace_and_timeline(tmp_path, capsys):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert main(["simulate", str(SPLIT), "--trace", str(trace), "--timeline", str(png)]) == 0
+    out = capsys.readouterr().out
+    for word in ("generate", "critic_update", "memory per device", "tokens/s", "actor_ref", "fits"):
+        assert word in out
+    tr = json.loads(trace.read_text())
+    assert any(e.get("name") == "generate" and e["ph"] == "X" for e in tr["traceEvents"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def plan_doc(**changes):
+    doc = json.loads(COLOCATED.read_text())
+    doc.update(changes)
+    return doc
+
+
+BAD = {
+    "missing": lambda t: t / "nope.json",
+    "malformed_json": lambda t: write(t, "bad.json", '{"algorithm": "ppo",'),
+    "malformed_yaml": lambda t: write(t, "bad.yaml", "algorithm: [ppo\n  groups: {"),
+    "unknown_hardware": lambda t: write(t, "hw.json", json.dumps(plan_doc(
+        cluster={"hardware": "tpu-v9", "nodes": 1, "devices_per_node": 8}))),
+    "unknown_model": lambda t: write(t, "m.json", json.dumps(plan_doc(roles={
+        **plan_doc()["roles"], "critic": {"model": "gpt-5", "group": "all", "train": {"dp": 8}}}))),
+    "tp_does_not_divide": lambda t: write(t, "tp.json", json.dumps(plan_doc(roles={
+        **plan_doc()["roles"], "critic": {"model": "qwen2.5-7b", "group": "all", "train": {"tp": 8}}}))),
+    "wrong_world_size": lambda t: write(t, "ws.json", json.dumps(plan_doc(roles={
+        **plan_doc()["roles"], "ref": {"model": "llama2-7b", "group": "all", "train": {"dp": 4}}}))),
+}
+MESSAGE = {
+    "missing": "no such file", "malformed_json": "not valid JSON", "malformed_yaml": "not valid YAML",
+    "unknown_hardware": "known presets: a100-80g", "unknown_model": "known presets: llama2-7b",
+    "tp_does_not_divide": "tp=8 must divide heads=28", "wrong_world_size": "uses 4 devices",
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2_and_no_file(tmp_path, capsys, case):
+    plan = BAD[case](tmp_path)
+    png, trace = tmp_path / "out.png", tmp_path / "out.json"
+    assert main(["simulate", str(plan), "--timeline", str(png), "--trace", str(trace)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and MESSAGE[case] in captured.err, captured.err
+    assert not png.exists() and not trace.exists()
+
+
+def test_bad_output_name_fails_before_anything_is_written(tmp_path, capsys):
+    assert main(["simulate", str(COLOCATED), "--timeline", str(tmp_path / "t.svg")]) == 2
+    assert "ending in .png" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_console_script_end_to_end(tmp_path):
+    exe = shutil.which("hflow-plan") or pytest.skip("the hflow-plan console script is not installed")
+    ok = subprocess.run([exe, "simulate", str(PLANS / "tiny-local.json"), "--json"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["tokens_per_second"] > 0
+    bad = subprocess.run([exe, "simulate", str(tmp_path / "missing.json"), "--timeline", str(tmp_path / "x.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()
