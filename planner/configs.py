@@ -1,0 +1,50 @@
+"""The parallel configurations a model may take on a given number of devices.
+
+Training (pp, tp, dp) with pp·tp·dp = n: tp divides the node size (a tensor-parallel group is
+consecutive devices and never leaves a node) and the model's heads and kv heads; pp divides the
+layers and is at most `max_pp` (the CPU runtime runs pp = 1 only). The actor's generation layout
+(pp_g, tp_g, dp_g) on the same n devices has tp_g | tp and pp_g | pp — the 3D-HybridEngine
+regroups the training shards without a redundant copy only then (paper §5).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from hybridflow.simulator.model import ModelSpec
+from hybridflow.simulator.parallel import ParallelConfig
+
+
+def divisors(n: int) -> list[int]:
+    return [x for x in range(1, n + 1) if n % x == 0]
+
+
+@lru_cache(maxsize=65536)
+def train_configs(model: ModelSpec, devices: int, devices_per_node: int,
+                  max_pp: int | None = None, max_tp: int | None = None) -> tuple[ParallelConfig, ...]:
+    out = []
+    for tp in divisors(devices):
+        if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
+            continue
+        if max_tp is not None and tp > max_tp:
+            continue
+        for pp in divisors(devices // tp):
+            if model.layers % pp or (max_pp is not None and pp > max_pp):
+                continue
+            out.append(ParallelConfig(pp=pp, tp=tp, dp=devices // (pp * tp)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=65536)
+def generate_configs(train: ParallelConfig) -> tuple[ParallelConfig, ...]:
+    """Generation layouts reachable from `train` by the 3D-HybridEngine (same devices)."""
+    n = train.world_size
+    return tuple(ParallelConfig(pp=pg, tp=tg, dp=n // (pg * tg))
+                 for tg in divisors(train.tp) for pg in divisors(train.pp))
+
+
+@lru_cache(maxsize=65536)
+def standalone_generate_configs(model: ModelSpec, devices: int, devices_per_node: int,
+                                max_pp: int | None = None) -> tuple[ParallelConfig, ...]:
+    """Generation layouts on devices of its own (OpenRLHF-style): any valid (pp, tp, dp)."""
+    return train_configs(model, devices, devices_per_node, max_pp)

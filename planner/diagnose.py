@@ -1,0 +1,91 @@
+"""Why a request does not fit its cluster, and the smallest cluster that would fit it."""
+
+from __future__ import annotations
+
+import sys
+
+from hybridflow.simulator.hardware import ClusterSpec, GiB
+from hybridflow.simulator.memory import MemoryBreakdown, role_memory
+from hybridflow.simulator.plan import TRAINED_ROLES, role_head
+
+from .configs import train_configs
+from .placement import allocations, set_partitions
+from .request import SearchRequest
+
+MAX_NODES = 4096
+
+
+def fits_somewhere(req: SearchRequest, cost_model=None) -> bool:
+    """Is there any placement and allocation whose every set has configs that fit?"""
+    from .search import Planner
+
+    planner = Planner(req, cost_model)
+    for placement in sorted(set_partitions(req.roles), key=len):
+        mins = [planner.min_devices(s) for s in placement]
+        if all(m is not None for m in mins) and next(allocations(mins, req.cluster), None) is not None:
+            return True
+    return False
+
+
+def smallest_cluster(req: SearchRequest) -> int | None:
+    """The fewest nodes (of the same kind) on which the request fits; None up to MAX_NODES."""
+    def ok(nodes: int) -> bool:
+        c = ClusterSpec(hardware=req.cluster.hardware, nodes=nodes, devices_per_node=req.cluster.devices_per_node)
+        return fits_somewhere(req.model_copy(update={"cluster": c}))
+
+    lo, hi = req.cluster.nodes, max(1, req.cluster.nodes)
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > MAX_NODES:
+            return None
+    while hi - lo > 1:  # ok(hi), not ok(lo) (lo is the given size, already known not to fit)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def least_memory(req: SearchRequest, role: str, n: int) -> tuple[MemoryBreakdown, str] | None:
+    """The role alone on n devices in its least-memory layout (generation in the same layout)."""
+    model = req.models[role]
+    best = None
+    for cfg in train_configs(model, n, req.cluster.devices_per_node, req.max_pp):
+        m = role_memory(model, role_head(role), cfg, req.workload, role in TRAINED_ROLES, req.cluster.hardware,
+                        gen=cfg if role == "actor" else None, recompute=role in TRAINED_ROLES)
+        if best is None or m.total < best[0].total:
+            best = (m, str(cfg))
+    return best
+
+
+def explain_infeasible(req: SearchRequest, cost_model, stream=None) -> str:
+    """Print each model's least memory per device on the whole cluster (a rich table on `stream`)
+    and return the one-line error: what does not fit, and the smallest cluster that would."""
+    from rich.console import Console
+    from rich.table import Table
+
+    c = req.cluster
+    n = c.num_devices
+    usable = cost_model.params.usable_bytes(c.hardware.hbm_bytes)
+    t = Table(title=f"least memory per device, each model alone on all {n} devices "
+                    f"(each {c.hardware.name} offers {usable / GiB:.1f} GiB to models)", title_justify="left")
+    for col in ("model", "layout", "weights", "gradients", "optimizer", "activations", "kv cache", "buffers", "total"):
+        t.add_column(col, justify="left" if col in ("model", "layout") else "right")
+    worst = None
+    for role in req.roles:
+        got = least_memory(req, role, n)
+        if got is None:
+            t.add_row(role, "no layout divides the model", *[""] * 7)
+            continue
+        m, cfg = got
+        t.add_row(role, cfg, *[f"{getattr(m, k) / GiB:.1f} GiB" for k in
+                               ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")],
+                  f"{m.total / GiB:.1f} GiB")
+        if worst is None or m.total > worst[1].total:
+            worst = (role, m)
+    Console(file=stream or sys.stderr, width=140).print(t)
+    nodes = smallest_cluster(req)
+    where = f"{c.nodes}x{c.devices_per_node} {c.hardware.name}"
+    what = (f"; {worst[0]} alone needs {worst[1].total / GiB:.1f} GiB per device at least ({worst[1].describe()})"
+            if worst else "")
+    fix = (f"the smallest cluster that fits is {nodes}x{c.devices_per_node} (--nodes {nodes})" if nodes
+           else f"no cluster up to {MAX_NODES} nodes fits; use smaller models or shorter sequences")
+    return f"{req.algorithm} does not fit on {where}{what}; {fix}"

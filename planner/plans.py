@@ -1,0 +1,47 @@
+"""Turning search results into Plans (only for the winners) and Plans into JSON summaries."""
+
+from __future__ import annotations
+
+from hybridflow.simulator.plan import DeviceGroup, Plan, RolePlan
+
+from .placement import assign_devices
+from .request import SearchRequest
+from .search import Scored
+
+
+def group_name(members: tuple[str, ...] | list[str]) -> str:
+    return "-".join(members)  # "+" joins lanes in Timeline events (a broadcast spans two groups)
+
+
+def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", notes: str = "") -> Plan:
+    devs = assign_devices(s.counts, req.cluster)
+    groups = [DeviceGroup(name=group_name(members), devices=d) for members, d in zip(s.placement, devs, strict=False)]
+    set_of = {r: group_name(members) for members in s.placement for r in members}
+    roles = {}
+    for role, cand in s.choice:
+        roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train,
+                               generate=cand.generate if role == "actor" else None)
+    return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
+                reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
+                notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
+
+
+def _cfg(c) -> dict[str, int]:
+    return {"pp": c.pp, "tp": c.tp, "dp": c.dp}
+
+
+def plan_summary(plan: Plan, iteration_seconds: float) -> dict:
+    """The PLANSUMMARY of issue 3: placement, devices per role, parallel configs, seconds, tokens/s."""
+    parallel = {}
+    for role, rp in plan.roles.items():
+        entry = {"train": _cfg(rp.train)}
+        if role == "actor":
+            entry["generate"] = _cfg(plan.generation_config())
+        parallel[role] = entry
+    return {
+        "placement": plan.placement(),
+        "devices": {role: len(plan.group(rp.group).devices) for role, rp in plan.roles.items()},
+        "parallel": parallel,
+        "iteration_seconds": iteration_seconds,
+        "tokens_per_second": plan.workload.tokens_per_iteration / iteration_seconds if iteration_seconds > 0 else 0.0,
+    }

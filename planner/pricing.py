@@ -1,0 +1,300 @@
+"""Op prices and memory feasibility for the search, without building Plans.
+
+The search calls the cost model's per-op methods directly, exactly as `cost.price_op` and
+`memory.plan_memory` do for a Plan (tests/planner/test_agreement.py checks they agree):
+
+- a model's states (weights, optimizer) are sharded over all n devices of its group whatever
+  the config, so a colocated set's resident bytes R depend only on its members and n;
+- the set fits when every op's transient (activations, gather buffers, the actor's generation
+  weights and KV cache) fits in what R leaves; when it does not, trained members recompute
+  activations (memory.plan_recompute), which changes their training seconds;
+- the actor's generation batch — and so its seconds — depends on the free memory R leaves.
+
+So for a set on n devices and a recompute flag, each member's feasible configs are independent,
+and only their Pareto front over op seconds matters: the schedule's makespan never decreases
+when an op gets longer. The set's front is the Pareto front of the product of its members'.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import networkx as nx
+
+from hybridflow.simulator.cost import price_op
+from hybridflow.simulator.dataflow import call_order
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.memory import (
+    MemoryBreakdown,
+    forward_transient,
+    generate_transient,
+    state_bytes,
+    train_transient,
+)
+from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.plan import TRAINED_ROLES, role_head
+
+from .configs import generate_configs, train_configs
+from .request import SearchRequest
+
+GEN_OPS = ("generate", "generate_baseline")
+TRAIN_OPS = ("actor_update", "critic_update")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One role's layout on its set's devices, with the seconds of each of its op nodes."""
+
+    train: ParallelConfig
+    generate: ParallelConfig | None
+    seconds: tuple[float, ...]  # per op node of the role, in call order
+    busy: float  # their sum: the role's share of its set's lane
+
+
+@dataclass(frozen=True)
+class SetCandidate:
+    """One combination of the members' candidates of a colocated set."""
+
+    choice: tuple[tuple[str, Candidate], ...]
+    node_seconds: tuple[tuple[Hashable, float], ...]
+    busy: float
+    recompute: bool
+
+
+def pareto(items: Sequence, vec) -> list:
+    """Items no other item dominates (≤ everywhere); among equal vectors the first is kept."""
+    out, vecs = [], []
+    for it in sorted(items, key=lambda x: sum(vec(x))):
+        v = vec(it)
+        if any(all(a <= b for a, b in zip(w, v, strict=False)) for w in vecs):
+            continue
+        out.append(it)
+        vecs.append(v)
+    return out
+
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
+
+
+def _parts(b: MemoryBreakdown) -> tuple[float, ...]:
+    return tuple(getattr(b, k) for k in PARTS)
+
+
+def _total(parts: tuple[float, ...]) -> float:
+    w, g, o, a, kv, b = parts
+    return w + g + o + a + kv + b  # MemoryBreakdown.total's order, so the sums agree to the last bit
+
+
+class RolePricer:
+    """Memoized prices per role, device count, resident bytes and recompute flag."""
+
+    def __init__(self, req: SearchRequest, graph: nx.DiGraph, cost_model, generate_rule: str = "3d",
+                 reshard: str = "hybridflow"):
+        self.req, self.cm, self.p = req, cost_model, cost_model.params
+        self.per_node = req.cluster.devices_per_node
+        self.usable = self.p.usable_bytes(req.cluster.hardware.hbm_bytes)
+        self.limit = req.cluster.hardware.hbm_bytes * self.p.usable_memory_fraction
+        self.generate_rule = generate_rule  # "3d": tp_g | tp, pp_g | pp; "same": the training layout
+        self.reshard = reshard  # the plan's reshard mode: "hybridflow" (ours) or "hybridflow-v" (vanilla)
+        self.role_nodes: dict[str, list[Hashable]] = {}
+        self.node_attrs: dict[Hashable, dict] = {}
+        self.driver_nodes: list[Hashable] = []
+        for n in call_order(graph):
+            a = graph.nodes[n]
+            self.node_attrs[n] = a
+            if a["driver"]:
+                self.driver_nodes.append(n)
+            else:
+                self.role_nodes.setdefault(a["role"], []).append(n)
+        self._states: dict[tuple, MemoryBreakdown] = {}
+        self._static: dict[tuple, list] = {}
+        self._gen: dict[tuple, tuple | None] = {}
+        self._reshard: dict[tuple, float] = {}
+        self._fronts: dict[tuple, list[Candidate]] = {}
+        self._bounds: dict[tuple, float] = {}
+        self.configs_priced = 0
+
+    def _key(self, role: str) -> tuple:
+        return (self.req.models[role], role_head(role), role, tuple(self.node_attrs[x]["op"] for x in
+                                                                     self.role_nodes.get(role, ())))
+
+    def driver_seconds(self) -> dict[Hashable, float]:
+        """Controller-side ops (advantage, rule-based rewards): their price does not depend on the plan."""
+        view = SimpleNamespace(workload=self.req.workload, roles=self.req.models)
+        return {n: price_op(self.cm, view, self.node_attrs[n]["op"], self.node_attrs[n]["role"]).seconds
+                for n in self.driver_nodes}
+
+    def states(self, role: str, n: int) -> MemoryBreakdown:
+        key = (self._key(role), n)
+        hit = self._states.get(key)
+        if hit is None:
+            hit = state_bytes(self.req.models[role], role_head(role), ParallelConfig(dp=n), role in TRAINED_ROLES)
+            self._states[key] = hit
+        return hit
+
+    def _seqs(self, node) -> int:
+        # cost.price_op: the ReMax greedy pass and its reward score one response per prompt
+        a, w = self.node_attrs[node], self.req.workload
+        return w.prompts if a["op"] == "generate_baseline" or a.get("baseline") else w.sequences
+
+    # ---- per training config: what does not depend on the set ------------------------------------
+    def static(self, role: str, n: int) -> list:
+        """Per training config: (config, forward transient, train transient by recompute flag,
+        seconds of the non-generation op nodes by recompute flag). Memoized per (model, role, n)."""
+        key = (self._key(role), n)
+        hit = self._static.get(key)
+        if hit is not None:
+            return hit
+        model, head, w, cm = self.req.models[role], role_head(role), self.req.workload, self.cm
+        trained = role in TRAINED_ROLES
+        out = []
+        for cfg in train_configs(model, n, self.per_node, self.req.max_pp):
+            fwd = _parts(forward_transient(model, head, cfg, w))
+            trans = {f: _parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
+            secs = {False: {}, True: {}}
+            for node in self.role_nodes.get(role, ()):
+                op = self.node_attrs[node]["op"]
+                if op in TRAIN_OPS:
+                    for f in (False, True):
+                        secs[f][node] = cm.train(model, head, cfg, w, recompute=f).seconds
+                elif op not in GEN_OPS and op != "reshard":
+                    s = cm.forward(model, head, cfg, w, self._seqs(node)).seconds
+                    secs[False][node] = secs[True][node] = s
+            out.append((cfg, fwd, trans, secs))
+        self._static[key] = out
+        return out
+
+    def generation(self, train: ParallelConfig, gen: ParallelConfig, resident: float, own_weights: float,
+                   n: int) -> tuple | None:
+        """(transient parts, {gen node: seconds}, reshard seconds) of the actor generating with `resident`
+        bytes of states on its devices; None when not one sequence's KV cache fits."""
+        phase = self._gen_phase(train, gen, resident, own_weights)
+        if phase is None:
+            return None
+        key = (train, gen)
+        r = self._reshard.get(key)
+        if r is None:
+            r = self._reshard[key] = self.cm.reshard(self.req.models["actor"], train, gen, self.reshard).seconds
+        return phase[0], phase[1], r
+
+    def _gen_phase(self, train: ParallelConfig, gen: ParallelConfig, resident: float, own_weights: float):
+        # With our reshard the generation weights are its peak M/(tp_g·pp_g) less the training shard:
+        # they do not depend on which training layout `gen` came from, so the key leaves `train` out.
+        key = (gen, resident, own_weights) if self.reshard == "hybridflow" else (train, gen, resident, own_weights)
+        if key in self._gen:
+            return self._gen[key]
+        model, w = self.req.models["actor"], self.req.workload
+        t = generate_transient(model, train, gen, w, self.usable - resident, self.p, self.reshard, own_weights)
+        out = None
+        if t.kv_cache > 0:
+            free = self.usable - resident - t.weights - t.buffers
+            try:
+                secs = {node: self.cm.generate(model, gen, w, self._seqs(node), free).seconds
+                        for node in self.role_nodes["actor"] if self.node_attrs[node]["op"] in GEN_OPS}
+                out = (_parts(t), secs)
+            except HflowError:
+                out = None
+        self._gen[key] = out
+        return out
+
+    # ---- a role's Pareto front in a given set context ------------------------------------------------
+    def front(self, role: str, n: int, resident: MemoryBreakdown, recompute: bool) -> list[Candidate]:
+        """Feasible configs of `role` on n devices beside `resident` states (its own included), priced
+        with the set's recompute flag; only the Pareto front over its op seconds."""
+        key = (self._key(role), n, resident.total, recompute)
+        hit = self._fronts.get(key)
+        if hit is not None:
+            return hit
+        nodes = self.role_nodes.get(role, [])
+        out = []
+        for cfg, fwd, trans, secs in self.static(role, n):
+            base = max(trans[recompute], fwd, key=_total)
+            if not self._fits(resident, base):
+                continue
+            if role != "actor":
+                s = tuple(secs[recompute][x] for x in nodes)
+                out.append(Candidate(cfg, None, s, sum(s)))
+                continue
+            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg)
+            own = self.states("actor", n).weights
+            for g in gens:
+                gen = self.generation(cfg, g, resident.total, own, n)
+                if gen is None or not self._fits(resident, gen[0]):
+                    continue
+                t, gsecs, rsecs = gen
+                s = tuple(gsecs[x] if x in gsecs else rsecs if self.node_attrs[x]["op"] == "reshard"
+                          else secs[recompute][x] for x in nodes)
+                out.append(Candidate(cfg, g, s, sum(s)))
+        self.configs_priced += len(out)
+        hit = pareto(out, lambda c: c.seconds)
+        self._fronts[key] = hit
+        return hit
+
+    def _fits(self, resident: MemoryBreakdown, transient: tuple[float, ...]) -> bool:
+        """memory._group_peak's test: resident + transient + the fixed reservation within hbm × usable
+        fraction, summed part by part in the same order (plain floats: this is the hot path)."""
+        w, g, o, a, kv, b = transient
+        peak = ((resident.weights + w) + (resident.gradients + g) + (resident.optimizer + o)
+                + (resident.activations + a) + (resident.kv_cache + kv) + (resident.buffers + b + self.p.reserved_bytes))
+        return peak <= self.limit
+
+    def bound(self, role: str, n: int) -> float:
+        """A lower bound on the role's busy seconds on n devices in any set: its own states only (the
+        most free memory, the fastest generation), no recomputation, memory otherwise ignored."""
+        key = (self._key(role), n)
+        hit = self._bounds.get(key)
+        if hit is not None:
+            return hit
+        nodes = self.role_nodes.get(role, [])
+        best = float("inf")
+        own = self.states(role, n)
+        for cfg, _fwd, _trans, secs in self.static(role, n):
+            rest = sum(secs[False][x] for x in nodes if x in secs[False])
+            if role != "actor":
+                best = min(best, rest)
+                continue
+            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg)
+            for g in gens:
+                gen = self.generation(cfg, g, own.total, own.weights, n)
+                if gen is not None:
+                    best = min(best, rest + sum(gen[1].values()) + gen[2])
+        self._bounds[key] = best
+        return best
+
+
+class SetPricer:
+    """The Pareto front of a colocated set on n devices (memoized per set and n)."""
+
+    def __init__(self, roles: RolePricer):
+        self.roles = roles
+        self._fronts: dict[tuple, list[SetCandidate]] = {}
+
+    def front(self, members: tuple[str, ...], n: int) -> list[SetCandidate]:
+        key = (members, n)
+        hit = self._fronts.get(key)
+        if hit is not None:
+            return hit
+        rp = self.roles
+        resident = sum((rp.states(r, n) for r in members), MemoryBreakdown())
+        trained = any(r in TRAINED_ROLES for r in members)
+        combos: list[SetCandidate] = []
+        for recompute in ((False, True) if trained else (False,)):
+            fronts = [rp.front(r, n, resident, recompute) for r in members]
+            if any(not f for f in fronts):
+                continue
+            for pick in itertools.product(*fronts):
+                node_secs = tuple((x, s) for r, c in zip(members, pick, strict=False)
+                                  for x, s in zip(rp.role_nodes.get(r, []), c.seconds, strict=False))
+                combos.append(SetCandidate(tuple(zip(members, pick, strict=False)), node_secs,
+                                           sum(c.busy for c in pick), recompute))
+        # A combination priced with recomputation although it fits without is dominated by (or equal
+        # to) the same combination without it, so the union's front is the true front.
+        hit = pareto(combos, lambda sc: tuple(s for _, s in sc.node_seconds))
+        self._fronts[key] = hit
+        return hit
+
+    def bound(self, members: tuple[str, ...], n: int) -> float:
+        return sum(self.roles.bound(r, n) for r in members)

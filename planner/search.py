@@ -1,0 +1,229 @@
+"""Algorithm 1 (HybridFlow §6): the exact best placement, allocation and parallel configs.
+
+For every colocation partition of the models (placement), every allocation of the cluster's
+devices to its sets (placement.py's rule), and every combination of the models' parallel configs,
+price the dataflow with the simulator's `schedule` and keep the best and the top k. What makes it
+fast without losing exactness:
+
+- memo: a model's configs are priced once per (model, head, ops, device count) and only their
+  Pareto front is kept (pricing.py); a colocated set's feasible combinations once per (set,
+  device count), again as a front over its ops' seconds;
+- bound: ops of one set run one after another, so an allocation takes at least the busiest
+  set's least total seconds; allocations (and partial allocations, in a branch-and-bound over
+  the sets) whose bound is no better than the k-th best plan so far are skipped;
+- order: few-set placements first (one set of all devices gives a good first incumbent) and the
+  actor's set sized first, where the bound bites hardest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from hybridflow.simulator.dataflow import DRIVER, build_dataflow
+from hybridflow.simulator.schedule import makespan, schedule
+
+from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
+from .pricing import Candidate, RolePricer, SetPricer
+from .request import SearchRequest
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One priced plan: iteration seconds, placement, devices per set, each role's configs."""
+
+    seconds: float
+    placement: Placement
+    counts: tuple[int, ...]
+    choice: tuple[tuple[str, Candidate], ...]  # (role, candidate) in the request's role order
+
+    def devices(self) -> dict[str, int]:
+        return {r: self.counts[i] for i, s in enumerate(self.placement) for r in s}
+
+    def candidate(self, role: str) -> Candidate:
+        return dict(self.choice)[role]
+
+
+@dataclass
+class SearchResult:
+    request: SearchRequest
+    top: list[Scored]  # best first
+    plans_priced: int
+    configs_priced: int
+    search_seconds: float
+
+    @property
+    def best(self) -> Scored | None:
+        return self.top[0] if self.top else None
+
+
+class _TopK:
+    def __init__(self, k: int):
+        self.k, self.heap, self.tick = k, [], 0  # max-heap by seconds via negation
+
+    @property
+    def threshold(self) -> float:
+        return -self.heap[0][0] if len(self.heap) >= self.k else INF
+
+    def push(self, s: Scored) -> None:
+        self.tick += 1
+        item = (-s.seconds, -self.tick, s)  # on ties the earlier plan stays
+        if len(self.heap) < self.k:
+            heapq.heappush(self.heap, item)
+        elif s.seconds < -self.heap[0][0]:
+            heapq.heapreplace(self.heap, item)
+
+    def sorted(self) -> list[Scored]:
+        return [x[2] for x in sorted(self.heap, key=lambda x: (-x[0], -x[1]))]
+
+
+class Planner:
+    """One search: the dataflow graph is built once, prices are memoized across placements."""
+
+    def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow"):
+        from hybridflow.simulator.cost import CostModel
+
+        self.req = req
+        self.cm = cost_model or CostModel(req.cluster)
+        self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
+                                    cost_model="cost" in req.models, hybrid_engine=True)
+        self.roles = req.roles
+        self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard)
+        self.sets = SetPricer(self.pricer)
+        self.driver_seconds = self.pricer.driver_seconds()
+        self.opts = size_options(req.cluster)
+        self.plans_priced = 0
+
+    # ---- bounds -----------------------------------------------------------------------------------
+    def set_bound(self, members: tuple[str, ...], n: int) -> float:
+        """Least busy seconds of a set on n devices (each member's fastest config, memory ignored
+        across members): a lower bound on the iteration, since a set's ops run one after another."""
+        return self.sets.bound(members, n)
+
+    # ---- one allocation ---------------------------------------------------------------------------
+    def price_allocation(self, placement: Placement, counts: tuple[int, ...], lane_of: dict, top: _TopK) -> None:
+        fronts = []
+        for members, n in zip(placement, counts, strict=False):
+            f = self.sets.front(members, n)
+            if not f:
+                return
+            fronts.append(f)
+        seconds = dict(self.driver_seconds)
+        best, best_combo = INF, None
+        for combo in itertools.product(*fronts):
+            if max(c.busy for c in combo) >= min(best, top.threshold):
+                continue
+            for sc in combo:
+                seconds.update(sc.node_seconds)
+            self.plans_priced += 1
+            t = makespan(schedule(self.graph, lane_of, seconds))
+            if t < best:
+                best, best_combo = t, combo
+        if best_combo is not None and best < top.threshold:  # the top k lists distinct allocations
+            choice = dict(kv for sc in best_combo for kv in sc.choice)
+            top.push(Scored(best, placement, counts, tuple((r, choice[r]) for r in self.roles)))
+
+    # ---- the search -------------------------------------------------------------------------------
+    def lanes(self, placement: Placement) -> dict[Hashable, str]:
+        set_of = {r: i for i, s in enumerate(placement) for r in s}
+        return {n: DRIVER if a["driver"] else f"g{set_of[a['role']]}" for n, a in self.graph.nodes(data=True)}
+
+    def min_devices(self, members: tuple[str, ...]) -> int | None:
+        """Smallest allowed size on which the set has a feasible combination of configs (None when
+        not even the whole cluster holds it: checked first, so hopeless sets cost one front)."""
+        if not self.sets.front(members, self.opts[-1]):
+            return None
+        for n in self.opts:
+            if self.sets.front(members, n):
+                return n
+        return None
+
+    def search_placement(self, placement: Placement, top: _TopK) -> None:
+        mins = [self.min_devices(s) for s in placement]
+        if any(m is None for m in mins):
+            return
+        lane_of = self.lanes(placement)
+        # Size the set with the actor first (its generation dominates), the rest in order.
+        order = sorted(range(len(placement)), key=lambda i: "actor" not in placement[i])
+        if len(placement) == 1:
+            for counts in allocations(mins, self.req.cluster):
+                self.price_allocation(placement, counts, lane_of, top)
+            return
+        self._branch(placement, order, mins, lane_of, top)
+
+    def _branch(self, placement, order, mins, lane_of, top: _TopK) -> None:
+        """Branch and bound over the sets' sizes: a partial allocation whose sized sets already
+        bound the iteration at or above the k-th best is dropped with everything below it."""
+        k, total = len(placement), self.req.cluster.num_devices
+        floors = [next(o for o in self.opts if o >= mins[i]) for i in order]
+        tail = [0] * (k + 1)
+        for j in range(k - 1, -1, -1):
+            tail[j] = tail[j + 1] + floors[j]
+        counts = [0] * k
+        opt_set = set(self.opts)
+
+        def rec(j: int, left: int, bound: float) -> None:
+            i = order[j]
+            if j == k - 1:
+                if left < mins[i] or left not in opt_set:
+                    return
+                counts[i] = left
+                if max(bound, self.set_bound(placement[i], left)) >= top.threshold:
+                    return
+                c = tuple(counts)
+                if allocation_ok(c, self.req.cluster):
+                    self.price_allocation(placement, c, lane_of, top)
+                return
+            for o in self.opts:
+                if o < mins[i]:
+                    continue
+                if o + tail[j + 1] > left:
+                    break
+                b = max(bound, self.set_bound(placement[i], o))
+                if b >= top.threshold:
+                    continue
+                counts[i] = o
+                rec(j + 1, left - o, b)
+
+        rec(0, total, 0.0)
+
+    def best_for(self, placement: Placement, counts: tuple[int, ...]) -> Scored | None:
+        """The best configs for one fixed placement and allocation (used by baselines)."""
+        top = _TopK(1)
+        self.price_allocation(placement, counts, self.lanes(placement), top)
+        return top.sorted()[0] if top.heap else None
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+        t0 = time.perf_counter()
+        top = _TopK(self.req.top_k)
+        placements = sorted(set_partitions(self.roles), key=len)
+        for i, p in enumerate(placements):
+            self.search_placement(p, top)
+            if progress:
+                progress(i + 1, len(placements))
+        return SearchResult(self.req, self._verified(top.sorted()), self.plans_priced, self.pricer.configs_priced,
+                            time.perf_counter() - t0)
+
+    def _verified(self, top: list[Scored]) -> list[Scored]:
+        """Insurance for "never return a plan the memory model calls infeasible": the winners are
+        checked against memory.plan_memory on real Plans (the search's own test agrees with it by
+        construction; tests/planner/test_agreement.py checks that it does)."""
+        from hybridflow.simulator.memory import plan_memory
+
+        from .plans import scored_to_plan
+
+        ok = []
+        for s in top:
+            if all(m.fits for m in plan_memory(scored_to_plan(self.req, s, self.pricer.reshard)).values()):
+                ok.append(s)
+        return ok
+
+
+def search(req: SearchRequest, cost_model=None, progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    return Planner(req, cost_model).run(progress)

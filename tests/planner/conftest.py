@@ -1,0 +1,27 @@
+"""Small specs that make memory bind on purpose: tiny devices, models of a few hundred MB."""
+
+import pytest
+
+from hybridflow.simulator import ClusterSpec, HardwareSpec, ModelSpec, Workload
+from hybridflow.simulator.hardware import GiB
+
+
+def small_hardware(gib: float) -> HardwareSpec:
+    return HardwareSpec(name=f"toy-{gib}g", peak_flops=100e12, hbm_bandwidth=1.5e12, hbm_bytes=gib * GiB,
+                        intra_node_bandwidth=200e9, inter_node_bandwidth=20e9)
+
+
+def small_model(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=8000, name="toy") -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
+
+
+def small_cluster(nodes=1, per=4, gib=8.0) -> ClusterSpec:
+    return ClusterSpec(hardware=small_hardware(gib), nodes=nodes, devices_per_node=per)
+
+
+SMALL_WORKLOAD = Workload(prompts=64, prompt_len=256, response_len=256, micro_batch_size=4)
+
+
+@pytest.fixture
+def workload():
+    return SMALL_WORKLOAD

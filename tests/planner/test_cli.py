@@ -1,0 +1,126 @@
+"""`hflow-plan search` and `compare` end to end, in process (the CLI's main())."""
+
+import json
+
+import pytest
+
+from hybridflow.simulator import Plan
+from hybridflow.simulator.schedule import simulate
+from hybridflow.tools.cli import main
+
+SMALL = ["--gpu", "a100-80g", "--nodes", "1", "--gpus-per-node", "8", "--model", "llama2-7b", "--batch", "64",
+         "--prompt-len", "256", "--response-len", "256"]
+SUMMARY_KEYS = {"placement", "devices", "parallel", "iteration_seconds", "tokens_per_second"}
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # exactly one JSON object on stdout
+
+
+def _check_summary(s, roles):
+    assert set(s) == SUMMARY_KEYS
+    assert sorted(r for g in s["placement"] for r in g) == sorted(roles)
+    assert set(s["devices"]) == set(roles) == set(s["parallel"])
+    for role, p in s["parallel"].items():
+        assert set(p) == ({"train", "generate"} if role == "actor" else {"train"})
+        for cfg in p.values():
+            assert set(cfg) == {"pp", "tp", "dp"}
+            assert cfg["pp"] * cfg["tp"] * cfg["dp"] == s["devices"][role]
+    assert s["tokens_per_second"] == pytest.approx(64 * 512 / s["iteration_seconds"])
+
+
+def test_search_json_has_exactly_the_issue_shape(capsys):
+    out = _json(capsys, ["search", *SMALL, "--algo", "ppo", "--json", "--top", "3"])
+    assert set(out) == {"best", "top", "baselines", "search_seconds", "plans_priced"}
+    roles = ["actor", "critic", "ref", "reward"]
+    _check_summary(out["best"], roles)
+    assert 1 <= len(out["top"]) <= 3 and out["top"][0] == out["best"]
+    for s in out["top"]:
+        _check_summary(s, roles)
+    assert [s["iteration_seconds"] for s in out["top"]] == sorted(s["iteration_seconds"] for s in out["top"])
+    assert set(out["baselines"]) == {"ds-chat", "openrlhf", "nemo-aligner", "hybridflow-v"}
+    for name, b in out["baselines"].items():
+        if b.get("fits") is False:
+            assert set(b) == {"fits", "reason"} and b["reason"]
+        else:
+            _check_summary(b, roles)
+            if name != "openrlhf":  # the others' plans are no better than some plan of our search space
+                assert b["iteration_seconds"] >= out["best"]["iteration_seconds"] * (1 - 1e-9)
+    assert out["plans_priced"] > 0 and out["search_seconds"] > 0
+
+
+def test_out_writes_a_plan_that_simulate_reads(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    out = _json(capsys, ["search", *SMALL, "--algo", "grpo", "--samples", "4", "--json", "--out", str(plan_path),
+                         "--trace", str(trace), "--timeline", str(png)])
+    plan = Plan.load(plan_path)
+    assert simulate(plan).iteration_seconds() == pytest.approx(out["best"]["iteration_seconds"], rel=1e-9)
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sim = _json(capsys, ["simulate", str(plan_path), "--json"])
+    assert sim["iteration_seconds"] == pytest.approx(out["best"]["iteration_seconds"], rel=1e-9)
+    assert sim["fits"] is True
+
+
+def test_tables_mode_prints_top_plans_and_timeline(capsys):
+    assert main(["search", *SMALL, "--algo", "remax", "--max-pp", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "top plans" in out and "generate_baseline" in out and "tokens/s" in out
+
+
+def test_compare_shows_each_baseline(capsys):
+    out = _json(capsys, ["compare", *SMALL, "--algo", "ppo", "--json"])
+    assert set(out["baselines"]) == set(out["speedup"]) == {"ds-chat", "openrlhf", "nemo-aligner", "hybridflow-v"}
+    for name, sp in out["speedup"].items():
+        assert sp is None or sp > 0, name
+        if name != "openrlhf" and sp is not None:
+            assert sp >= 1 - 1e-9, name
+    assert main(["compare", *SMALL, "--algo", "ppo"]) == 0
+    assert "speedup" in capsys.readouterr().out
+
+
+def test_request_that_cannot_fit_exits_2_with_breakdown_and_smallest_cluster(capsys):
+    rc = main(["search", "--nodes", "1", "--model", "llama2-70b", "--algo", "ppo"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "optimizer" in err and "GiB" in err  # the memory breakdown
+    assert "the smallest cluster that fits is" in err and "--nodes" in err
+    nodes = int(err.split("--nodes ")[-1].split(")")[0])
+    assert nodes > 1
+    # and that cluster does fit
+    assert main(["search", "--nodes", str(nodes), "--model", "llama2-70b", "--algo", "ppo", "--json", "--top", "1"]) == 0
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--model", "gpt5"], "unknown model preset"),
+    (["--model", "llama2-7b", "--cost", "llama2-7b"], "not a role of ppo"),
+    ([], "give --model"),
+    (["--model", "llama2-7b", "--out", "plan.txt"], "ending in .json"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, msg):
+    assert main(["search", "--nodes", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+def test_cluster_and_workload_files(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hardware: h100-80g\nnodes: 2\ndevices_per_node: 4\n")
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("prompts: 32\nprompt_len: 128\nresponse_len: 128\nsamples_per_prompt: 2\n")
+    out = _json(capsys, ["search", "--cluster", str(cluster), "--workload", str(wl), "--response-len", "256",
+                         "--algo", "rloo", "--model", "llama2-7b", "--json", "--top", "2"])
+    best = out["best"]
+    assert sum(best["devices"][g[0]] for g in best["placement"]) == 8
+    # tokens per iteration = 32 prompts × 2 samples × (128 + 256): the flag overrides the file
+    assert best["tokens_per_second"] * best["iteration_seconds"] == pytest.approx(32 * 2 * 384)
+
+
+def test_max_pp_one_gives_pipeline_free_plans(capsys):
+    out = _json(capsys, ["search", *SMALL, "--algo", "ppo", "--max-pp", "1", "--json", "--top", "3"])
+    for s in out["top"]:
+        for p in s["parallel"].values():
+            assert all(cfg["pp"] == 1 for cfg in p.values())

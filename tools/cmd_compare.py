@@ -1,0 +1,48 @@
+"""`hflow-plan compare`: the searched plan against DeepSpeed-Chat, OpenRLHF, NeMo-Aligner and
+HybridFlow-V, all priced by the same simulator (tokens/s and speedup side by side)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from hybridflow.tools.cmd_search import add_request_args
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "compare", help="the searched plan vs DeepSpeed-Chat, OpenRLHF, NeMo-Aligner and HybridFlow-V",
+        description="Search the best plan, build each baseline system's plan for the same job and cluster, "
+                    "price all of them with the same simulator and show tokens/s and speedups. A baseline "
+                    "that does not fit in device memory says why instead of giving a number.")
+    add_request_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object: best, baselines, speedup")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from hybridflow.planner.baselines import price_baselines
+    from hybridflow.planner.plans import plan_summary, scored_to_plan
+    from hybridflow.tools.cmd_search import request_from_args, run_search
+
+    req = request_from_args(args)
+    planner, result = run_search(args, req)
+    best = plan_summary(scored_to_plan(req, result.best), result.best.seconds)
+    baselines = {name: b.json() for name, b in price_baselines(req, planner, result).items()}
+    speedup = {name: (best["tokens_per_second"] / b["tokens_per_second"] if "tokens_per_second" in b else None)
+               for name, b in baselines.items()}
+    if args.json:
+        print(json.dumps({"best": best, "baselines": baselines, "speedup": speedup,
+                          "search_seconds": result.search_seconds, "plans_priced": result.plans_priced}))
+        return 0
+    from rich.console import Console
+
+    from hybridflow.tools.search_report import compare_table
+
+    console = Console(file=sys.stdout, width=max(Console().width, 140))
+    c = req.cluster
+    console.print(f"[bold]{req.algorithm}[/] on {c.nodes}×{c.devices_per_node} {c.hardware.name}, "
+                  f"{req.workload.prompts} prompts × {req.workload.samples_per_prompt} samples × "
+                  f"({req.workload.prompt_len} + {req.workload.response_len}) tokens per iteration")
+    console.print(compare_table(best, baselines))
+    return 0

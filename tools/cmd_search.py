@@ -1,0 +1,200 @@
+"""`hflow-plan search`: the best placement, device allocation and parallel configs for an RLHF job.
+
+Runs Algorithm 1 (planner/search.py) over the cluster, shows the top plans and the chosen plan's
+timeline, and can write the plan (`--out`), its Chrome trace and Gantt chart. `--json` prints
+one object: best, top, baselines, search_seconds, plans_priced (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hybridflow.simulator.errors import HflowError
+
+ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
+
+
+def add_request_args(p: argparse.ArgumentParser) -> None:
+    """The flags `search` and `compare` share: cluster, algorithm, models, workload."""
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpu", default="a100-80g", help="hardware preset (a100-80g, h100-80g, h200-141g) or a YAML file")
+    c.add_argument("--nodes", type=_positive_int, default=1, help="machines (default 1)")
+    c.add_argument("--gpus-per-node", type=_positive_int, default=8, help="devices per machine (default 8)")
+    c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
+    m = p.add_argument_group("models")
+    m.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax", "safe-rlhf", "rloo"])
+    m.add_argument("--model", help="every role's model: a preset (llama2-70b …), a HF folder or a ModelSpec YAML")
+    for r in ROLE_FLAGS:
+        m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model)")
+    m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
+    m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", metavar="FILE.yaml", help="a Workload file; the flags below override its fields")
+    w.add_argument("--prompt-len", type=_positive_int)
+    w.add_argument("--response-len", type=_positive_int)
+    w.add_argument("--batch", type=_positive_int, help="prompts per iteration (default 1024)")
+    w.add_argument("--samples", type=_positive_int, help="responses per prompt (GRPO/RLOO draw several)")
+    w.add_argument("--ppo-epochs", type=_positive_int)
+    w.add_argument("--mini-batches", type=_positive_int)
+    w.add_argument("--micro-batch", type=_positive_int, help="sequences per device per forward/backward")
+    s = p.add_argument_group("search")
+    s.add_argument("--max-pp", type=_positive_int, help="largest pipeline-parallel size to consider "
+                   "(the CPU runtime runs pp=1 only)")
+    s.add_argument("--top", type=_positive_int, default=5, metavar="K", help="plans to list (default 5)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
+    return n
+
+
+def request_from_args(args):
+    from hybridflow.planner.request import SearchRequest
+    from hybridflow.simulator.hardware import ClusterSpec, HardwareSpec, hardware_preset
+    from hybridflow.simulator.io import load_model_file, read_mapping
+    from hybridflow.simulator.model import resolve_model
+    from hybridflow.simulator.plan import ALGORITHM_ROLES
+    from hybridflow.simulator.workload import Workload
+
+    if args.cluster:
+        cluster = load_model_file(ClusterSpec, args.cluster)
+    else:
+        gpu = args.gpu
+        hw = load_model_file(HardwareSpec, gpu) if Path(gpu).suffix in (".yaml", ".yml", ".json") else hardware_preset(gpu)
+        cluster = ClusterSpec(hardware=hw, nodes=args.nodes, devices_per_node=args.gpus_per_node)
+    fields = read_mapping(args.workload) if args.workload else {}
+    for flag, field in (("prompt_len", "prompt_len"), ("response_len", "response_len"), ("batch", "prompts"),
+                        ("samples", "samples_per_prompt"), ("ppo_epochs", "ppo_epochs"),
+                        ("mini_batches", "mini_batches"), ("micro_batch", "micro_batch_size")):
+        if getattr(args, flag) is not None:
+            fields[field] = getattr(args, flag)
+    workload = Workload.model_validate(fields)
+    roles = ALGORITHM_ROLES[args.algo]
+    given = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}
+    unused = [r for r in given if r not in roles]
+    if unused:
+        raise HflowError(f"--{unused[0]} is not a role of {args.algo} (roles: {', '.join(roles)}); drop it")
+    if not args.model and "actor" not in given:
+        raise HflowError("give --model NAME (a preset such as llama2-7b, a HF folder or a ModelSpec YAML) "
+                         "or --actor and the other roles")
+    rules = {"reward": args.reward_function, "cost": args.cost_function}
+    for r, fn in rules.items():
+        if fn and (":" not in fn or r in given):
+            raise HflowError(f"--{r}-function {fn}: give 'module:function' and drop --{r}")
+    models = {}
+    for r in roles:
+        ref = given.get(r) or (None if rules.get(r) else args.model)
+        if ref:
+            models[r] = resolve_model(ref)
+    return SearchRequest(algorithm=args.algo, models=models, cluster=cluster, workload=workload,
+                         reward_function=args.reward_function, cost_function=args.cost_function,
+                         max_pp=args.max_pp, top_k=args.top)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "search", help="search placements, allocations and parallel configs for the fastest plan (Algorithm 1)",
+        description="Find the plan with the highest simulated throughput (tokens/s = prompts x samples x "
+                    "(prompt + response length) per iteration second) over every colocation of the models, "
+                    "every allocation of the cluster's devices and every 3D-parallel config.")
+    add_request_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--out", metavar="PLAN.json", help="write the best plan (input of `hflow-plan simulate`)")
+    o.add_argument("--trace", metavar="FILE.json", help="write the best plan's Chrome trace (Perfetto)")
+    o.add_argument("--timeline", metavar="FILE.png", help="write the best plan's Gantt chart")
+    o.add_argument("--json", action="store_true", help="print one JSON object (see docs/planner.md)")
+    p.set_defaults(func=run)
+
+
+def run_search(args, req):
+    """The search with a progress bar on stderr (never on stdout)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hybridflow.planner.search import Planner
+
+    planner = Planner(req)
+    console = Console(file=sys.stderr)
+    with Progress(TextColumn("searching placements"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("search", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = planner.run(progress=tick)
+    if result.best is None:
+        from hybridflow.planner.diagnose import explain_infeasible
+
+        raise HflowError(explain_infeasible(req, planner.cm, sys.stderr))
+    return planner, result
+
+
+def _check_outputs(args) -> None:
+    for path, suffix in ((args.out, ".json"), (args.trace, ".json"), (args.timeline, ".png")):
+        if path and Path(path).suffix.lower() != suffix:
+            raise HflowError(f"{path}: expected a file name ending in {suffix}")
+        if path and Path(path).is_dir():
+            raise HflowError(f"{path}: is a folder; give a file name")
+
+
+def run(args) -> int:
+    from hybridflow.planner.baselines import price_baselines
+    from hybridflow.planner.plans import plan_summary, scored_to_plan
+    from hybridflow.simulator.export import chrome_trace, gantt_png
+    from hybridflow.simulator.io import write_atomic
+    from hybridflow.simulator.schedule import simulate
+
+    _check_outputs(args)
+    req = request_from_args(args)
+    planner, result = run_search(args, req)
+    plans = [scored_to_plan(req, s) for s in result.top]
+    best = plans[0]
+    timeline = simulate(best, planner.cm)
+
+    outputs: list[tuple[str, str | bytes]] = []
+    if args.out:
+        outputs.append((args.out, best.model_dump_json(indent=2) + "\n"))
+    if args.trace:
+        outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
+    if args.timeline:
+        outputs.append((args.timeline, gantt_png(timeline, title=f"best plan: {req.algorithm}")))
+    for path, data in outputs:
+        try:
+            write_atomic(path, data)
+        except OSError as e:
+            raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
+
+    if args.json:
+        baselines = price_baselines(req, planner, result)
+        print(json.dumps({
+            "best": plan_summary(best, result.top[0].seconds),
+            "top": [plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)],
+            "baselines": {name: b.json() for name, b in baselines.items()},
+            "search_seconds": result.search_seconds,
+            "plans_priced": result.plans_priced,
+        }))
+        return 0
+    from rich.console import Console
+
+    from hybridflow.tools.report import ops_table, summary_table
+    from hybridflow.tools.search_report import top_plans_table
+
+    console = Console(file=sys.stdout, width=max(Console().width, 140))
+    hw = req.cluster.hardware
+    console.print(f"[bold]{req.algorithm}[/] on {req.cluster.nodes}×{req.cluster.devices_per_node} {hw.name}: "
+                  f"searched in {result.search_seconds:.2f} s, {result.plans_priced:,} plans priced "
+                  f"({result.configs_priced:,} model configs)")
+    console.print(top_plans_table([plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)]))
+    console.print(ops_table(timeline, iteration=0, title="best plan: ops (simulated, iteration 0)"))
+    extra = {"wrote": ", ".join(p for p, _ in outputs)} if outputs else None
+    console.print(summary_table(timeline, extra))
+    return 0
