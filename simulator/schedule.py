@@ -106,8 +106,17 @@ def lane_names(plan: Plan) -> dict[str, str]:
     """Lane name → what it is (devices), for exports and tables."""
     out = {}
     for g in plan.groups:
-        nodes = sorted({d.node for d in g.devices})
-        where = ", ".join(f"node{k}:" + _ranges(sorted(d.index for d in g.devices if d.node == k)) for k in nodes)
+        # Nodes that hold the same device indices collapse into one range: "nodes 0-15:0-7".
+        by_node: dict[int, str] = {}
+        for k in sorted({d.node for d in g.devices}):
+            by_node[k] = _ranges(sorted(d.index for d in g.devices if d.node == k))
+        runs: list[tuple[list[int], str]] = []
+        for k, idx in by_node.items():
+            if runs and runs[-1][1] == idx and runs[-1][0][-1] == k - 1:
+                runs[-1][0].append(k)
+            else:
+                runs.append(([k], idx))
+        where = ", ".join(f"node{'s' if len(ks) > 1 else ''}{_ranges(ks)}:{idx}" for ks, idx in runs)
         out[g.name] = f"{len(g.devices)} device{'s' if len(g.devices) > 1 else ''} ({where})"
     out[DRIVER] = "single controller (CPU)"
     return out
