@@ -1,0 +1,213 @@
+"""Native batched generation with a preallocated KV cache (runs on CPU and GPU, any tp size).
+
+One prefill over the left-padded prompts, then one token per step for the whole batch; the
+prefix is never recomputed. Sampling: greedy, temperature, top-k, top-p (nucleus), stop on EOS,
+at most `max_new_tokens`. Returns the response tokens, the log-probability of each sampled token
+and a mask of the real (pre-EOS, EOS included) positions.
+
+Log-probs are taken from `log_softmax(logits / temperature)` (temperature 1 when greedy), before
+top-k / top-p truncation: the distribution a trainer recomputes from the same logits.
+
+Determinism: all randomness comes from the `generator` passed in. Tensor-parallel ranks see the
+same (replicated) logits, so with the same seeded generator every rank draws the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+
+from hybridflow.runtime.engines.fast_decode import FastDecoder, supports
+from hybridflow.runtime.models.llama import KVCache, positions_from_mask
+from hybridflow.simulator.errors import HflowError
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: PositiveInt = 32
+    temperature: float = Field(1.0, ge=0.0)  # 0 means greedy
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: NonNegativeInt = 0  # 0 = off
+    greedy: bool = False
+    eos_token_id: int | list[int] | None = None  # None: never stop early
+    pad_token_id: int = 0  # fills the response after EOS
+
+    @field_validator("eos_token_id")
+    @classmethod
+    def _eos_list(cls, v):
+        return [v] if isinstance(v, int) else v
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+@dataclass
+class Rollout:
+    """A batch of prompts and their sampled responses (B rows; P prompt and R response columns)."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P] 1 = real token
+    response: torch.Tensor  # [B, R] pad after EOS
+    response_logprobs: torch.Tensor  # [B, R] fp32, 0 where masked
+    response_mask: torch.Tensor  # [B, R] 1 up to and including EOS
+
+    @property
+    def tokens(self) -> torch.Tensor:  # [B, P+R]
+        return torch.cat([self.prompt_ids, self.response], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # [B, P+R]
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:  # [B, P+R], as used during generation
+        return positions_from_mask(self.attention_mask)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:  # [B]
+        return self.response_mask.sum(-1)
+
+    def to_tensordict(self):
+        """The rollout as a TensorDict (batch size [B]) with tokens/attention_mask/position_ids added."""
+        from tensordict import TensorDict
+
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(tokens=self.tokens, attention_mask=self.attention_mask, position_ids=self.position_ids)
+        return TensorDict(data, batch_size=[self.prompt_ids.shape[0]])
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+
+
+def _draw(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row from softmax(logits): [B]. Exponential race: argmax p_i / E_i with
+    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial."""
+    probs = torch.softmax(logits, dim=-1)
+    if generator is not None and generator.device != probs.device:
+        # Draw on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
+        race = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator)
+        race = race.to(probs.device)
+    else:
+        race = torch.empty_like(probs).exponential_(generator=generator)
+    return probs.div_(race).argmax(-1)
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens [B] and their log-probs [B] from fp32 logits [B, V]."""
+    if params.is_greedy:
+        tokens = logits.argmax(-1)
+        logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        return tokens, logp
+    if params.temperature != 1.0:
+        logits = logits / params.temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    vals = idx = None
+    if 0 < params.top_k < logits.shape[-1]:  # fast path: only k candidates, already sorted
+        vals, idx = logits.topk(params.top_k, dim=-1)
+    if params.top_p < 1.0:
+        if vals is None:
+            vals, idx = logits.sort(dim=-1, descending=True)
+        probs = torch.softmax(vals, dim=-1)
+        # Drop a candidate when the ones before it already hold top_p of the mass (keeps the first).
+        drop = probs.cumsum(-1) - probs > params.top_p
+        vals = vals.masked_fill(drop, float("-inf"))
+    if vals is None:
+        tokens = _draw(logits, generator)
+    else:
+        tokens = idx.gather(1, _draw(vals, generator)[:, None]).squeeze(1)
+    return tokens, logp_all.gather(1, tokens[:, None]).squeeze(1)
+
+
+# ---- the engine -------------------------------------------------------------------------------
+
+
+def check_left_padded(prompt_ids: torch.Tensor, mask: torch.Tensor) -> None:
+    if prompt_ids.dim() != 2 or mask.shape != prompt_ids.shape:
+        raise HflowError(f"prompt_ids {tuple(prompt_ids.shape)} and attention_mask {tuple(mask.shape)} must "
+                         "both be [batch, prompt_len]")
+    m = mask.long()
+    if not bool((m[:, 1:] >= m[:, :-1]).all()) or not bool(m[:, -1].all()):
+        raise HflowError("prompts must be left-padded (attention_mask 0…0 1…1 per row, non-empty); "
+                         "pad on the left before generating")
+
+
+class GenerationEngine:
+    """Generates with any model shaped like `LlamaForCausalLM`: `model(ids, attention_mask,
+    position_ids, cache, last_only=True) -> logits [B, 1, V]` and `model.config.num_hidden_layers`."""
+
+    def __init__(self, model: torch.nn.Module, fast_decode: bool = True):
+        self.model = model
+        self.fast_decode = fast_decode  # module-free decode step where the model allows it (fast_decode.py)
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:
+        params = params or SamplingParams()
+        device = prompt_ids.device
+        b, p = prompt_ids.shape
+        r = params.max_new_tokens
+        mask = torch.ones_like(prompt_ids) if attention_mask is None else attention_mask.to(device)
+        check_left_padded(prompt_ids, mask)
+        padded = not bool(mask.all())
+
+        # Key validity for the whole run: prompt padding is False, every generated slot True.
+        key_mask = torch.ones(b, p + r, dtype=torch.bool, device=device)
+        key_mask[:, :p] = mask.bool()
+        positions = positions_from_mask(mask)
+        cache = KVCache(self.model.config.num_hidden_layers, p + r)
+        logits = self.model(prompt_ids, key_mask if padded else None, positions, cache, last_only=True)[:, -1]
+        next_pos = positions[:, -1:] + 1
+        fast = FastDecoder(self.model) if self.fast_decode and supports(self.model) else None
+        if fast is not None and padded:  # additive mask over the whole run, sliced per step
+            dtype = logits.dtype
+            add_mask = torch.zeros(b, 1, 1, p + r, dtype=dtype, device=device).masked_fill_(
+                ~key_mask[:, None, None, :], torch.finfo(dtype).min)
+
+        response = torch.full((b, r), params.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(b, r, dtype=torch.float32, device=device)
+        resp_mask = torch.zeros(b, r, dtype=torch.long, device=device)
+        finished = torch.zeros(b, dtype=torch.bool, device=device)
+        eos = torch.tensor(params.eos_token_id or [], dtype=torch.long, device=device)
+        for t in range(r):
+            tokens, logp = sample_tokens(logits.float(), params, generator)
+            response[:, t] = tokens
+            logprobs[:, t] = logp
+            if eos.numel():  # rows that had finished before this step get masked out below
+                resp_mask[:, t] = ~finished
+                finished |= torch.isin(tokens, eos)
+                if bool(finished.all()):  # the rest stays padding
+                    break
+            if t + 1 == r:
+                break
+            if fast is not None:
+                logits = fast.step(tokens, next_pos, add_mask[..., :p + t + 1] if padded else None, cache)
+            else:
+                logits = self.model(tokens[:, None], key_mask if padded else None, next_pos, cache,
+                                    last_only=True)[:, -1]
+            next_pos = next_pos + 1
+        if eos.numel():
+            response.masked_fill_(resp_mask == 0, params.pad_token_id)
+            logprobs.masked_fill_(resp_mask == 0, 0.0)
+        else:  # no EOS: every row ran all r steps
+            resp_mask.fill_(1)
+        return Rollout(prompt_ids=prompt_ids, prompt_mask=mask.long(), response=response,
+                       response_logprobs=logprobs, response_mask=resp_mask)
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int = 0,
+             device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, P], attention_mask [B, P]) left-padded to the longest."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise HflowError("every prompt needs at least one token; drop empty prompts before generating")
+    p = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), p), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), p, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, p - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, p - len(s):] = 1
+    return ids.to(device), mask.to(device)

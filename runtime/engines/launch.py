@@ -1,0 +1,93 @@
+"""Run a function on N local gloo processes (torch.multiprocessing); collect each rank's result.
+
+Cheap and independent of Ray: engine tests and benchmarks need only a torch.distributed group of
+"virtual devices" on one machine. Each child uses one thread, a fresh free port, and returns its
+result (or its traceback) through a queue.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
+           "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
+           "hybridflow.runtime.engines.generation"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank, world_size, port, fn, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        out = fn(rank, world_size, *args)
+        # Plain bytes: tensors sent through a torch queue live in shared memory owned by the sender,
+        # which is gone by the time the parent reads them.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        queue.put((rank, True, buf.getvalue()))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[str] | None = None) -> list:
+    """Call `fn(rank, world_size, *args)` on `world_size` gloo processes; return results by rank.
+
+    `fn` must be importable (a module-level function) and its result picklable. A failure on
+    any rank raises RuntimeError with that rank's traceback.
+    """
+    # forkserver: a clean server process (no Ray/grpc threads of the test session to fork) that
+    # imports torch and the engines once; each child is then a cheap fork of it.
+    ctx = mp.get_context(os.environ.get("HFLOW_START_METHOD", "forkserver"))
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(results) + len(errors) < world_size:
+        if time.monotonic() > deadline:
+            break
+        if queue.empty():
+            if all(not p.is_alive() for p in procs) and queue.empty():
+                break
+            time.sleep(0.02)
+            continue
+        rank, ok, out = queue.get()
+        if ok:
+            results[rank] = torch.load(io.BytesIO(out), weights_only=False)
+        else:
+            errors.append(f"rank {rank}:\n{out}")
+            break  # the others may be stuck in a collective with the failed rank
+    for p in procs:
+        p.join(timeout=1 if errors or len(results) < world_size else 30)
+        if p.is_alive():
+            p.kill()
+    if errors:
+        raise RuntimeError("distributed run failed on " + "\n".join(errors))
+    if len(results) < world_size:
+        raise RuntimeError(f"distributed run: only ranks {sorted(results)} of {world_size} finished "
+                           f"within {timeout:.0f}s")
+    return [results[r] for r in range(world_size)]

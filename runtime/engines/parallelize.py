@@ -1,0 +1,159 @@
+"""Apply a ParallelConfig to a model from the outside (TorchTitan style).
+
+The model file knows nothing of parallelism; this file shards it:
+
+- tensor parallelism with DTensor's `parallelize_module`: q/k/v and gate/up column-wise, o/down
+  row-wise (one all-reduce after attention and one after the MLP); the embedding is split along the
+  vocabulary (row-wise, output replicated) and the LM head column-wise with replicated logits, so
+  every tensor-parallel rank sees the full logits for log-probs and entropy. Norms and the scalar
+  head `score` stay replicated (they are tiny). A tied LM head keeps embedding and head replicated.
+- data parallelism with FSDP2 `fully_shard` over the `dp` mesh dimension, per decoder layer then
+  the root; with TP this gives 2-D (dp × tp) DTensor parameters.
+- pipeline parallelism: not applied. `torch.distributed.pipelining` itself does run on gloo/CPU
+  (a 2-stage GPipe schedule of a toy MLP trains here, torch 2.13), but this engine does not split
+  the Llama into stages (the RoPE tables, masks and RL loss fields would have to travel between
+  stages), so the runtime executes pp = 1 only and `parallelize` raises an HflowError for pp > 1.
+
+Device mesh dims are ("pp", "dp", "tp") in the simulator's rank order (tp fastest), so a
+tensor-parallel group is consecutive ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.parallel import ParallelConfig
+
+COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_mesh(cfg: ParallelConfig, device: str | None = None) -> DeviceMesh:
+    """A ("pp", "dp", "tp") mesh over all ranks of the default process group."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if cfg.world_size != world:
+        raise HflowError(f"parallel config {cfg} needs {cfg.world_size} processes but the group has {world}; "
+                         "start as many workers as pp·tp·dp")
+    return init_device_mesh(device or device_type(), (cfg.pp, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def _layers(model: nn.Module) -> nn.ModuleList:
+    try:
+        return model.model.layers
+    except AttributeError:
+        raise HflowError(f"{type(model).__name__} has no model.layers; parallelize expects a Llama-family "
+                         "model with Hugging Face module names") from None
+
+
+def _is_tied(model: nn.Module) -> bool:
+    head = getattr(model, "lm_head", None)
+    return head is not None and head.weight is model.model.embed_tokens.weight
+
+
+def check_tp(model: nn.Module, tp: int) -> None:
+    cfg = model.config
+    bad = []
+    if cfg.num_attention_heads % tp or cfg.num_key_value_heads % tp:
+        bad.append(f"heads {cfg.num_attention_heads}/kv_heads {cfg.num_key_value_heads}")
+    if cfg.intermediate_size % tp:
+        bad.append(f"intermediate_size {cfg.intermediate_size}")
+    if not _is_tied(model) and cfg.vocab_size % tp:
+        bad.append(f"vocab_size {cfg.vocab_size}")
+    if bad:
+        raise HflowError(f"tp={tp} must divide {', '.join(bad)}; pick a tensor-parallel size that divides them")
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
+    """Shard `model` in place over the 1-D mesh `tp_mesh` (see the module docstring for the plan)."""
+    check_tp(model, tp_mesh.size())
+    plan = {name: ColwiseParallel() for name in COLWISE} | {name: RowwiseParallel() for name in ROWWISE}
+    for layer in _layers(model):
+        parallelize_module(layer, tp_mesh, plan)
+    if hasattr(model, "lm_head") and not _is_tied(model):
+        parallelize_module(model.model.embed_tokens, tp_mesh,
+                           RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        parallelize_module(model.lm_head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+    return model
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
+               reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 per decoder layer, then the root (embeddings, final norm, head)."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    if mp is not None:
+        kw["mp_policy"] = mp
+    for layer in _layers(model):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixed_precision: bool | None = None,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """Shard `model` (fp32, on its device) as `cfg` says over `mesh` = build_mesh(cfg).
+
+    `mixed_precision`: bf16 parameters in compute with fp32 master weights and gradient reduction
+    (FSDP2's MixedPrecisionPolicy); default on for CUDA, off (pure fp32) on CPU.
+    """
+    if cfg.pp > 1:
+        raise HflowError(f"pipeline parallelism (pp={cfg.pp}) is not supported by the runtime's training engine "
+                         "(it does not split models into stages yet); use pp=1 and more tp or dp")
+    if mixed_precision is None:
+        mixed_precision = mesh.device_type == "cuda"
+    if cfg.tp > 1:
+        apply_tp(model, mesh["tp"])
+    if cfg.dp > 1 or mixed_precision:
+        apply_fsdp(model, mesh["dp"], torch.bfloat16 if mixed_precision else None, reshard_after_forward)
+    return model
+
+
+def tp_shard_dim(param: torch.Tensor, tp_mesh_dim: str = "tp") -> int | None:
+    """The tensor dimension a parameter is split along over the tp mesh dim (None: replicated)."""
+    if not isinstance(param, DTensor):
+        return None
+    names = param.device_mesh.mesh_dim_names or ()
+    if tp_mesh_dim not in names:
+        return None
+    placement = param.placements[names.index(tp_mesh_dim)]
+    return placement.dim if isinstance(placement, Shard) else None
+
+
+def tp_local(param: torch.Tensor, tp_mesh_dim: str = "tp") -> torch.Tensor:
+    """This rank's tensor-parallel shard of a parameter, gathered over any other mesh dims (dp).
+
+    For FSDP2 + TP parameters this all-gathers over dp only; for TP-only DTensors it is the local
+    tensor (no communication); plain tensors are returned as they are.
+    """
+    if not isinstance(param, DTensor):
+        return param
+    names = param.device_mesh.mesh_dim_names or ()
+    placements = [p if names[i] == tp_mesh_dim else Replicate() for i, p in enumerate(param.placements)]
+    if list(placements) != list(param.placements):
+        param = param.redistribute(param.device_mesh, placements)
+    return param.to_local()
+
+
+def load_tp_local(param: torch.Tensor, local: torch.Tensor, tp_mesh_dim: str = "tp") -> None:
+    """Write this rank's tensor-parallel shard `local` back into `param` (inverse of tp_local)."""
+    with torch.no_grad():
+        if not isinstance(param, DTensor):
+            param.copy_(local)
+            return
+        names = param.device_mesh.mesh_dim_names or ()
+        placements = [p if names[i] == tp_mesh_dim else Replicate() for i, p in enumerate(param.placements)]
+        full = DTensor.from_local(local, param.device_mesh, placements, run_check=False)
+        # Replicate -> Shard on the dp dims is a local slice: no communication.
+        param.to_local().copy_(full.redistribute(param.device_mesh, param.placements).to_local())

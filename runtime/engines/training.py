@@ -1,0 +1,311 @@
+"""TrainingEngine: one model, sharded by a ParallelConfig, trained with AdamW.
+
+The engine owns the model (parallelized from the outside by parallelize.py), its optimizer and the
+bookkeeping of a step: split the local batch into micro-batches, accumulate gradients, clip them,
+step. It does not know RL: a loss function plugs in,
+
+    loss_fn(outputs, micro) -> loss | (loss, {name: float})
+
+where `outputs` holds the forward results for the micro-batch (`log_probs`, `entropy`, `logits`
+for an LM; `values` for a scalar head) and `micro` is the micro-batch (a TensorDict with
+`input_ids`, `attention_mask` and whatever the loss reads). The loss is a mean over the
+micro-batch; the engine weights each micro-batch by its share of the local batch, and FSDP averages
+over data-parallel ranks, so the gradient is that of the mean over the whole batch (exactly so when
+the ranks hold equal shares).
+
+Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
+tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
+The engine knows nothing of Ray; workers wrap it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
+from tensordict import TensorDict
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import write_atomic
+from hybridflow.simulator.parallel import ParallelConfig
+
+from .parallelize import build_mesh, load_tp_local, parallelize, tp_local, tp_shard_dim
+
+# FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
+
+LossFn = Callable[[dict, TensorDict], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: PositiveFloat = 1e-5
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: NonNegativeFloat = 1.0  # 0 turns clipping off
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up of the learning rate
+
+
+# ---- token statistics from logits ---------------------------------------------------------------
+
+
+def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, i] | < i) from logits [B, S, V]; [B, S] with position 0 = 0 (fp32)."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(picked, (1, 0))
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each predictive distribution, aligned like token_log_probs: [B, S] (fp32)."""
+    logits = logits[:, :-1].float()
+    ent = torch.logsumexp(logits, -1) - (F.softmax(logits, -1) * logits).sum(-1)
+    return F.pad(ent, (1, 0))
+
+
+def as_tensordict(batch: Mapping[str, torch.Tensor] | TensorDict) -> TensorDict:
+    if isinstance(batch, TensorDict):
+        return batch
+    if hasattr(batch, "tensors") and isinstance(batch.tensors, TensorDict):  # runtime.batch.Batch
+        return batch.tensors
+    n = next(iter(batch.values())).shape[0]
+    return TensorDict(dict(batch), batch_size=[n])
+
+
+# ---- gradient clipping over mixed DTensor meshes ------------------------------------------------
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip by the global 2-norm; correct for plain, TP (DTensor) and FSDP+TP (2-D DTensor) grads.
+
+    Gradients are grouped by (mesh, placements) because one norm cannot mix meshes; each group's
+    norm is made whole with `full_tensor()`, and plain (replicated) grads count once.
+    """
+    groups: dict[object, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            groups[(g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None].append(g)
+    total_sq = 0.0
+    for grads in groups.values():
+        n = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        total_sq += float(n) ** 2
+    total = math.sqrt(total_sq)
+    if max_norm > 0 and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for grads in groups.values():
+            for g in grads:
+                g.mul_(coef)
+    return total
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+class TrainingEngine:
+    """A model sharded as `parallel` says (pp·tp·dp = the process group), with AdamW.
+
+    Without an initialised process group (or with `parallel=None`) the model runs unsharded in
+    this process: the single-process reference the parity tests compare against.
+    """
+
+    def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
+                 optim: OptimConfig | None = None, micro_batch_size: int | None = None,
+                 mixed_precision: bool | None = None):
+        self.optim_config = optim or OptimConfig()
+        self.micro_batch_size = micro_batch_size
+        self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
+        self.parallel = parallel or ParallelConfig()
+        self.mesh = None
+        if self.distributed:
+            self.mesh = build_mesh(self.parallel)
+            if self.mesh.device_type == "cuda":  # the worker has set this process's device
+                model = model.to(torch.device("cuda", torch.cuda.current_device()))
+            model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
+        elif self.parallel.world_size > 1:
+            raise HflowError(f"parallel config {self.parallel} needs an initialised torch.distributed group; "
+                             "call torch.distributed.init_process_group first (workers do)")
+        self.model = model
+        self.is_lm = hasattr(model, "lm_head")
+        oc = self.optim_config
+        # Two groups: foreach kernels cannot mix DTensor (TP) and plain (replicated norm) parameters.
+        params = list(model.parameters())
+        groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
+                                          [p for p in params if not isinstance(p, DTensor)]) if g]
+        self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, eps=oc.eps,
+                                           weight_decay=oc.weight_decay, foreach=True)
+        self.step = 0
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        p = next(self.model.parameters())
+        return p.to_local().device if isinstance(p, DTensor) else p.device
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+
+    def _dp_mean(self, values: list[float]) -> list[float]:
+        """Average floats over the data-parallel ranks (tp ranks already agree)."""
+        if self.mesh is None or self.parallel.dp == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.mesh["dp"].get_group())
+        return (t / self.parallel.dp).tolist()
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None) -> list[TensorDict]:
+        size = micro_batch_size or self.micro_batch_size or batch.batch_size[0]
+        return list(batch.split(size))
+
+    def forward(self, micro: TensorDict, *, entropy: bool = True) -> dict[str, torch.Tensor]:
+        """Forward one micro-batch: log-probs (+ entropy, logits) for an LM, values for a scalar head."""
+        ids = micro["input_ids"].to(self.device)
+        mask = micro.get("attention_mask", None)
+        pos = micro.get("position_ids", None)
+        out = self.model(ids, None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device))
+        if not self.is_lm:
+            return {"values": out.float()}
+        res = {"logits": out, "log_probs": token_log_probs(out, ids)}
+        if entropy:
+            res["entropy"] = token_entropy(out)
+        return res
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False) -> TensorDict:
+        """Token log-probs (and entropy) of the whole local batch, no gradient: [B, S] fields."""
+        return self._infer(batch, micro_batch_size, ("log_probs", "entropy") if entropy else ("log_probs",))
+
+    @torch.no_grad()
+    def compute_values(self, batch, micro_batch_size: int | None = None) -> TensorDict:
+        """Per-token values of a scalar-head model: {"values": [B, S]}."""
+        return self._infer(batch, micro_batch_size, ("values",))
+
+    def _infer(self, batch, micro_batch_size, keys) -> TensorDict:
+        batch = as_tensordict(batch)
+        self.model.eval()
+        parts = [self.forward(m, entropy="entropy" in keys) for m in self._micro_batches(batch, micro_batch_size)]
+        self.model.train()
+        return TensorDict({k: torch.cat([p[k] for p in parts]).cpu() for k in keys}, batch_size=batch.batch_size)
+
+    # ---- training -----------------------------------------------------------------------------
+    def _set_lr(self) -> float:
+        oc = self.optim_config
+        lr = oc.lr * min(1.0, (self.step + 1) / oc.warmup_steps) if oc.warmup_steps else oc.lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None) -> dict[str, float]:
+        """One optimizer step on the local batch; returns metrics averaged over micro-batches and dp."""
+        batch = as_tensordict(batch)
+        n = batch.batch_size[0]
+        if n == 0:
+            raise HflowError("train_step got an empty batch; give each data-parallel rank at least one sample")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        micros = self._micro_batches(batch, micro_batch_size)
+        sums: dict[str, float] = defaultdict(float)
+        for i, micro in enumerate(micros):
+            weight = micro.batch_size[0] / n
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
+                self.model.set_requires_gradient_sync(i == len(micros) - 1)
+            result = loss_fn(self.forward(micro), micro)
+            loss, stats = result if isinstance(result, tuple) else (result, {})
+            if not torch.isfinite(loss):
+                raise HflowError(f"loss is {loss.item()} at step {self.step}; lower the learning rate or check the batch")
+            (loss * weight).backward()
+            sums["loss"] += loss.item() * weight
+            for k, v in stats.items():
+                sums[k] += float(v) * weight
+        grad_norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
+        lr = self._set_lr()
+        self.optimizer.step()
+        self.step += 1
+        keys = list(sums)
+        metrics = dict(zip(keys, self._dp_mean([sums[k] for k in keys]), strict=True))
+        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step)
+        return metrics
+
+    # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------
+    def tp_shard_dims(self) -> dict[str, int | None]:
+        """For each parameter, the dimension split over tensor parallelism (None: replicated)."""
+        return {n: tp_shard_dim(p) for n, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def tp_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's tensor-parallel shard of every parameter (gathered over dp under FSDP)."""
+        return {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def load_tp_shards(self, shards: Mapping[str, torch.Tensor]) -> None:
+        for n, p in self.model.named_parameters():
+            load_tp_local(p.data if not isinstance(p, DTensor) else p, shards[n])
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole (unsharded) fp32 weights on CPU, on every rank: for saving in HF format."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if not self.distributed:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        # cpu_offload=True would keep the result on rank 0 only; every rank gets it here.
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {k: v.detach().cpu() for k, v in sd.items()}
+
+    def _rank(self) -> int:
+        return dist.get_rank() if self.distributed else 0
+
+    def save(self, path: str | Path) -> Path:
+        """Model + optimizer (torch.distributed.checkpoint, sharded) and per-rank step and RNG states."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = Path(path)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"),
+                 no_dist=not self.distributed)
+        extra = {"step": self.step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        buf = io.BytesIO()
+        torch.save(extra, buf)
+        write_atomic(path / f"extra_rank{self._rank()}.pt", buf.getvalue())
+        if self.distributed:
+            dist.barrier()
+        return path
+
+    def load(self, path: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = Path(path)
+        extra_file = path / f"extra_rank{self._rank()}.pt"
+        if not (path / "dcp").is_dir() or not extra_file.is_file():
+            raise HflowError(f"{path}: not a training checkpoint of this layout (need dcp/ and {extra_file.name}); "
+                             "pass a folder written by TrainingEngine.save with the same parallel config")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not self.distributed)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(extra_file, weights_only=False)
+        self.step = extra["step"]
+        torch.set_rng_state(extra["torch_rng"])
+        random.setstate(extra["python_rng"])
+        if extra["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(extra["cuda_rng"])

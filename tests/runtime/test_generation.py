@@ -1,0 +1,218 @@
+"""The native KV-cache generation engine: greedy parity (full recompute and HF generate), log-probs
+equal a teacher-forced recompute, EOS handling, sampling distributions, determinism, and the same
+tokens from a tensor-parallel (tp = 2, gloo) model as from one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_util import run_distributed
+
+from hybridflow.runtime.engines import fast_decode
+from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
+from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.model import model_preset
+
+torch.set_num_threads(1)
+PROMPTS = [[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]]
+
+
+def _model(kv_heads: int = 2, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig.from_spec(model_preset("tiny"), num_key_value_heads=kv_heads, num_hidden_layers=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_greedy_equals_full_recompute(kv_heads):
+    model = _model(kv_heads)
+    ids, mask = left_pad(PROMPTS)
+    out = GenerationEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=10, greedy=True))
+    assert out.response.shape == (3, 10) and out.tokens.shape == (3, ids.shape[1] + 10)
+    for i, prompt in enumerate(PROMPTS):
+        assert out.response[i].tolist() == _greedy_by_recompute(model, prompt, 10)
+    assert out.response_mask.all()
+
+
+def test_greedy_equals_transformers_generate(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from hybridflow.runtime.models.hf_format import save_pretrained
+
+    model = _model()
+    save_pretrained(model, tmp_path)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids, mask = left_pad(PROMPTS)
+    gen_cfg = transformers.GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ref = hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+    out = GenerationEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=12, greedy=True))
+    assert torch.equal(out.tokens, ref)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=9, temperature=0.7),
+    SamplingParams(max_new_tokens=9, temperature=1.3, top_k=8, top_p=0.8),
+    SamplingParams(max_new_tokens=9, greedy=True),
+])
+def test_logprobs_equal_teacher_forced_recompute(params):
+    """What a trainer recomputes from the rollout (tokens, mask, positions) is what we returned."""
+    model = _model()
+    ids, mask = left_pad(PROMPTS)
+    out = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logits = model(out.tokens, attention_mask=out.attention_mask, position_ids=out.position_ids)
+    p = ids.shape[1]
+    temp = 1.0 if params.is_greedy else params.temperature
+    logp = torch.log_softmax(logits[:, p - 1:-1] / temp, dim=-1).gather(2, out.response[..., None]).squeeze(-1)
+    assert torch.allclose(logp * out.response_mask, out.response_logprobs, atol=1e-5)
+    if params.top_k:  # every sampled token is among the top-k of its step
+        ranks = (logits[:, p - 1:-1] > logits[:, p - 1:-1].gather(2, out.response[..., None])).sum(-1)
+        assert int(ranks.max()) < params.top_k
+
+
+def test_eos_stops_a_row_and_pads_after_it():
+    model = _model()
+    ids, mask = left_pad(PROMPTS)
+    greedy = GenerationEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=8, greedy=True))
+    eos = int(greedy.response[0, 2])  # row 0 emits this as its third token
+    params = SamplingParams(max_new_tokens=8, greedy=True, eos_token_id=[eos, 999], pad_token_id=63)
+    out = GenerationEngine(model).generate(ids, mask, params)
+    for i in range(3):
+        row = greedy.response[i].tolist()
+        n = row.index(eos) + 1 if eos in row else 8
+        assert out.response_mask[i].tolist() == [1] * n + [0] * (8 - n)
+        assert out.response[i, :n].tolist() == row[:n]
+        assert (out.response[i, n:] == 63).all() and (out.response_logprobs[i, n:] == 0).all()
+    n0 = greedy.response[0].tolist().index(eos) + 1
+    assert n0 <= 3 and out.response_lengths[0] == n0
+    all_stop = GenerationEngine(model).generate(ids[:1], mask[:1], params)
+    assert all_stop.response.shape == (1, 8) and all_stop.response_mask.sum() == n0  # stopped early, padded
+
+
+def test_seeded_generation_is_deterministic():
+    model = _model()
+    ids, mask = left_pad(PROMPTS)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.95)
+    a = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(1))
+    b = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(1))
+    c = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(2))
+    assert torch.equal(a.response, b.response) and torch.equal(a.response_logprobs, b.response_logprobs)
+    assert not torch.equal(a.response, c.response)
+
+
+def test_sampling_follows_the_truncated_distribution():
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0]])
+    n = 40000
+    batch = logits.expand(n, -1)
+    g = torch.Generator().manual_seed(0)
+    cases = [(SamplingParams(temperature=0.5), None), (SamplingParams(top_k=3), 3),
+             (SamplingParams(top_p=0.7), None)]
+    for params, k in cases:
+        probs = torch.softmax(logits[0] / params.temperature, -1)
+        if k:
+            probs[k:] = 0
+        if params.top_p < 1:
+            keep = (probs.cumsum(0) - probs) <= params.top_p
+            probs = probs * keep
+        probs = probs / probs.sum()
+        tokens, _ = sample_tokens(batch, params, g)
+        freq = torch.bincount(tokens, minlength=6).float() / n
+        assert (freq - probs).abs().max() < 0.012, (params, freq, probs)
+    # top-k 1 and a tiny top-p are greedy.
+    for params in (SamplingParams(top_k=1), SamplingParams(top_p=1e-6)):
+        assert (sample_tokens(batch[:50], params, g)[0] == 0).all()
+
+
+@pytest.mark.parametrize("shape", [dict(num_key_value_heads=2),
+                                   dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)])
+def test_fast_decode_step_equals_module_path(shape):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_hidden_layers=2, **shape)).eval()
+    with torch.no_grad():  # non-trivial biases and norms, so a dropped term would show
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    assert fast_decode.supports(model)
+    ids, mask = left_pad(PROMPTS)
+    for params in (SamplingParams(max_new_tokens=10, greedy=True),
+                   SamplingParams(max_new_tokens=10, temperature=0.9, top_k=12, eos_token_id=5)):
+        fast = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(4))
+        slow = GenerationEngine(model, fast_decode=False).generate(ids, mask, params,
+                                                                   torch.Generator().manual_seed(4))
+        assert torch.equal(fast.response, slow.response) and torch.equal(fast.response_mask, slow.response_mask)
+        assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
+
+
+def test_fast_decode_is_skipped_when_modules_must_run():
+    model = _model()
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert not fast_decode.supports(model)
+    handle.remove()
+    assert fast_decode.supports(model)
+
+    class Wrapped(LlamaForCausalLM):
+        pass
+
+    assert not fast_decode.supports(Wrapped(model.config))
+
+
+def test_rollout_batch_and_input_errors():
+    model = _model()
+    ids, mask = left_pad(PROMPTS)
+    out = GenerationEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=4, greedy=True))
+    td = out.to_tensordict()
+    assert td.batch_size == torch.Size([3]) and torch.equal(td["tokens"], out.tokens)
+    assert out.position_ids[1].tolist()[-6:] == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(HflowError, match="left-padded"):
+        GenerationEngine(model).generate(ids, mask.flip(-1))
+    with pytest.raises(HflowError, match="at least one token"):
+        left_pad([[1], []])
+
+
+# ---- tensor parallel (tp = 2 on gloo): the same tokens as one process --------------------------
+
+
+def _tp_worker(rank: int, world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = _model()
+    mesh = init_device_mesh("cpu", (world,))
+    plan = {}
+    for i in range(len(model.model.layers)):
+        p = f"model.layers.{i}."
+        plan.update({p + n: ColwiseParallel() for n in ("self_attn.q_proj", "self_attn.k_proj",
+                                                         "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")})
+        plan.update({p + "self_attn.o_proj": RowwiseParallel(), p + "mlp.down_proj": RowwiseParallel()})
+    parallelize_module(model, mesh, plan)
+    assert not fast_decode.supports(model)  # DTensor weights: the sharded modules run
+    ids, mask = left_pad(PROMPTS)
+    engine = GenerationEngine(model)
+    greedy = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, greedy=True))
+    sampled = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, top_k=10),
+                              torch.Generator().manual_seed(5))
+    local_kv_heads = model.model.layers[0].self_attn.k_proj.weight.to_local().shape[0] // 32
+    return greedy.response, sampled.response, local_kv_heads
+
+
+@pytest.mark.slow
+def test_tensor_parallel_generation_matches_one_process():
+    ids, mask = left_pad(PROMPTS)
+    engine = GenerationEngine(_model())
+    greedy = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, greedy=True))
+    sampled = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, top_k=10),
+                              torch.Generator().manual_seed(5))
+    result = run_distributed(_tp_worker, 2)
+    for rank in (0, 1):
+        tp_greedy, tp_sampled, local_kv_heads = result[rank]
+        assert local_kv_heads == 1  # each rank holds half of the 2 kv heads
+        assert torch.equal(tp_greedy, greedy.response)
+        assert torch.equal(tp_sampled, sampled.response)

@@ -1,0 +1,27 @@
+"""The rollout benchmark runs end to end on a small case and its greedy outputs agree with HF."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from hybridflow.simulator.errors import HflowError  # noqa: E402
+from hybridflow.tools.bench import rollout_speed  # noqa: E402
+
+
+def test_bench_rows_and_greedy_agreement(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert rollout_speed.main(["--batch", "2", "--prompt-len", "6", "--new-tokens", "4", "--repeats", "1",
+                               "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [2, 2] and rows[0]["same_tokens"] is True
+    assert all(r["tokens"] == 8 and r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0 for r in rows)
+    assert "HF tok/s" in capsys.readouterr().out
+
+
+def test_bad_batch_list_is_a_one_line_error():
+    with pytest.raises(HflowError, match="--batch"):
+        rollout_speed.main(["--batch", "4,x"])
