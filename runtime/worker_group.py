@@ -1,0 +1,301 @@
+"""WorkerGroup: one Ray actor per device of a ResourcePool, hosting one or more role workers.
+
+The actor (a *host*, one process per device) joins the group's torch.distributed world once;
+each role it hosts (several when the plan colocates models) gets its own process group and mesh
+over the same devices (see worker.py). The driver calls a role's method once; the method's
+protocol (protocols.py) splits the arguments over the ranks and gathers the outputs:
+
+    pool = ResourcePool.local(4)
+    group = WorkerGroup(pool, {"actor": RoleSpec(ActorWorker, ParallelConfig(dp=2, tp=2)),
+                               "ref": RoleSpec(RefWorker, ParallelConfig(dp=4))}, name="actor_ref")
+    out = group["actor"].generate(batch)            # blocking (unless registered blocking=False)
+    fut = group["ref"].compute_logprob.async_(out)  # a CallFuture; .get() waits
+    vals = critic_group.compute_values.async_(fut)  # a future as input: resolved in the workers
+    group.call("actor", "update", batch)            # the same, by name
+
+Calls on one group run one after another (one process per device); calls on disjoint groups
+overlap. A worker that dies raises WorkerDiedError and shuts down every live group (calls.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.plan import Plan
+
+from . import worker as worker_mod
+from .calls import CallFuture, WorkerCallError, WorkerDiedError, resolve_lazy
+from .protocols import Protocol, get_protocol, method_protocol, split_call
+from .resource_pool import ResourcePool
+
+_LIVE_GROUPS: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+
+
+@dataclass
+class RoleSpec:
+    """A role's worker class, its parallel layout (default: all devices data-parallel) and the
+    arguments of its constructor."""
+
+    cls: type
+    parallel: ParallelConfig | None = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def ship_by_value(cls: type) -> None:
+    """Worker processes import classes by module name; a class from a test file or script (not
+    under `hybridflow.` and not installed) is sent by value instead, so they need not import it."""
+    name = cls.__module__
+    mod = sys.modules.get(name)
+    file = getattr(mod, "__file__", None) or ""
+    if mod is None or name == "__main__" or name.split(".")[0] == "hybridflow" or "-packages" in file:
+        return
+    ray.cloudpickle.register_pickle_by_value(mod)
+
+
+def _failed(ref) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+    except RayTaskError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+class _WorkerHost:
+    """The process of one device: a torch.distributed rank hosting the role workers."""
+
+    def __init__(self, num_threads: int):
+        torch.set_num_threads(num_threads)
+        self.workers: dict[str, Any] = {}
+        self.place: dict = {}
+
+    def node_info(self) -> dict:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
+
+    def master_address(self) -> tuple[str, int]:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def init_dist(self, rank: int, world_size: int, addr: str, port: int, node_index: int) -> None:
+        self.device, self.backend = worker_mod.device_and_backend()
+        worker_mod.init_distributed(rank, world_size, addr, port, self.backend)
+        self.place = dict(node_index=node_index, node_id=ray.get_runtime_context().get_node_id(),
+                          master_addr=addr, master_port=port)
+
+    def add_role(self, role: str, spec: RoleSpec, parallel: ParallelConfig) -> None:
+        ctx = worker_mod.build_context(role, parallel, self.device, self.backend, **self.place)
+        worker_mod._building = ctx
+        try:
+            self.workers[role] = spec.cls(*spec.args, **spec.kwargs)
+        finally:
+            worker_mod._building = None
+
+    def execute(self, role: str, method: str, args: tuple, kwargs: dict, info: dict) -> tuple[Any, dict]:
+        args, kwargs, info = resolve_lazy(args, kwargs, info)
+        return worker_mod.settle(getattr(self.workers[role], method)(*args, **kwargs)), info
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_Host = ray.remote(max_restarts=0, max_concurrency=1)(_WorkerHost)
+
+
+class MethodHandle:
+    """`group[role].method`: call it (through its protocol) or `.async_(...)` for a future."""
+
+    def __init__(self, group: WorkerGroup, role: str, name: str, protocol: Protocol, blocking: bool):
+        self.group, self.role, self.name, self.protocol, self.blocking = group, role, name, protocol, blocking
+
+    def __call__(self, *args, **kwargs):
+        fut = self.async_(*args, **kwargs)
+        return fut.get(self.group.call_timeout) if self.blocking else fut
+
+    def async_(self, *args, **kwargs) -> CallFuture:
+        return self.group.submit(self.role, self.name, self.protocol, args, kwargs)
+
+
+class RoleHandle:
+    """`group[role]`: attribute access gives the role's methods."""
+
+    def __init__(self, group: WorkerGroup, role: str):
+        self._group, self._role = group, role
+
+    def __getattr__(self, name: str) -> MethodHandle:
+        return self._group.method(self._role, name)
+
+
+class WorkerGroup:
+    """Workers of one or more colocated roles on the devices of `pool` (rank i on device i)."""
+
+    def __init__(self, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str | None = None,
+                 init_timeout_s: float = 120.0, call_timeout: float | None = None):
+        if not roles:
+            raise HflowError("a worker group needs at least one role, e.g. {'actor': RoleSpec(ActorWorker)}")
+        self.name = name or pool.name
+        self.pool = pool
+        self.call_timeout = call_timeout
+        self.specs = dict(roles)
+        self.parallel = {r: s.parallel or ParallelConfig(dp=pool.world_size) for r, s in roles.items()}
+        for role, p in self.parallel.items():
+            if p.world_size != pool.world_size:
+                raise HflowError(f"role '{role}': {p} uses {p.world_size} devices but pool '{pool.name}' has "
+                                 f"{pool.world_size}; give a config whose pp*tp*dp equals the device count")
+        self.alive = False
+        for spec in self.specs.values():
+            ship_by_value(spec.cls)
+        threads = max(1, int(pool.cpus_per_device))
+        pg = pool.placement_group
+        self.hosts = [
+            _Host.options(num_cpus=pool.cpus_per_device, num_gpus=1 if pool.use_gpu else 0,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              placement_group=pg, placement_group_bundle_index=i)).remote(threads)
+            for i in range(pool.world_size)
+        ]
+        try:
+            self.nodes = ray.get([h.node_info.remote() for h in self.hosts], timeout=init_timeout_s)
+            addr, port = ray.get(self.hosts[0].master_address.remote(), timeout=init_timeout_s)
+            ray.get([h.init_dist.remote(r, pool.world_size, addr, port, pool.devices[r].node)
+                     for r, h in enumerate(self.hosts)], timeout=init_timeout_s)
+            for role, spec in self.specs.items():  # same order on every rank: group creation is collective
+                refs = [h.add_role.remote(role, spec, self.parallel[role]) for h in self.hosts]
+                try:
+                    ray.get(refs, timeout=init_timeout_s)
+                except RayTaskError as e:
+                    rank = next((r for r, ref in enumerate(refs) if _failed(ref)), 0)
+                    raise WorkerCallError(f"role '{role}' ({spec.cls.__name__}) failed to start on "
+                                          f"{self.describe_rank(rank)}: {type(e.cause).__name__}: {e.cause}") from e.cause
+        except BaseException:
+            self._kill()
+            raise
+        self.master = (addr, port)
+        self.alive = True
+        _LIVE_GROUPS.add(self)
+
+    # ---- calls ---------------------------------------------------------------------------------
+    def __getitem__(self, role: str) -> RoleHandle:
+        if role not in self.specs:
+            raise KeyError(f"group '{self.name}' has no role '{role}' (roles: {', '.join(self.specs)})")
+        return RoleHandle(self, role)
+
+    def __getattr__(self, name: str) -> MethodHandle:
+        specs = self.__dict__.get("specs")
+        if name.startswith("_") or not specs:
+            raise AttributeError(name)
+        if len(specs) != 1:
+            raise AttributeError(f"group '{self.__dict__['name']}' hosts roles {list(specs)}; "
+                                 f"call group['<role>'].{name}(...)")
+        return self.method(next(iter(specs)), name)
+
+    def method(self, role: str, name: str) -> MethodHandle:
+        fn = getattr(self.specs[role].cls, name, None) if role in self.specs else None
+        if name.startswith("_") or not callable(fn):
+            raise AttributeError(f"role '{role}' of group '{self.name}' has no method '{name}'")
+        proto, blocking = method_protocol(fn)
+        return MethodHandle(self, role, name, get_protocol(proto), blocking)
+
+    def call(self, role: str, method: str, *args, **kwargs) -> Any:
+        return self.method(role, method)(*args, **kwargs)
+
+    def call_async(self, role: str, method: str, *args, **kwargs) -> CallFuture:
+        return self.method(role, method).async_(*args, **kwargs)
+
+    def submit(self, role: str, method: str, protocol: Protocol, args: tuple, kwargs: dict) -> CallFuture:
+        if not self.alive:
+            raise WorkerDiedError(f"group '{self.name}' is shut down; create a new WorkerGroup")
+        parallel = self.parallel[role]
+
+        def split_value(v):
+            if isinstance(v, CallFuture):
+                return v.lazy_parts(protocol, parallel)
+            return protocol.split(v, parallel)
+
+        per_rank, info = split_call(protocol, parallel, args, kwargs, split_value)
+        refs = [h.execute.remote(role, method, a, k, info) for h, (a, k) in zip(self.hosts, per_rank, strict=True)]
+        inputs = tuple(v for v in (*args, *kwargs.values()) if isinstance(v, CallFuture))
+        return CallFuture(self, role, method, protocol, parallel, refs, inputs)
+
+    # ---- placement, failure, shutdown ------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts)
+
+    def describe_rank(self, rank: int) -> str:
+        n = self.nodes[rank] if rank < len(getattr(self, "nodes", [])) else {}
+        return (f"rank {rank} of group '{self.name}' on node {self.pool.devices[rank].node} "
+                f"(ip {n.get('ip', '?')}, ray node {str(n.get('node_id', '?'))[:12]}, pid {n.get('pid', '?')})")
+
+    def fail(self, role: str, rank: int, method: str, err: BaseException, upstream: bool = False) -> WorkerDiedError:
+        """A rank died: kill this group, shut the others down, return the error to raise."""
+        self._kill()
+        others = shutdown_all()
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        what = "lost an input from a worker that died" if upstream else "died"
+        return WorkerDiedError(f"worker '{role}' {self.describe_rank(rank)} {what} during '{method}' ({first}); "
+                               f"shut down {len(others) + 1} worker group(s)")
+
+    def _kill(self) -> None:
+        self.alive = False
+        _LIVE_GROUPS.discard(self)
+        for h in self.hosts:
+            ray.kill(h, no_restart=True)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Destroy the process groups, then end the processes (killed if busy past `timeout`)."""
+        if not self.alive:
+            return
+        refs = [h.shutdown.remote() for h in self.hosts]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        self._kill()
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, roles={list(self.specs)}, world={len(self.hosts)}, alive={self.alive})"
+
+
+def groups_from_plan(plan: Plan, workers: dict[str, RoleSpec], **pool_kwargs) -> dict[str, WorkerGroup]:
+    """One WorkerGroup per device group of `plan`, hosting the roles the plan colocates there, each
+    with its training layout from the plan unless its RoleSpec gives one. `workers` maps every
+    role of the plan to its RoleSpec; `pool_kwargs` go to ResourcePool (cpus_per_device, ...)."""
+    missing = sorted(set(plan.roles) - set(workers))
+    if missing:
+        raise HflowError(f"no worker class for role(s) {missing}; pass a RoleSpec for every role of the plan")
+    groups: dict[str, WorkerGroup] = {}
+    try:
+        for name, pool in ResourcePool.from_plan(plan, **pool_kwargs).items():
+            roles = {r: RoleSpec(workers[r].cls, workers[r].parallel or plan.roles[r].train, workers[r].args,
+                                 workers[r].kwargs) for r in plan.roles_in(name)}
+            if roles:
+                groups[name] = WorkerGroup(pool, roles, name=name)
+    except BaseException:
+        for g in groups.values():
+            g.shutdown()
+        raise
+    return groups
+
+
+def shutdown_all(timeout: float = 10.0) -> list[str]:
+    """Shut down every live worker group of this driver; returns their names."""
+    names = []
+    for g in list(_LIVE_GROUPS):
+        names.append(g.name)
+        g.shutdown(timeout)
+    return names
