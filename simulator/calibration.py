@@ -34,17 +34,20 @@ from .efficiency import EfficiencyParams
 from .errors import HflowError
 from .hardware import ClusterSpec, HardwareSpec
 from .profile import COLLECTIVE_OPS, Profile, ProfilePoint
+from .profiled_cost import EngineOverheads, ProfiledCostModel
 from .workload import Workload
 
 BF16 = 2
 UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran whole, as measured
+_START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, tp_layer_seconds=1e-3, dp_layer_seconds=1e-3,
+                                   reshard_layer_seconds=1e-3, call_seconds=1e-3, step_seconds=1e-3)
 FIT_OPS = ("train", "forward", "generate", "reshard", "allreduce", "allgather")
 
 
 class Term(NamedTuple):
     """One fitted figure: where it lives ("hardware" or "params"), its field and its bounds."""
 
-    where: Literal["hardware", "params"]
+    where: Literal["hardware", "params", "overheads"]
     field: str
     lower: float
     upper: float
@@ -63,6 +66,12 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("params", "width_half", 1e-2, 1e6),
     Term("params", "decode_step_overhead", 1e-7, 1.0),
     Term("params", "fsdp_overlap", 1e-4, 1.0),
+    Term("overheads", "layer_seconds", 1e-8, 1.0),
+    Term("overheads", "tp_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "dp_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "reshard_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "call_seconds", 1e-8, 10.0),
+    Term("overheads", "step_seconds", 1e-8, 10.0),
 )
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
@@ -98,6 +107,7 @@ class Calibration(BaseModel):
     profile: str
     hardware: HardwareSpec
     params: EfficiencyParams
+    overheads: EngineOverheads = EngineOverheads()
     dtype_bytes: int = 4
     terms: dict[str, float] = Field(default_factory=dict)
     errors: dict[str, OpError] = Field(default_factory=dict)
@@ -110,9 +120,9 @@ class Calibration(BaseModel):
             nodes, devices_per_node = like.nodes, like.devices_per_node
         return ClusterSpec(hardware=self.hardware, nodes=nodes, devices_per_node=devices_per_node)
 
-    def cost_model(self, cluster: ClusterSpec | None = None) -> CostModel:
+    def cost_model(self, cluster: ClusterSpec | None = None) -> ProfiledCostModel:
         """A CostModel pricing on this profile's hardware, in the shape (nodes × devices) of `cluster`."""
-        return CostModel(self.cluster(cluster), self.params)
+        return ProfiledCostModel(self.cluster(cluster), self.params, self.overheads)
 
 
 # ---- pricing one point -------------------------------------------------------------------------
@@ -149,18 +159,20 @@ def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float
 
 # ---- the fit -----------------------------------------------------------------------------------
 def _build(profile_hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...], x: np.ndarray
-           ) -> tuple[HardwareSpec, EfficiencyParams]:
-    hw, pr = {}, {}
+           ) -> tuple[HardwareSpec, EfficiencyParams, EngineOverheads]:
+    upd: dict[str, dict] = {"hardware": {}, "params": {}, "overheads": {}}
     for t, v in zip(terms, np.exp(x), strict=True):
-        (hw if t.where == "hardware" else pr)[t.field] = float(v)
+        upd[t.where][t.field] = float(v)
     # model_copy(update=...) skips validation: fast inside the optimiser, bounds keep values legal.
-    return profile_hw.model_copy(update=hw), base.model_copy(update=pr)
+    return (profile_hw.model_copy(update=upd["hardware"]), base.model_copy(update=upd["params"]),
+            EngineOverheads().model_copy(update=upd["overheads"]))
 
 
 def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) -> np.ndarray:
     vals = []
+    start = {"hardware": hw, "params": base, "overheads": _START_OVERHEADS}
     for t in terms:
-        v = getattr(hw if t.where == "hardware" else base, t.field)
+        v = getattr(start[t.where], t.field)
         vals.append(min(max(float(v), t.lower * 1.0001), t.upper * 0.9999))
     return np.log(np.array(vals))
 
@@ -188,8 +200,8 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
     live = tuple(t for t in terms if _moves(t, points))
 
     def model_at(x):
-        hw, pr = _build(profile.hardware, base, live, x)
-        return CostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr)
+        hw, pr, ov = _build(profile.hardware, base, live, x)
+        return ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
 
     def residuals(x):
         cm = model_at(x)
@@ -207,13 +219,14 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
         x, converged = res.x, bool(res.success)
     else:
         x = x0
-    hw, pr = _build(profile.hardware, base, live, x)
+    hw, pr, ov = _build(profile.hardware, base, live, x)
     hw, pr = HardwareSpec.model_validate(hw.model_dump()), EfficiencyParams.model_validate(pr.model_dump())
-    cm = CostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr)
+    ov = EngineOverheads.model_validate(ov.model_dump())
+    cm = ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
     fit = [PointFit(label=p.label(), op=p.op, measured=p.seconds, predicted=predict_point(cm, p, dtype_bytes))
            for p in points]
     return Calibration(profile=profile.name, hardware=hw.model_copy(update={"source": _source(profile)}),
-                       params=pr, dtype_bytes=dtype_bytes, terms={t.key: float(v) for t, v in zip(live, np.exp(x),
+                       params=pr, overheads=ov, dtype_bytes=dtype_bytes, terms={t.key: float(v) for t, v in zip(live, np.exp(x),
                                                                                                 strict=True)},
                        errors=errors_by_op(fit), fit=fit, converged=converged)
 
@@ -231,6 +244,12 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "width_half": ops & {"train", "forward", "generate"},
         "decode_step_overhead": "generate" in ops,
         "fsdp_overlap": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
+        "layer_seconds": ops & {"train", "forward", "generate"},
+        "tp_layer_seconds": any(p.op in ("train", "forward", "generate") and p.parallel.tp > 1 for p in points),
+        "dp_layer_seconds": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
+        "reshard_layer_seconds": "reshard" in ops,
+        "call_seconds": ops & {"train", "forward", "generate"},
+        "step_seconds": "train" in ops,
     }
     return bool(needs.get(term.field, True))
 
@@ -254,7 +273,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "1"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "3"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)
@@ -291,7 +310,8 @@ def calibrate_file(path) -> Calibration:
     return _calibrate_cached(digest, text)
 
 
-def cost_model_from_profile(profile: Profile | Calibration | str, cluster: ClusterSpec | None = None) -> CostModel:
+def cost_model_from_profile(profile: Profile | Calibration | str, cluster: ClusterSpec | None = None
+                            ) -> ProfiledCostModel:
     """A CostModel fitted to `profile` (a Profile, a Calibration, or a file / shipped name), in the
     shape of `cluster` (its nodes × devices per node; its hardware is replaced by the profile's)."""
     if isinstance(profile, Calibration):
@@ -309,4 +329,4 @@ def plan_on_profile(plan, profile_ref) -> tuple[object, CostModel, Calibration]:
     cal = profile_ref if isinstance(profile_ref, Calibration) else calibrate_file(profile_ref)
     cluster = cal.cluster(plan.cluster)
     moved = plan.model_copy(update={"cluster": cluster})
-    return moved, CostModel(cluster, cal.params), cal
+    return moved, cal.cost_model(cluster), cal

@@ -56,6 +56,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, mode) as f:
             f.write(data)
+        # mkstemp makes 0600 files; give the output the mode a plain open() would (umask applies).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

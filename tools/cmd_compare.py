@@ -24,9 +24,10 @@ def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
     from hybridflow.tools.cmd_search import request_from_args, run_search
+    from hybridflow.tools.profile_option import request_with_profile
 
-    req = request_from_args(args)
-    planner, result = run_search(args, req)
+    req, cm = request_with_profile(request_from_args(args), args.profile)
+    planner, result = run_search(args, req, cm)
     best = plan_summary(scored_to_plan(req, result.best), result.best.seconds)
     baselines = {name: b.json() for name, b in price_baselines(req, planner, result).items()}
     speedup = {name: (best["tokens_per_second"] / b["tokens_per_second"] if "tokens_per_second" in b else None)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
 
@@ -44,6 +45,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-pp", type=_positive_int, help="largest pipeline-parallel size to consider "
                    "(the CPU runtime runs pp=1 only)")
     s.add_argument("--top", type=_positive_int, default=5, metavar="K", help="plans to list (default 5)")
+    add_profile_arg(s)
 
 
 def _positive_int(text: str) -> int:
@@ -114,14 +116,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run_search(args, req):
+def run_search(args, req, cm=None):
     """The search with a progress bar on stderr (never on stdout)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hybridflow.planner.search import Planner
 
-    planner = Planner(req)
+    planner = Planner(req, cm)
     console = Console(file=sys.stderr)
     with Progress(TextColumn("searching placements"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -154,8 +156,8 @@ def run(args) -> int:
     from hybridflow.simulator.schedule import simulate
 
     _check_outputs(args)
-    req = request_from_args(args)
-    planner, result = run_search(args, req)
+    req, cm = request_with_profile(request_from_args(args), args.profile)
+    planner, result = run_search(args, req, cm)
     plans = [scored_to_plan(req, s) for s in result.top]
     best = plans[0]
     timeline = simulate(best, planner.cm)

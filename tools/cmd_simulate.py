@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
+from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 
 def add_parser(subparsers) -> None:
@@ -27,6 +28,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     p.add_argument("--timeline", metavar="FILE.png", help="write a PNG Gantt chart, one lane per device group")
+    add_profile_arg(p)
     p.set_defaults(func=run)
 
 
@@ -67,8 +69,8 @@ def run(args) -> int:
     for path in (args.trace, args.timeline):
         if path and Path(path).is_dir():
             raise HflowError(f"{path}: is a folder; give a file name")
-    plan = Plan.load(args.plan)
-    timeline = simulate(plan, iterations=args.iterations)
+    plan, cm = plan_with_profile(Plan.load(args.plan), args.profile)
+    timeline = simulate(plan, cm, iterations=args.iterations)
     memory = plan_memory(plan)
 
     # Render every output before writing any, so a failure leaves no file behind.

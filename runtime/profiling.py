@@ -1,0 +1,334 @@
+"""Measure the real engines' ops on this machine's devices: the points of a profile.
+
+A profile run starts one torch.distributed group of `devices` processes (gloo on CPU — each a
+"virtual device" with one thread, as the Ray workers run — NCCL on GPUs) and runs a list of
+measurement jobs in it. Every job runs the very engine code a plan runs: TrainingEngine.train_step
+and compute_log_probs/compute_values, GenerationEngine.generate (prefill + decode with its KV
+cache), the 3D-HybridEngine Resharder, and the collectives. Each is warmed up, then timed
+`repeats` times between barriers (so a point's time is the slowest rank's), and recorded as a
+simulator ProfilePoint (median seconds, spread).
+
+Layouts use all the group's ranks (world = devices) or one rank (world 1): then every rank runs its
+own copy of the job at the same time, as the devices of a busy plan do, and rank 0's time counts.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.model import ModelSpec
+from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.profile import ProfilePoint
+
+PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
+           "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.generation",
+           "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.llama"]
+
+
+# ---- a group of processes ------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_PROGRESS: list = [None]  # the queue a child reports progress on (set in _child)
+
+
+def report_progress(done: int) -> None:
+    """From inside a group function on rank 0: `done` jobs finished (drives the parent's bar)."""
+    if _PROGRESS[0] is not None:
+        _PROGRESS[0].put((-1, "progress", done))
+
+
+def _child(rank, world, port, fn, args, queue):
+    _PROGRESS[0] = queue if rank == 0 else None
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)  # one core's worth per virtual device, as the Ray workers run
+    try:
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        buf = io.BytesIO()
+        torch.save(fn(rank, world, *args), buf)
+        queue.put((rank, True, buf.getvalue()))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
+              on_progress: Callable[[int], None] | None = None) -> list:
+    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank.
+    `on_progress(done)` is called in this process whenever rank 0 calls report_progress."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results, errors = {}, []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < world and time.monotonic() < deadline:
+            if queue.empty():
+                if all(not p.is_alive() for p in procs) and queue.empty():
+                    break
+                time.sleep(0.02)
+                continue
+            rank, ok, out = queue.get()
+            if ok == "progress":
+                if on_progress is not None:
+                    on_progress(out)
+                continue
+            if ok:
+                results[rank] = torch.load(io.BytesIO(out), weights_only=False)
+            else:
+                errors.append(f"rank {rank}: {out.strip().splitlines()[-1]}\n{out}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=1 if errors or len(results) < world else 30)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("profiling failed on " + errors[0])
+    if len(results) < world:
+        why = "timed out" if time.monotonic() >= deadline else "exited without a result (see stderr)"
+        raise RuntimeError(f"profiling: only ranks {sorted(results)} of {world} finished; the rest {why}")
+    return [results[r] for r in range(world)]
+
+
+# ---- timing ----------------------------------------------------------------------------------------
+_ALL_RANKS = [True]  # whether the running job spans the whole group (else: rank 0 alone, no barriers)
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if _ALL_RANKS[0]:
+        dist.barrier()
+
+
+def timed_repeats(fn: Callable[[], object], warmup: int, repeats: int) -> tuple[float, float]:
+    """(median, std) seconds of `fn` over `repeats` runs after `warmup`, every rank between barriers."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), statistics.pstdev(times) if len(times) > 1 else 0.0
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# ---- the jobs ------------------------------------------------------------------------------------
+def _build(spec: ModelSpec, head: str, seed: int = 0):
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM, LlamaForScore
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig.from_spec(spec, max_position_embeddings=4096)
+    return (LlamaForScore if head == "scalar" else LlamaForCausalLM)(cfg).to(_device())
+
+
+def _engine(spec: ModelSpec, head: str, par: ParallelConfig, micro: int | None):
+    from hybridflow.runtime.engines.training import TrainingEngine
+
+    return TrainingEngine(_build(spec, head), par if par.world_size > 1 else None, micro_batch_size=micro)
+
+
+def _tokens(n: int, s: int, vocab: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (n, s), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _loss(outputs, micro):
+    if "values" in outputs:
+        return outputs["values"].pow(2).mean()
+    return -outputs["log_probs"][:, 1:].mean()
+
+
+def _local_rows(batch: int, par: ParallelConfig, rank: int) -> slice:
+    """This rank's rows of a `batch` split over the layout's dp ranks (tp ranks share theirs)."""
+    _, dp, _ = par.rank_coords(rank)
+    per = -(-batch // par.dp)
+    return slice(dp * per, min(batch, (dp + 1) * per))
+
+
+def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int) -> list[dict]:
+    """Run every job (a dict: op, model, head, parallel, gen, batch, lengths…) in this group; rank 0
+    returns the ProfilePoints as dicts. Jobs run in order on every rank (collectives stay matched)."""
+    out = []
+    for job in jobs:
+        par = ParallelConfig(**job.get("parallel", {}))
+        if par.world_size not in (1, world):
+            raise HflowError(f"layout {par} needs {par.world_size} ranks; the profile group has {world}")
+        # A one-device job runs on every rank at once, each on its own copy (no communication):
+        # the runtime's devices share the host's cores, and a plan keeps them busy side by side.
+        _ALL_RANKS[0] = par.world_size == world or job["op"] in ("allreduce", "allgather")
+        seconds, std, extra = _JOBS[job["op"]](rank, par, job, warmup, repeats)
+        dist.barrier()
+        if rank == 0:
+            report_progress(len(out) + 1)
+            out.append({**{k: v for k, v in job.items() if k != "_"}, "seconds": max(seconds, 1e-9), "std": std,
+                        "repeats": repeats, **extra})
+    return out
+
+
+def _job_train(rank, par, job, warmup, repeats):
+    spec = ModelSpec.model_validate(job["model"])
+    eng = _engine(spec, job.get("head", "lm"), par, job.get("micro_batch"))
+    data = _tokens(job["batch"], job["prompt_len"] + job["response_len"], spec.vocab)
+    rows = _local_rows(job["batch"], par, rank)
+    local = {k: v[rows].to(_device()) for k, v in data.items()}
+    steps = job.get("steps", 1)
+    chunks = [{k: v[i::steps] for k, v in local.items()} for i in range(steps)]
+
+    def step():
+        for c in chunks:
+            eng.train_step(c, _loss)
+
+    return (*timed_repeats(step, warmup, repeats), {})
+
+
+def _job_forward(rank, par, job, warmup, repeats):
+    spec = ModelSpec.model_validate(job["model"])
+    head = job.get("head", "lm")
+    eng = _engine(spec, head, par, job.get("micro_batch"))
+    data = _tokens(job["batch"], job["prompt_len"] + job["response_len"], spec.vocab)
+    local = {k: v[_local_rows(job["batch"], par, rank)].to(_device()) for k, v in data.items()}
+    fn = eng.compute_values if head == "scalar" else eng.compute_log_probs
+    return (*timed_repeats(lambda: fn(local), warmup, repeats), {})
+
+
+def _job_generate(rank, par, job, warmup, repeats):
+    """Generation in layout `par` as the PolicyWorker runs it: the tensor-parallel model itself
+    when dp = 1, else a plain local model per rank generating its dp share of the prompts."""
+    from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams
+
+    spec = ModelSpec.model_validate(job["model"])
+    model = _engine(spec, "lm", par, None).model if par.dp == 1 else _build(spec, "lm")
+    model.eval()
+    data = _tokens(job["batch"], job["prompt_len"], spec.vocab)
+    ids = data["input_ids"][_local_rows(job["batch"], par, rank)].to(_device())
+    params = SamplingParams(max_new_tokens=job["response_len"], temperature=1.0, eos_token_id=None)
+    gen = GenerationEngine(model)
+
+    def run():
+        g = torch.Generator(device=_device()).manual_seed(7)
+        gen.generate(ids, torch.ones_like(ids), params, g)
+
+    return (*timed_repeats(run, warmup, repeats), {})
+
+
+def _job_reshard(rank, par, job, warmup, repeats):
+    from hybridflow.runtime.engines.reshard import Resharder
+
+    spec = ModelSpec.model_validate(job["model"])
+    gen = ParallelConfig(**job["gen"])
+    eng = _engine(spec, "lm", par, None)
+    rs = Resharder(t=par.tp, t_g=gen.tp, d=par.dp, mode=job["mode"])
+    dims = eng.tp_shard_dims()
+    stats = {}
+
+    def run():
+        shards = eng.tp_shards()
+        _, st = rs.to_generation(shards, dims)
+        stats["bytes"] = st.bytes_received
+
+    s, sd = timed_repeats(run, warmup, repeats)
+    return s, sd, {"bytes": float(stats.get("bytes", 0))}
+
+
+def _job_collective(rank, par, job, warmup, repeats):
+    n, world = job["group_size"], dist.get_world_size()
+    group = dist.new_group(list(range(n))) if n < world else None
+    elems = max(1, int(job["size_bytes"]) // 4)
+    if rank >= n:
+        dist.barrier()  # the others' timing loop ends with a barrier per repeat: match their count
+        for _ in range(2 * repeats - 1):
+            dist.barrier()
+        return 0.0, 0.0, {}
+    dev = _device()
+    if job["op"] == "allreduce":
+        t = torch.ones(elems, device=dev)
+
+        def run():
+            dist.all_reduce(t, group=group)
+    else:
+        out = torch.empty(elems - elems % n or n, device=dev)
+        piece = torch.ones(out.numel() // n, device=dev)
+
+        def run():
+            dist.all_gather_into_tensor(out, piece, group=group)
+
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        run()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    vol = (2.0 if job["op"] == "allreduce" else 1.0) * (n - 1) / n * elems * 4
+    return med, statistics.pstdev(times) if len(times) > 1 else 0.0, {"bytes": vol}
+
+
+_JOBS = {"train": _job_train, "forward": _job_forward, "generate": _job_generate, "reshard": _job_reshard,
+         "allreduce": _job_collective, "allgather": _job_collective}
+
+
+def measure(jobs: list[dict], devices: int, warmup: int = 1, repeats: int = 3, timeout: float = 3600.0,
+            on_progress: Callable[[int], None] | None = None) -> list[ProfilePoint]:
+    """Run `jobs` on a fresh group of `devices` processes; the measured ProfilePoints."""
+    rows = run_group(measure_jobs, devices, jobs, warmup, repeats, timeout=timeout, on_progress=on_progress)[0]
+    return [ProfilePoint.model_validate(r) for r in rows]
+
+
+def _profile_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int) -> tuple[dict, list[dict]]:
+    from .hardware_probe import _probe_rank
+
+    raws = [None] * world
+    raw = _probe_rank(rank, world, max(repeats, 3))
+    dist.all_gather_object(raws, raw)
+    return raws, measure_jobs(rank, world, jobs, warmup, repeats)
+
+
+def profile_machine(jobs: list[dict], devices: int, warmup: int = 1, repeats: int = 3, timeout: float = 3600.0,
+                    on_progress: Callable[[int], None] | None = None):
+    """The hardware probe and then every job, in one process group: (HardwareSpec, probe points +
+    measured points)."""
+    from .hardware_probe import probe_points, spec_from_probe
+
+    raws, rows = run_group(_profile_rank, devices, jobs, warmup, repeats, timeout=timeout,
+                           on_progress=on_progress)[0]
+    raw = {k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]}
+    points = probe_points(raw, devices) + [ProfilePoint.model_validate(r) for r in rows]
+    return spec_from_probe(raw, devices), points

@@ -1,0 +1,155 @@
+"""Calibration: the fit recovers known figures from synthetic points, reports its error per op kind,
+and a calibrated cost model prices plans (simulate) and stays compatible with the planner."""
+
+import math
+
+import pytest
+
+from hybridflow.simulator import ClusterSpec, HflowError, ModelSpec, ParallelConfig, Plan
+from hybridflow.simulator.calibration import (
+    PINNED,
+    Calibration,
+    Term,
+    calibrate,
+    calibrate_file,
+    cost_model_from_profile,
+    plan_on_profile,
+    predict_point,
+)
+from hybridflow.simulator.cost import CostModel
+from hybridflow.simulator.efficiency import EfficiencyParams
+from hybridflow.simulator.hardware import HardwareSpec
+from hybridflow.simulator.profile import Fingerprint, Profile, ProfilePoint
+from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
+from hybridflow.simulator.schedule import simulate
+
+TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
+                       inter_node_bandwidth=1e9, intra_node_latency=2e-4)
+TRUE_PARAMS = EfficiencyParams().model_copy(update={**PINNED, "tokens_half": 64.0, "width_half": 32.0,
+                                                    "decode_step_overhead": 2e-3})
+TRUE_OVERHEADS = EngineOverheads(layer_seconds=3e-4, tp_layer_seconds=4e-3, dp_layer_seconds=2e-3,
+                                 reshard_layer_seconds=1e-3, call_seconds=2e-3, step_seconds=5e-3)
+# The probe's guess the fit starts from: every figure off by 2.5-10x.
+START_HW = HardwareSpec(name="cpu-x", peak_flops=1e10, hbm_bandwidth=2e10, hbm_bytes=8e9, intra_node_bandwidth=3e8,
+                        inter_node_bandwidth=3e8, intra_node_latency=1e-3)
+MODELS = [ModelSpec(name=f"m{h}", layers=layers, hidden=h, heads=4, kv_heads=4, ffn=4 * h, vocab=64)
+          for h, layers in ((64, 2), (128, 4), (256, 3))]
+RECOVERED = ("hardware.peak_flops", "hardware.hbm_bandwidth", "hardware.intra_node_bandwidth",
+             "hardware.intra_node_latency", "params.tokens_half", "params.width_half", "params.decode_step_overhead",
+             "overheads.layer_seconds", "overheads.tp_layer_seconds", "overheads.dp_layer_seconds",
+             "overheads.reshard_layer_seconds", "overheads.call_seconds", "overheads.step_seconds")
+
+
+def synthetic_points(noise: float = 0.0) -> list[ProfilePoint]:
+    """A profile-shaped grid priced by the TRUE model (times a deterministic ±noise pattern)."""
+    cm = ProfiledCostModel(ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2), TRUE_PARAMS, TRUE_OVERHEADS)
+    jobs = []
+    for m in MODELS:
+        for par in (ParallelConfig(), ParallelConfig(tp=2), ParallelConfig(dp=2)):
+            for b, s, mb, steps in ((8, 32, 8, 1), (32, 64, 16, 2)):
+                jobs.append(dict(op="forward", model=m, parallel=par, batch=b, micro_batch=mb, prompt_len=s // 2,
+                                 response_len=s // 2))
+                jobs.append(dict(op="train", model=m, parallel=par, batch=b, micro_batch=mb, steps=steps,
+                                 prompt_len=s // 2, response_len=s // 2))
+            for b, r in ((4, 1), (4, 16), (32, 32)):
+                jobs.append(dict(op="generate", model=m, parallel=par, batch=b, prompt_len=16, response_len=r))
+        jobs.append(dict(op="reshard", model=m, parallel=ParallelConfig(tp=2), gen=ParallelConfig(dp=2),
+                         mode="ds-chat"))
+    for size in (2**12, 2**16, 2**20, 2**24):
+        jobs += [dict(op="allreduce", size_bytes=size, group_size=2), dict(op="allgather", size_bytes=size,
+                                                                            group_size=2)]
+    points = []
+    for i, job in enumerate(jobs):
+        p = ProfilePoint(seconds=1.0, repeats=3, **job)
+        wobble = 1.0 + noise * math.sin(2.3 * i)  # deterministic "measurement noise"
+        points.append(p.model_copy(update={"seconds": predict_point(cm, p, dtype_bytes=4) * wobble}))
+    return points
+
+
+def synthetic_profile(noise: float = 0.0) -> Profile:
+    return Profile(name="synthetic", fingerprint=Fingerprint(devices=2, dtype="float32"), hardware=START_HW,
+                   points=synthetic_points(noise))
+
+
+def true_value(key: str) -> float:
+    where, field = key.split(".")
+    return getattr({"hardware": TRUE_HW, "params": TRUE_PARAMS, "overheads": TRUE_OVERHEADS}[where], field)
+
+
+@pytest.fixture(scope="module")
+def exact_fit() -> Calibration:
+    return calibrate(synthetic_profile())
+
+
+def test_fit_recovers_known_parameters(exact_fit):
+    for key in RECOVERED:
+        # the FSDP hook overhead trades a little against fsdp_overlap (both price dp > 1 passes)
+        rel = 0.05 if key == "overheads.dp_layer_seconds" else 0.02
+        assert exact_fit.terms[key] == pytest.approx(true_value(key), rel=rel), key
+    for op, err in exact_fit.errors.items():
+        assert err.median < 5e-3 and err.max < 2e-2, op
+    assert exact_fit.converged
+
+
+def test_fit_under_noise_reports_the_noise_per_op_kind():
+    cal = calibrate(synthetic_profile(noise=0.05))
+    for key in ("hardware.peak_flops", "hardware.intra_node_bandwidth", "params.decode_step_overhead",
+                "overheads.tp_layer_seconds"):
+        assert cal.terms[key] == pytest.approx(true_value(key), rel=0.25), key
+    for op, err in cal.errors.items():
+        assert err.max < 0.12, op  # the points wobble by at most 5 %
+    assert max(e.median for e in cal.errors.values()) > 0.005  # …and the report shows it
+
+
+def test_fit_only_moves_terms_the_points_can_see():
+    compute_only = Profile(name="fwd", fingerprint=Fingerprint(devices=1), hardware=START_HW,
+                           points=[p for p in synthetic_points() if p.op == "forward" and p.parallel.world_size == 1])
+    cal = calibrate(compute_only, terms=(Term("hardware", "peak_flops", 1e8, 1e14),
+                                         Term("hardware", "intra_node_bandwidth", 1e6, 1e12)))
+    assert "hardware.intra_node_bandwidth" not in cal.terms  # no collective on one device
+    assert cal.hardware.intra_node_bandwidth == START_HW.intra_node_bandwidth
+
+
+def test_calibrated_model_prices_a_plan_like_the_truth(exact_fit):
+    plan = Plan.model_validate({
+        "algorithm": "ppo", "cluster": {"hardware": START_HW.model_dump(), "nodes": 1, "devices_per_node": 2},
+        "workload": {"prompts": 16, "prompt_len": 16, "response_len": 16, "micro_batch_size": 4},
+        "groups": [{"name": "a", "devices": [{"node": 0, "index": 0}]}, {"name": "c", "devices": [{"node": 0, "index": 1}]}],
+        "roles": {"actor": {"model": MODELS[1].model_dump(), "group": "a"},
+                  "ref": {"model": MODELS[1].model_dump(), "group": "a"},
+                  "critic": {"model": MODELS[1].model_dump(), "group": "c"},
+                  "reward": {"model": MODELS[1].model_dump(), "group": "c"}},
+    })
+    moved, cm, _ = plan_on_profile(plan, exact_fit)
+    assert isinstance(cm, ProfiledCostModel) and moved.cluster.hardware.name == "cpu-x"
+    truth = ProfiledCostModel(moved.cluster.model_copy(update={"hardware": TRUE_HW}), TRUE_PARAMS, TRUE_OVERHEADS)
+    fitted, true = simulate(moved, cm), simulate(moved, truth)
+    assert fitted.iteration_seconds(0) == pytest.approx(true.iteration_seconds(0), rel=0.02)
+    for op, s in true.op_seconds(0).items():
+        assert fitted.op_seconds(0)[op] == pytest.approx(s, rel=0.03, abs=1e-6), op
+    # the overheads show in the breakdown and the parts still add up
+    gen = next(e for e in fitted.events if e.op == "generate")
+    assert gen.breakdown["overhead"] > 0
+    assert sum(gen.breakdown.values()) == pytest.approx(gen.seconds)
+
+
+def test_zero_overheads_leave_the_analytic_model_unchanged():
+    cluster = ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2)
+    plain, profiled = CostModel(cluster, TRUE_PARAMS), ProfiledCostModel(cluster, TRUE_PARAMS)
+    for p in synthetic_points():
+        if p.op != "reshard":
+            assert predict_point(profiled, p) == predict_point(plain, p)
+
+
+def test_files_and_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HFLOW_CACHE", str(tmp_path / "cache"))
+    path = synthetic_profile().save(tmp_path / "synthetic.json")
+    cal = calibrate_file(path)
+    assert list((tmp_path / "cache").glob("calibration-*.json"))  # fitted once, cached on disk
+    assert calibrate_file(path) is cal
+    cm = cost_model_from_profile(str(path), ClusterSpec(hardware=TRUE_HW, nodes=2, devices_per_node=4))
+    assert cm.cluster.nodes == 2 and cm.cluster.hardware == cal.hardware
+    empty = Profile(name="empty", fingerprint=Fingerprint(), hardware=START_HW,
+                    points=[ProfilePoint(op="matmul", size_bytes=512, seconds=0.01)])
+    with pytest.raises(HflowError, match="no points of kinds"):
+        calibrate(empty)

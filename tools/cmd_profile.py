@@ -1,0 +1,151 @@
+"""`hflow-plan profile --out profiles/NAME.json`: measure the real engines' ops on this machine.
+
+Runs the hardware probe and then a bounded grid — training steps, forward log-probs / values,
+generation (prefill only and prefill + decode, several batches and lengths), the 3D-HybridEngine
+reshard and all-reduce / all-gather at several sizes — over a few tiny Llama shapes and every
+layout of 1 or all devices (tp, dp), with warm-up and repeats, on one process group of local
+devices (GPUs when there are, else one gloo process per core). Writes a versioned Profile
+(simulator/profile.py, documented in profiles/README.md) atomically, then fits the cost model to
+it and prints the fit's error per op kind. `--quick` is a seconds-long grid for tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.model import ModelSpec, model_preset
+
+# Tiny Llama shapes (vocab 64: the character tokenizer's); their widths span the thin-shard fall-off.
+GRID_MODELS = {
+    "p64": ModelSpec(name="p64", layers=2, hidden=64, heads=4, kv_heads=4, ffn=256, vocab=64),
+    "tiny": model_preset("tiny"),
+    "p256": ModelSpec(name="p256", layers=4, hidden=256, heads=4, kv_heads=4, ffn=1024, vocab=64),
+}
+COLLECTIVE_SIZES = (2**12, 2**16, 2**20, 2**24)
+
+
+def layouts(devices: int, model: ModelSpec) -> list[dict]:
+    """1 device, and all devices as tp (when it divides the heads) or dp."""
+    out = [{}]
+    if devices > 1:
+        if model.heads % devices == 0 and model.kv_heads % devices == 0 and model.ffn % devices == 0:
+            out.append({"tp": devices})
+        out.append({"dp": devices})
+    return out
+
+
+def grid(devices: int, quick: bool = False) -> list[dict]:
+    """The jobs a profile measures (dicts of ProfilePoint fields without the timings)."""
+    models = [GRID_MODELS["p64"]] if quick else list(GRID_MODELS.values())
+    fwd = [(8, 32, 8)] if quick else [(8, 32, 8), (32, 64, 16)]  # (batch, seq, micro)
+    trn = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (32, 64, 16, 2)]  # (+ optimizer steps)
+    gen = [(2, 8, 1), (2, 8, 4)] if quick else [(4, 16, 1), (4, 16, 16), (32, 16, 32)]  # (batch, prompt, new)
+    jobs: list[dict] = []
+    for m in models:
+        md = m.model_dump()
+        for par in layouts(devices, m):
+            if quick and par.get("dp"):
+                continue
+            for b, s, mb in fwd:
+                half = s // 2
+                jobs.append(dict(op="forward", model=md, parallel=par, batch=b, micro_batch=mb, prompt_len=half,
+                                 response_len=s - half))
+                if not quick and b > 8:
+                    jobs.append(dict(op="forward", model=md, head="scalar", parallel=par, batch=b, micro_batch=mb,
+                                     prompt_len=half, response_len=s - half))
+            for b, s, mb, steps in trn:
+                half = s // 2
+                jobs.append(dict(op="train", model=md, parallel=par, batch=b, micro_batch=mb, steps=steps,
+                                 prompt_len=half, response_len=s - half))
+                if not quick and b > 8:
+                    jobs.append(dict(op="train", model=md, head="scalar", parallel=par, batch=b, micro_batch=mb,
+                                     steps=steps, prompt_len=half, response_len=s - half))
+            for b, p, r in gen:
+                if par.get("tp") and r > 16:
+                    r = 16  # tensor-parallel decode is slow on gloo: a shorter run tells as much
+                jobs.append(dict(op="generate", model=md, parallel=par, batch=b, prompt_len=p, response_len=r))
+        if devices > 1 and layouts(devices, m)[1].get("tp"):
+            for mode in (["hybridflow"] if quick else ["hybridflow", "hybridflow-v", "ds-chat"]):
+                jobs.append(dict(op="reshard", model=md, parallel={"tp": devices}, gen={"tp": 1, "dp": devices},
+                                 mode=mode))
+    if devices > 1:
+        for size in (COLLECTIVE_SIZES[1:3] if quick else COLLECTIVE_SIZES):
+            for op in ("allreduce", "allgather"):
+                jobs.append(dict(op=op, size_bytes=float(size), group_size=devices))
+    return jobs
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure the engines' op costs on this machine into a profile (JSON)",
+        description="Measure training steps, forward passes, generation, resharding and collectives of the real "
+                    "engines on this machine's devices (GPUs, else one gloo process per core) over a bounded "
+                    "grid of tiny models and layouts; write a profile that `simulate/search --profile` and "
+                    "`replay` use. The default grid takes a few minutes on 2 cores.")
+    p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the profile (atomically)")
+    p.add_argument("--quick", action="store_true", help="a seconds-long grid (one tiny model, no repeats)")
+    p.add_argument("--devices", type=int, metavar="N", help="device processes (default: GPUs, else the cores, >= 2)")
+    p.add_argument("--repeats", type=int, metavar="N", help="timed runs per point (default 3; 1 with --quick)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed runs first (default 1)")
+    p.add_argument("--name", help="the profile's name (default: the file's stem)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    if out.suffix.lower() != ".json":
+        raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
+    if out.is_dir():
+        raise HflowError(f"{out}: is a folder; give a file name")
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        raise HflowError("profiling runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hybridflow.runtime.hardware_probe import default_devices, fingerprint
+    from hybridflow.runtime.profiling import profile_machine
+    from hybridflow.simulator.calibration import calibrate
+    from hybridflow.simulator.profile import Profile
+
+    devices = args.devices or default_devices()
+    if devices < 1:
+        raise HflowError(f"--devices {devices}: give at least 1 device")
+    repeats = args.repeats or (1 if args.quick else 3)
+    warmup = args.warmup if args.warmup is not None else 1
+    if repeats < 1 or warmup < 0:
+        raise HflowError("--repeats must be >= 1 and --warmup >= 0")
+    jobs = grid(devices, args.quick)
+    console = Console(file=sys.stderr)
+    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("profile", total=len(jobs))
+        hw, points = profile_machine(jobs, devices, warmup, repeats,
+                                     on_progress=lambda done: bar.update(task, completed=done))
+    profile = Profile(name=args.name or out.stem, fingerprint=fingerprint(devices), hardware=hw, points=points,
+                      notes=f"hflow-plan profile{' --quick' if args.quick else ''}: {len(jobs)} jobs, "
+                            f"warmup {warmup}, repeats {repeats}")
+    cal = calibrate(profile)  # before writing: a profile that cannot be fitted is not written
+    profile.save(out)
+    print_fit(cal, Console(file=sys.stdout), title=f"{out}: {len(points)} points on {devices} {hw.name} devices")
+    return 0
+
+
+def print_fit(cal, console, title: str = "") -> None:
+    """The calibration's fitted figures and its error per op kind."""
+    from rich.table import Table
+
+    t = Table(title=title or f"fit of profile '{cal.profile}'")
+    for col in ("op kind", "points", "median |err|", "max |err|", "bias"):
+        t.add_column(col, justify="right" if col != "op kind" else "left")
+    for op, e in cal.errors.items():
+        t.add_row(op, str(e.points), f"{e.median:.1%}", f"{e.max:.1%}", f"{e.bias:+.1%}")
+    console.print(t)
+    hw = cal.hardware
+    console.print(f"fitted: {hw.peak_flops / 1e9:.2f} GFLOP/s, memory {hw.hbm_bandwidth / 1e9:.2f} GB/s, link "
+                  f"{hw.intra_node_bandwidth / 1e9:.3f} GB/s, latency {hw.intra_node_latency * 1e3:.2f} ms, "
+                  f"tokens_half {cal.params.tokens_half:.3g}, width_half {cal.params.width_half:.3g}, decode step "
+                  f"overhead {cal.params.decode_step_overhead * 1e3:.2f} ms")

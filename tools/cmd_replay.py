@@ -1,0 +1,150 @@
+"""`hflow-plan replay PROFILE`: price plans offline from a recorded profile — no cluster, no torch.
+
+    hflow-plan replay profiles/cpu-2core.json                      # the fit: figures, error per op kind
+    hflow-plan replay cpu-2core --plan a.json --plan b.json        # each plan priced on that hardware
+    hflow-plan replay cpu-2core --plan a.json --metrics run.jsonl  # predicted vs measured, per op
+
+The metrics file is what `hflow-plan run` appends (runtime/trainer.py): one JSON object per
+iteration with `seconds` (the iteration's wall time) and `op_seconds` ({op: seconds}, summed over
+the roles that ran it). The first `--skip` iterations (default 1: warm-up, first-call costs) are
+left out of the measured means.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from hybridflow.simulator.errors import HflowError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "replay", help="price plans offline from a recorded profile; predicted vs measured from a run's metrics",
+        description="Fit the cost model to PROFILE (a file written by `hflow-plan profile`, or the name of a "
+                    "shipped profile such as cpu-2core) and price plans on that hardware without any cluster "
+                    "or torch; with --metrics, compare with what a run measured, op by op.")
+    p.add_argument("profile", help="profile file (JSON) or shipped profile name")
+    p.add_argument("--plan", action="append", default=[], metavar="PLAN", help="a plan to price (repeatable)")
+    p.add_argument("--metrics", metavar="FILE.jsonl", help="a run's metrics (needs exactly one --plan)")
+    p.add_argument("--skip", type=int, default=1, metavar="N", help="first iterations to leave out (default 1)")
+    p.add_argument("--points", action="store_true", help="also list every profile point, measured vs fitted")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.set_defaults(func=run)
+
+
+# ---- the comparison ------------------------------------------------------------------------------
+def read_metrics(path: str | Path, skip: int = 1) -> list[dict]:
+    """The iterations of a run's metrics file after the first `skip` (one-line errors)."""
+    p = Path(path)
+    if not p.is_file():
+        raise HflowError(f"{p}: no such file; pass the metrics JSONL a `hflow-plan run --metrics FILE` wrote")
+    rows = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise HflowError(f"{p}: line {n} is not JSON; a metrics file has one JSON object per line") from None
+        if not isinstance(row, dict) or "op_seconds" not in row or "seconds" not in row:
+            raise HflowError(f"{p}: line {n} has no 'seconds'/'op_seconds'; is this a `hflow-plan run` metrics file?")
+        rows.append(row)
+    if skip < 0:
+        raise HflowError(f"--skip {skip}: give 0 or more iterations to leave out")
+    if len(rows) <= skip:
+        raise HflowError(f"{p}: {len(rows)} iteration(s) recorded, none left after skipping {skip}; "
+                         "run more iterations or pass --skip 0")
+    return rows[skip:]
+
+
+def measured_means(rows: list[dict]) -> tuple[float, dict[str, float]]:
+    """(median iteration seconds, median seconds per op) over the iterations."""
+    ops = sorted({op for r in rows for op in r["op_seconds"]})
+    return (statistics.median(r["seconds"] for r in rows),
+            {op: statistics.median(r["op_seconds"].get(op, 0.0) for r in rows) for op in ops})
+
+
+def compare(predicted_iteration: float, predicted_ops: dict[str, float], measured_iteration: float,
+            measured_ops: dict[str, float]) -> dict:
+    """Predicted vs measured: per op and for the iteration, with the relative error (pred − meas) / meas."""
+    def row(p, m):
+        return {"predicted": p, "measured": m, "error": (p - m) / m if m > 0 else None}
+
+    ops = {op: row(predicted_ops.get(op, 0.0), measured_ops.get(op, 0.0))
+           for op in sorted(set(predicted_ops) | set(measured_ops))}
+    return {"iteration": row(predicted_iteration, measured_iteration), "ops": ops}
+
+
+def predict_plan(plan, cost_model) -> tuple[float, dict[str, float]]:
+    """(iteration seconds, seconds per op) of a plan, simulated with `cost_model`."""
+    from hybridflow.simulator.schedule import simulate
+
+    tl = simulate(plan, cost_model)
+    return tl.iteration_seconds(0), tl.op_seconds(0)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+def run(args) -> int:
+    from hybridflow.simulator.calibration import calibrate_file, plan_on_profile
+    from hybridflow.simulator.plan import Plan
+
+    if args.metrics and len(args.plan) != 1:
+        raise HflowError("--metrics compares one run with one plan: pass exactly one --plan (the plan that ran)")
+    cal = calibrate_file(args.profile)
+    plans = [(path, Plan.load(path)) for path in args.plan]
+    priced = []
+    for path, plan in plans:
+        moved, cm, _ = plan_on_profile(plan, cal)
+        it, ops = predict_plan(moved, cm)
+        priced.append({"plan": path, "iteration_seconds": it,
+                       "tokens_per_second": plan.workload.tokens_per_iteration / it if it > 0 else 0.0,
+                       "op_seconds": ops, "plan_hardware": plan.cluster.hardware.name,
+                       "hardware_mismatch": plan.cluster.hardware.name != cal.hardware.name})
+    comparison = None
+    if args.metrics:
+        rows = read_metrics(args.metrics, args.skip)
+        m_it, m_ops = measured_means(rows)
+        comparison = compare(priced[0]["iteration_seconds"], priced[0]["op_seconds"], m_it, m_ops)
+        comparison["iterations"] = len(rows)
+    if args.json:
+        print(json.dumps({"profile": cal.profile, "hardware": cal.hardware.model_dump(), "terms": cal.terms,
+                          "errors": {k: v.model_dump() for k, v in cal.errors.items()}, "plans": priced,
+                          "comparison": comparison}))
+        return 0
+    _print(args, cal, priced, comparison)
+    return 0
+
+
+def _print(args, cal, priced: list[dict], comparison: dict | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hybridflow.tools.cmd_profile import print_fit
+
+    console = Console(file=sys.stdout, width=max(Console().width, 120))
+    print_fit(cal, console)
+    if args.points:
+        t = Table(title="profile points: measured vs fitted")
+        for col in ("point", "measured s", "fitted s", "error"):
+            t.add_column(col, justify="left" if col == "point" else "right")
+        for f in cal.fit:
+            t.add_row(f.label, f"{f.measured:.4g}", f"{f.predicted:.4g}", f"{f.error:+.1%}")
+        console.print(t)
+    for p in priced:
+        warn = f" [yellow](the plan names {p['plan_hardware']}; priced on the profile's devices)[/]" \
+            if p["hardware_mismatch"] else ""
+        console.print(f"[bold]{p['plan']}[/]: {p['iteration_seconds']:.3f} s per iteration, "
+                      f"{p['tokens_per_second']:,.0f} tokens/s on {cal.hardware.name}{warn}")
+        if comparison is None:
+            console.print("  " + ", ".join(f"{op} {s:.3f} s" for op, s in p["op_seconds"].items()))
+    if comparison:
+        t = Table(title=f"predicted vs measured ({comparison['iterations']} iteration(s), median)")
+        for col in ("op", "predicted s", "measured s", "error"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for op, r in [*comparison["ops"].items(), ("iteration", comparison["iteration"])]:
+            err = "—" if r["error"] is None else f"{r['error']:+.1%}"
+            t.add_row(op, f"{r['predicted']:.4f}", f"{r['measured']:.4f}", err)
+        console.print(t)

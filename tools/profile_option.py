@@ -1,0 +1,64 @@
+"""`--profile FILE` for `simulate` and `search`: price on a measured profile's hardware.
+
+    from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile, request_with_profile
+    add_profile_arg(parser)
+    plan, cm = plan_with_profile(plan, args.profile)        # simulate: simulate(plan, cm)
+    req, cm = request_with_profile(req, args.profile)       # search:   Planner(req, cm)
+
+Both return (input, None) when no profile was given, so the calls can stay unconditional. The
+plan / request is moved onto the profile's devices (its fitted figures and memory), keeping its
+nodes × devices per node; the cost model is the calibrated one (simulator/calibration.py).
+"""
+
+from __future__ import annotations
+
+
+def add_profile_arg(parser) -> None:
+    parser.add_argument("--profile", metavar="FILE", help="price on a measured profile's hardware (a file written "
+                        "by `hflow-plan profile`, or a shipped name such as cpu-2core)")
+
+
+def plan_with_profile(plan, ref: str | None):
+    if not ref:
+        return plan, None
+    from hybridflow.simulator.calibration import plan_on_profile
+
+    moved, cm, _ = plan_on_profile(plan, ref)
+    return moved, cm
+
+
+def request_with_profile(req, ref: str | None):
+    if not ref:
+        return req, None
+    from hybridflow.simulator.calibration import calibrate_file
+
+    cal = calibrate_file(ref)
+    cluster = cal.cluster(req.cluster)
+    return req.model_copy(update={"cluster": cluster}), cal.cost_model(cluster)
+
+
+def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
+    """(this machine as a one-node ClusterSpec, a cost model for it) — for `quickstart`.
+
+    When the shipped `profile` was measured on this kind of machine (same CPU / GPU model and core
+    count), the cluster and cost model are its calibration's; otherwise the hardware probe's
+    figures (measured in seconds, cached) with the analytic default terms."""
+    from hybridflow.runtime.hardware_probe import default_devices, fingerprint, local_cluster
+    from hybridflow.simulator.calibration import calibrate_file
+    from hybridflow.simulator.errors import HflowError
+    from hybridflow.simulator.hardware import ClusterSpec
+    from hybridflow.simulator.profile import resolve_profile
+
+    world = devices or default_devices()
+    try:
+        shipped = resolve_profile(profile)
+    except HflowError:
+        shipped = None
+    if shipped is not None and shipped.fingerprint.same_machine(fingerprint(world)):
+        cal = calibrate_file(profile)
+        cluster = ClusterSpec(hardware=cal.hardware, nodes=1, devices_per_node=world)
+        return cluster, cal.cost_model(cluster)
+    from hybridflow.simulator.cost import CostModel
+
+    cluster = local_cluster(world)
+    return cluster, CostModel(cluster)
