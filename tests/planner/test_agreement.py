@@ -4,7 +4,7 @@ import itertools
 import math
 
 import pytest
-from conftest import SMALL_WORKLOAD, small_cluster, small_model
+from planner_util import SMALL_WORKLOAD, small_cluster, small_model
 
 from hybridflow.planner.brute import _set_layouts, price_set
 from hybridflow.planner.placement import assign_devices

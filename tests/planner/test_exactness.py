@@ -2,9 +2,9 @@
 
 import math
 
-from conftest import SMALL_WORKLOAD, small_cluster, small_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from planner_util import SMALL_WORKLOAD, small_cluster, small_model
 
 from hybridflow.planner.brute import brute_force
 from hybridflow.planner.request import SearchRequest

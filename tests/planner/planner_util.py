@@ -1,7 +1,5 @@
 """Small specs that make memory bind on purpose: tiny devices, models of a few hundred MB."""
 
-import pytest
-
 from hybridflow.simulator import ClusterSpec, HardwareSpec, ModelSpec, Workload
 from hybridflow.simulator.hardware import GiB
 
@@ -20,8 +18,3 @@ def small_cluster(nodes=1, per=4, gib=8.0) -> ClusterSpec:
 
 
 SMALL_WORKLOAD = Workload(prompts=64, prompt_len=256, response_len=256, micro_batch_size=4)
-
-
-@pytest.fixture
-def workload():
-    return SMALL_WORKLOAD
