@@ -1,0 +1,182 @@
+"""Dataflow: the ops an RLHF driver loop calls, each one call on the worker group the plan names.
+
+The algorithms (algorithms/loops.py) are short sequences of these ops. Ops on disjoint groups
+overlap: `ref_logprob`, `actor_logprob` and `values` return pending calls that `gather` waits for
+together, and `update` steps the critic and the actor at the same time. Every op lands in the
+measured Timeline with the worker's own start and end (workers time themselves; see
+workers/common.py); rule-based rewards and advantages run in the driver (group "driver").
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.timeline import Event
+
+from .algorithms.advantages import get_advantage_estimator
+from .algorithms.functional import masked_mean
+from .algorithms.losses import LagrangeMultiplier, kl_in_reward, scores_to_token_rewards
+from .batch import Batch
+from .calls import CallFuture
+from .protocols import join, shard
+from .run_config import RunConfig
+from .tasks.rewards import score_responses
+from .tasks.tokenizer import CharTokenizer
+from .worker_group import WorkerGroup
+
+SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+@dataclass
+class Pending:
+    role: str
+    future: CallFuture
+
+
+class Dataflow:
+    def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], config: RunConfig, tokenizer: CharTokenizer,
+                 reward_fn=None, cost_fn=None, lagrange: LagrangeMultiplier | None = None,
+                 origin: float | None = None):
+        self.plan, self.groups, self.config, self.tok = plan, groups, config, tokenizer
+        self.reward_fn, self.cost_fn, self.lagrange = reward_fn, cost_fn, lagrange
+        self.origin = time.time() if origin is None else origin
+        self.events: list[Event] = []
+        self.iteration = 0
+        self.stats: dict[str, float] = {}
+        self._gen_ranks: list[tuple[int, int]] | None = None
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def has(self, role: str) -> bool:
+        return role in self.groups
+
+    def _group_name(self, role: str) -> str:
+        return self.plan.roles[role].group
+
+    def _record(self, role: str, group: str, timing: dict) -> None:
+        for op, (start, end, *nbytes) in timing.items():
+            self.events.append(Event(op=op, role=role, group=group, start=start - self.origin,
+                                     end=end - self.origin, iteration=self.iteration, bytes=sum(nbytes)))
+
+    def _take_timing(self, role: str, out: Batch) -> Batch:
+        self._record(role, self._group_name(role), out.meta.pop("timing", {}))
+        return out
+
+    @contextmanager
+    def _on_driver(self, op: str, role: str):
+        start = time.time()
+        yield
+        self._record(role, "driver", {op: (start, time.time())})
+
+    def _call(self, role: str, method: str, batch: Batch) -> Pending:
+        return Pending(role, self.groups[role].call_async(role, method, batch))
+
+    # ---- rollout ------------------------------------------------------------------------------
+    def generate(self, batch: Batch, greedy: bool = False) -> Batch:
+        """Responses for the prompts: one shard per generation replica, read from its tp_g rank 0."""
+        group = self.groups["actor"]
+        if self._gen_ranks is None:
+            self._gen_ranks = group.call("actor", "generation_ranks")  # [(replica, tp_g rank)] by rank
+        replicas = 1 + max(rep for rep, _ in self._gen_ranks)
+        shards, pad = shard(batch.select("prompt_ids", "prompt_mask", meta=False), replicas)
+        outs = group.call("actor", "generate", [shards[rep] for rep, _ in self._gen_ranks],
+                          iteration=self.iteration, greedy=greedy)
+        readers = sorted((rep, r) for r, (rep, tp) in enumerate(self._gen_ranks) if tp == 0)
+        timing: dict[str, list[float]] = {}
+        for _, r in readers:  # an op spans from the first replica's start to the last one's end
+            for op, (s, e, *nbytes) in outs[r].meta.pop("timing", {}).items():
+                old = timing.get(op, [s, e, 0.0])
+                timing[op] = [min(old[0], s), max(old[1], e), old[2] + sum(nbytes)]
+        self._record("actor", self._group_name("actor"), timing)
+        return batch.union(join([outs[r] for _, r in readers], pad))
+
+    def responses_text(self, batch: Batch) -> list[str]:
+        return self.tok.decode_responses(batch["responses"])
+
+    # ---- scores -------------------------------------------------------------------------------
+    def _rule_scores(self, batch: Batch, fn, role: str) -> torch.Tensor:
+        with self._on_driver(role, role):
+            prompts = list(batch["prompt"])
+            fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
+            return score_responses(fn, prompts, self.responses_text(batch), fields, name=f"{role} function")
+
+    def score(self, batch: Batch) -> Batch:
+        """`reward_scores` (and `cost_scores` for Safe-RLHF): from a score model or a rule-based function."""
+        pending = [self._call(r, "compute_scores", batch.select(*SEQ_FIELDS, meta=False))
+                   for r in ("reward", "cost") if self.has(r)]
+        if not self.has("reward"):
+            batch["reward_scores"] = self._rule_scores(batch, self.reward_fn, "reward")
+        if self.plan.algorithm == "safe-rlhf" and not self.has("cost"):
+            batch["cost_scores"] = self._rule_scores(batch, self.cost_fn, "cost")
+        return self.gather(batch, *pending)
+
+    # ---- log-probs and values -----------------------------------------------------------------
+    def ref_logprob(self, batch: Batch) -> Pending | None:
+        return self._call("ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False)) if self.has("ref") else None
+
+    def actor_logprob(self, batch: Batch) -> Pending:
+        return self._call("actor", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
+
+    def values(self, batch: Batch) -> Pending | None:
+        return self._call("critic", "compute_values", batch.select(*SEQ_FIELDS, meta=False)) if self.has("critic") \
+            else None
+
+    def gather(self, batch: Batch, *pending: Pending | None) -> Batch:
+        for p in pending:
+            if p is not None:
+                batch = batch.union(self._take_timing(p.role, p.future.get()))
+        return batch
+
+    # ---- advantages ---------------------------------------------------------------------------
+    def advantage(self, batch: Batch, estimator: str, baseline: torch.Tensor | None = None) -> Batch:
+        cfg, w = self.config, self.plan.workload
+        with self._on_driver("advantage", "driver"):
+            mask = batch["response_mask"]
+            scores = batch["reward_scores"].float()
+            if self.plan.algorithm == "safe-rlhf":  # PPO-Lagrangian: the critic learns (r − λc)/(1 + λ)
+                lam = self.lagrange.value
+                scores = (scores - lam * batch["cost_scores"].float()) / (1.0 + lam)
+            if "ref_log_probs" in batch:
+                self.stats["kl"] = masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask).item()
+            if cfg.kl_mode == "reward" and cfg.kl_coef > 0 and "ref_log_probs" in batch:
+                rewards, _ = kl_in_reward(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
+                                          cfg.kl_coef, cfg.kl_kind)
+            else:
+                rewards = scores_to_token_rewards(scores, mask)
+            adv, ret = get_advantage_estimator(estimator)(
+                rewards, mask, values=batch["values"] if "values" in batch else None,
+                group_size=w.samples_per_prompt, baseline=baseline, gamma=cfg.gamma, lam=cfg.lam)
+            batch["advantages"], batch["returns"] = adv, ret
+        return batch
+
+    # ---- updates ------------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Critic and actor steps, concurrently when they live on disjoint groups."""
+        fields = [*SEQ_FIELDS, "response_mask", "advantages"]
+        calls = []
+        if self.has("critic"):
+            calls.append(self._call("critic", "update", batch.select(*fields, "values", "returns", meta=False)))
+        extra = ["ref_log_probs"] if "ref_log_probs" in batch and self.config.kl_mode == "loss" else []
+        calls.append(self._call("actor", "update", batch.select(*fields, "old_log_probs", *extra, meta=False)))
+        metrics: dict[str, float] = {}
+        for p in calls:
+            per_rank = p.future.get()
+            timing = {}
+            for m in per_rank:
+                for op, (s, e) in m.pop("timing").items():
+                    old = timing.get(op, [s, e])
+                    timing[op] = [min(old[0], s), max(old[1], e)]
+            self._record(p.role, self._group_name(p.role), timing)
+            for k in per_rank[0]:
+                metrics[f"{p.role}/{k}"] = sum(float(m[k]) for m in per_rank) / len(per_rank)
+        return metrics
+
+    def update_lagrange(self, batch: Batch) -> None:
+        if self.lagrange is None:
+            raise HflowError("safe-rlhf needs a Lagrange multiplier")
+        self.stats["lagrange"] = self.lagrange.update(batch["cost_scores"].float().mean().item())

@@ -1,0 +1,156 @@
+"""The tiny policy: random init, then a short supervised phase on a built-in task, cached in HF format.
+
+RL needs a policy that sometimes succeeds; no weights can be downloaded, so the first run that
+needs one builds it (well under a minute on two CPU cores) and later runs reuse it. The cache
+folder is `$HFLOW_CACHE` or `~/.cache/hybridflow`; each policy lives in a folder named by a hash
+of everything that shapes it (task, model shape, steps, seed), holding `config.json`,
+`model.safetensors`, the tokenizer and `warmup.json` (the metrics; written last, so a folder
+without it is incomplete and is rebuilt).
+
+Success is measured exactly, without sampling: a greedy decode produces the answer iff every
+answer token is the argmax under teacher forcing, so the teacher-forced exact-match rate on held
+out prompts is the greedy success rate. Training stops once it reaches `target_greedy_accuracy`
+(a policy that "sometimes succeeds", leaving RL room to improve) or after `max_steps`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hybridflow.simulator.io import write_atomic
+from hybridflow.simulator.model import ModelSpec, model_preset
+
+from .builtin import get_task
+from .tokenizer import CharTokenizer
+
+WARMUP_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    task: str = "sort"
+    max_steps: int = 400
+    batch_size: int = 64
+    lr: float = 3e-3
+    seed: int = 0
+    target_greedy_accuracy: float = 0.3
+    eval_every: int = 25
+    eval_size: int = 256
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HFLOW_CACHE") or Path.home() / ".cache" / "hybridflow")
+
+
+def _key(spec: ModelSpec, cfg: WarmupConfig) -> str:
+    blob = json.dumps({"v": WARMUP_VERSION, "spec": spec.model_dump(), "cfg": asdict(cfg)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def sft_batch(examples: list[dict], tok: CharTokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `<bos> prompt answer <eos>` rows: (input_ids, attention_mask, loss_mask); the loss
+    mask marks the positions whose NEXT token is an answer token or the final <eos>."""
+    rows, starts = [], []
+    for ex in examples:
+        p = tok.encode(ex["prompt"], bos=True)
+        rows.append(p + tok.encode(ex["answer"], eos=True))
+        starts.append(len(p))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, (r, s) in enumerate(zip(rows, starts, strict=True)):
+        ids[i, :len(r)] = torch.tensor(r)
+        attn[i, :len(r)] = 1
+        loss_mask[i, s - 1:len(r) - 1] = True
+    return ids, attn, loss_mask
+
+
+def _loss_and_exact(model, ids, attn, loss_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model(ids, attention_mask=attn)[:, :-1]
+    target, m = ids[:, 1:], loss_mask[:, :-1]
+    loss = F.cross_entropy(logits[m], target[m])
+    right = (logits.argmax(-1) == target) | ~m
+    return loss, right.all(-1)
+
+
+def sft_train(model, tok: CharTokenizer, cfg: WarmupConfig) -> dict:
+    """Supervised training on the task until the greedy accuracy target; returns the metrics."""
+    task = get_task(cfg.task)
+    rng = random.Random(f"warmup:{cfg.task}:{cfg.seed}")
+    held_out = sft_batch([task.make_example(rng) for _ in range(cfg.eval_size)], tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    accuracy, loss, step = 0.0, float("nan"), 0
+    for step in range(1, cfg.max_steps + 1):
+        model.train()
+        batch = sft_batch([task.make_example(rng) for _ in range(cfg.batch_size)], tok)
+        loss_t, _ = _loss_and_exact(model, *batch)
+        opt.zero_grad(set_to_none=True)
+        loss_t.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss = loss_t.item()
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            accuracy = greedy_accuracy(model, held_out)
+            if accuracy >= cfg.target_greedy_accuracy:
+                break
+    return {"steps": step, "final_loss": loss, "greedy_accuracy": accuracy}
+
+
+@torch.no_grad()
+def greedy_accuracy(model, batch) -> float:
+    model.eval()
+    _, exact = _loss_and_exact(model, *batch)
+    return exact.float().mean().item()
+
+
+def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig(),
+                root: str | Path | None = None) -> Path:
+    """The folder of the warmed-up policy for (spec, cfg), building it the first time."""
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+
+    spec = model_preset(spec) if isinstance(spec, str) else spec
+    tok = CharTokenizer()
+    if spec.vocab < tok.vocab_size:
+        from hybridflow.simulator.errors import HflowError
+
+        raise HflowError(f"model vocab {spec.vocab} is smaller than the character tokenizer's {tok.vocab_size}")
+    root = Path(root) if root is not None else cache_dir()
+    folder = root / f"policy-{cfg.task}-{spec.name}-{_key(spec, cfg)}"
+    if (folder / "warmup.json").is_file():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+    try:
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(LlamaConfig.from_spec(spec))
+        model.init_weights(torch.Generator().manual_seed(cfg.seed))
+        metrics = sft_train(model, tok, cfg)
+        save_pretrained(model, tmp)
+        tok.save(tmp)
+        write_atomic(tmp / "warmup.json", json.dumps({**metrics, "config": asdict(cfg), "spec": spec.name}) + "\n")
+        if folder.exists() and not (folder / "warmup.json").is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier attempt
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not (folder / "warmup.json").is_file():  # lost a race to another builder: theirs is fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def warmup_metrics(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / "warmup.json").read_text())

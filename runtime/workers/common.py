@@ -1,0 +1,103 @@
+"""What every role worker shares: loading models from HF folders, op timing, batch slicing.
+
+Workers time their own ops (wall clock of the process, `time.time()`), because only the worker
+knows when a call really started: calls queued on a busy colocated process wait their turn. The
+timings travel back in the output Batch's meta as `{"timing": {op: [start, end]}}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.models.hf_format import WEIGHTS_FILE, load_pretrained, read_config
+from hybridflow.runtime.models.llama import LlamaForScore
+from hybridflow.simulator.errors import HflowError
+
+
+@contextmanager
+def timed(timing: dict, op: str):
+    start = time.time()
+    try:
+        yield
+    finally:
+        timing[op] = [start, time.time()]
+
+
+def with_timing(batch: Batch, timing: dict) -> Batch:
+    batch.meta["timing"] = dict(timing)
+    return batch
+
+
+def load_causal_lm(path: str | Path):
+    model = load_pretrained(path)
+    if not hasattr(model, "lm_head"):
+        raise HflowError(f"{path}: a scalar-head model cannot be the policy; give a LlamaForCausalLM folder")
+    return model
+
+
+def load_score_model(path: str | Path) -> LlamaForScore:
+    """A scalar-head model from a score-model folder, or from a policy folder: the policy's backbone with
+    a zero-initialised head (values start at 0; the usual critic initialisation from the policy)."""
+    cfg, arch = read_config(path)
+    if arch == "LlamaForSequenceClassification":
+        return load_pretrained(path)
+    model = LlamaForScore(cfg)
+    state = {k: v for k, v in load_file(str(Path(path) / WEIGHTS_FILE)).items() if not k.startswith("lm_head.")}
+    with torch.no_grad():
+        model.score.weight.zero_()
+        model.score.bias.zero_()
+    state.update(model.score.state_dict(prefix="score."))
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def make_engine(model, parallel, optim: dict | None, micro_batch_size: int | None) -> TrainingEngine:
+    return TrainingEngine(model, parallel, optim=OptimConfig(**optim) if optim else None,
+                          micro_batch_size=micro_batch_size)
+
+
+def response_slice(per_token: torch.Tensor, width: int) -> torch.Tensor:
+    """The response columns of a [B, P+R] per-token tensor (aligned with input_ids)."""
+    return per_token[:, -width:]
+
+
+def engine_fingerprint(engine: TrainingEngine) -> str:
+    """sha256 over this rank's parameters and optimizer state (exact bytes): resume checks compare it."""
+    h = hashlib.sha256()
+    for name, p in sorted(engine.model.state_dict().items()):
+        t = p.to_local() if hasattr(p, "to_local") else p
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    for pid, st in sorted(engine.optimizer.state_dict()["state"].items()):
+        for k, v in sorted(st.items()):
+            if isinstance(v, torch.Tensor):
+                v = v.to_local() if hasattr(v, "to_local") else v
+                h.update(f"{pid}.{k}".encode())
+                h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    h.update(str(engine.step).encode())
+    return h.hexdigest()
+
+
+def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini_batches: int,
+                micro_batch_size: int | None) -> dict[str, float]:
+    """`epochs` passes over the local batch in `mini_batches` optimizer steps each (fixed order, so a
+    resumed run repeats it exactly); returns the metrics averaged over the steps."""
+    td = batch.tensors
+    parts = max(1, min(mini_batches, len(batch)))
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(epochs):
+        for mb in td.chunk(parts):
+            m = engine.train_step(mb, loss_fn, micro_batch_size)
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            steps += 1
+    return {k: v / steps for k, v in sums.items()}

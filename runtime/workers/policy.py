@@ -1,0 +1,154 @@
+"""PolicyWorker: the actor's hybrid engine (training + rollout) and, as role `ref`, the reference policy.
+
+One implementation for both roles: the actor trains, generates and computes the old log-probs;
+the reference loads the same initial weights and only computes log-probs (it never steps, so its
+optimizer never allocates state). When a plan colocates them they share one process per device.
+
+Rollout runs in the plan's generation layout (tp_g | tp) on the actor's own devices: before each
+rollout after a training step the 3D-HybridEngine (engines/hybrid.py) moves the weights from the
+training layout into the generation model with the plan's reshard grouping (the `reshard` op,
+bytes counted). The driver hands each rank the prompt shard of its generation data-parallel
+replica (`generate` is ALL_TO_ALL; `generation_ranks` says who is who) and reads tp_g rank 0.
+Sampling is seeded by (seed, iteration, generation replica), so the tp_g ranks of a replica draw
+the same tokens and a resumed run draws exactly what a straight run would.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.engines.generation import SamplingParams
+from hybridflow.runtime.engines.hybrid import HybridEngine
+from hybridflow.runtime.engines.reshard import MODES as RESHARD_MODES
+from hybridflow.runtime.models.llama import LlamaForCausalLM
+from hybridflow.runtime.protocols import register
+from hybridflow.runtime.worker import Worker
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.parallel import ParallelConfig
+
+from ..algorithms.losses import actor_loss
+from .common import (
+    engine_fingerprint,
+    load_causal_lm,
+    make_engine,
+    response_slice,
+    run_updates,
+    timed,
+    with_timing,
+)
+
+
+class PolicyWorker(Worker):
+    def __init__(self, model_path: str, *, trainable: bool = True, optim: dict | None = None,
+                 micro_batch_size: int | None = None, generate_parallel: dict | None = None,
+                 sampling: dict | None = None, loss: dict | None = None, epochs: int = 1, mini_batches: int = 1,
+                 seed: int = 0, reshard: str = "hybridflow"):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.trainable, self.seed = trainable, seed
+        self.engine = make_engine(load_causal_lm(model_path), self.parallel, optim, micro_batch_size)
+        self.micro_batch_size = micro_batch_size
+        self.gen_parallel = ParallelConfig(**generate_parallel) if generate_parallel else self.parallel
+        self.sampling = SamplingParams(**(sampling or {}))
+        self.loss = dict(loss or {})
+        self.epochs, self.mini_batches = epochs, mini_batches
+        self.hybrid = None
+        if trainable:
+            if self.gen_parallel.pp != 1 or reshard not in RESHARD_MODES:
+                raise HflowError(f"actor generation needs pp_g = 1 and a reshard mode of {', '.join(RESHARD_MODES)} "
+                                 f"(got {self.gen_parallel}, '{reshard}')")
+            gen = ParallelConfig(tp=self.gen_parallel.tp, dp=self.world_size // self.gen_parallel.tp)
+            self.hybrid = HybridEngine(self.engine, LlamaForCausalLM(self.engine.model.config), gen, mode=reshard)
+        self._gen_version = -1  # engine step the generation weights were taken at
+
+    # ---- rollout ------------------------------------------------------------------------------
+    @register("ONE_TO_ALL")
+    def generation_ranks(self) -> tuple[int, int]:
+        """(generation data-parallel replica, generation tensor rank) of this rank."""
+        lay = self.hybrid.resharder.layout
+        _, j, (_, m) = lay.generation_coords(self.rank)
+        return lay.coords(self.rank)[1] * lay.d_g + m, j
+
+    @register("ALL_TO_ALL")
+    def generate(self, shard: Batch, iteration: int, greedy: bool = False) -> Batch:
+        """Sample responses to this rank's prompt shard (`prompt_ids`/`prompt_mask`, left-padded)."""
+        timing: dict = {}
+        if self._gen_version != self.engine.step:  # weights changed since the last switch
+            with timed(timing, "reshard"):
+                stats = self.hybrid.to_generation()
+            timing["reshard"].append(float(stats.bytes_received))
+            self._gen_version = self.engine.step
+        replica, _ = self.generation_ranks()
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration * 1009 + replica)
+        params = self.sampling.model_copy(update={"greedy": True}) if greedy else self.sampling
+        with timed(timing, "generate_baseline" if greedy else "generate"):
+            out = self.hybrid.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
+                                       params, g)
+        return with_timing(Batch({
+            "input_ids": out.tokens.cpu(), "attention_mask": out.attention_mask.cpu(),
+            "position_ids": out.position_ids.cpu(), "responses": out.response.cpu(),
+            "response_mask": out.response_mask.cpu(),
+        }), timing)
+
+    # ---- log-probs ----------------------------------------------------------------------------
+    @register("DP_COMPUTE")
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Log-probs of the response tokens under this policy: `old_log_probs` (actor) or `ref_log_probs`."""
+        timing: dict = {}
+        op = "actor_logprob" if self.role == "actor" else "ref_logprob"
+        with timed(timing, op):
+            lp = self.engine.compute_log_probs(batch.select("input_ids", "attention_mask", "position_ids").tensors,
+                                               self.micro_batch_size)["log_probs"]
+        key = "old_log_probs" if self.role == "actor" else "ref_log_probs"
+        return with_timing(Batch({key: response_slice(lp, batch["responses"].shape[1])}), timing)
+
+    # ---- training -----------------------------------------------------------------------------
+    def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:
+        width = micro["responses"].shape[1]
+        cfg = self.loss
+        ref = micro.get("ref_log_probs", None) if cfg.get("kl_coef", 0.0) else None
+        return actor_loss(
+            response_slice(outputs["log_probs"], width), micro["old_log_probs"], micro["advantages"],
+            micro["response_mask"], policy_loss=cfg.get("policy_loss", "ppo"),
+            clip_ratio=cfg.get("clip_ratio", 0.2), clip_ratio_high=cfg.get("clip_ratio_high"),
+            entropy=response_slice(outputs["entropy"], width), entropy_coef=cfg.get("entropy_coef", 0.0),
+            ref_logprobs=ref, kl_coef=cfg.get("kl_coef", 0.0), kl_kind=cfg.get("kl_kind", "k3"))
+
+    @register("DP_COMPUTE")
+    def update(self, batch: Batch) -> list[dict]:
+        """PPO epochs × mini-batches of optimizer steps on this rank's shard; [metrics] per dp rank."""
+        if not self.trainable:
+            raise RuntimeError(f"role '{self.role}' is not trainable")
+        timing: dict = {}
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
+                "advantages"] + (["ref_log_probs"] if "ref_log_probs" in batch else [])
+        with timed(timing, "actor_update"):
+            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
+                                  self.mini_batches, self.micro_batch_size)
+        return [{**metrics, "timing": timing}]
+
+    # ---- state --------------------------------------------------------------------------------
+    @register("ONE_TO_ALL")
+    def save(self, path: str) -> None:
+        self.engine.save(f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def load(self, path: str) -> None:
+        self.engine.load(f"{path}/{self.role}")
+        self._gen_version = -1  # reshard again before the next rollout
+
+    @register("ONE_TO_ALL")
+    def fingerprint(self) -> str:
+        return engine_fingerprint(self.engine)
+
+    @register("ONE_TO_ALL")
+    def export_hf(self, path: str) -> None:
+        """Write the current weights in HF format (rank 0 writes; gathering is collective)."""
+        from hybridflow.runtime.models.hf_format import save_pretrained
+
+        full = self.engine.full_state_dict()
+        if self.rank == 0:
+            m = LlamaForCausalLM(self.engine.model.config)
+            m.load_state_dict(full)
+            save_pretrained(m, path)

@@ -1,0 +1,77 @@
+"""ValueWorker: one implementation for every scalar-head role.
+
+- `critic`: per-token values of the response (trained with the clipped value loss);
+- `reward` / `cost`: a reward or cost model scoring each whole sequence at its last real token.
+
+A critic built from a policy folder takes the policy's backbone and a zero-initialised value head;
+reward and cost models load their own HF folders (LlamaForSequenceClassification).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.models.llama import last_token_values
+from hybridflow.runtime.protocols import register
+from hybridflow.runtime.worker import Worker
+
+from ..algorithms.losses import value_loss
+from .common import engine_fingerprint, load_score_model, make_engine, run_updates, timed, with_timing
+
+
+class ValueWorker(Worker):
+    def __init__(self, model_path: str, *, optim: dict | None = None, micro_batch_size: int | None = None,
+                 value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.engine = make_engine(load_score_model(model_path), self.parallel, optim, micro_batch_size)
+        self.micro_batch_size = micro_batch_size
+        self.value_clip, self.epochs, self.mini_batches = value_clip, epochs, mini_batches
+
+    def _values(self, batch: Batch):
+        return self.engine.compute_values(batch.select("input_ids", "attention_mask", "position_ids").tensors,
+                                          self.micro_batch_size)["values"]
+
+    @register("DP_COMPUTE")
+    def compute_values(self, batch: Batch) -> Batch:
+        """V(s_t) for each response token t: the value at the position just before it."""
+        timing: dict = {}
+        with timed(timing, "values"):
+            width = batch["responses"].shape[1]
+            values = self._values(batch)[:, -width - 1:-1]
+        return with_timing(Batch({"values": values}), timing)
+
+    @register("DP_COMPUTE")
+    def compute_scores(self, batch: Batch) -> Batch:
+        """One score per sequence (reward or cost model): `{role}_scores` [B]."""
+        timing: dict = {}
+        with timed(timing, self.role):
+            scores = last_token_values(self._values(batch), batch["attention_mask"])
+        return with_timing(Batch({f"{self.role}_scores": scores}), timing)
+
+    def _loss_fn(self, outputs: dict, micro):
+        width = micro["responses"].shape[1]
+        return value_loss(outputs["values"][:, -width - 1:-1], micro["values"], micro["returns"],
+                          micro["response_mask"], self.value_clip)
+
+    @register("DP_COMPUTE")
+    def update(self, batch: Batch) -> list[dict]:
+        timing: dict = {}
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
+        with timed(timing, "critic_update"):
+            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs, self.mini_batches,
+                                  self.micro_batch_size)
+        return [{**metrics, "timing": timing}]
+
+    @register("ONE_TO_ALL")
+    def save(self, path: str) -> None:
+        self.engine.save(f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def load(self, path: str) -> None:
+        self.engine.load(f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def fingerprint(self) -> str:
+        return engine_fingerprint(self.engine)

@@ -1,0 +1,31 @@
+"""Tiny hand-written Plans for the end-to-end RL tests (the planner is not a runtime dependency)."""
+
+from __future__ import annotations
+
+from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
+from hybridflow.simulator.model import model_preset
+
+TINY = model_preset("tiny")
+
+
+def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, devices: list[int] | None = None,
+              train: dict[str, ParallelConfig] | None = None, generate: ParallelConfig | None = None,
+              workload: Workload | None = None, paths: dict[str, str] | None = None, **plan_fields) -> Plan:
+    """Groups g0, g1, … holding the roles of `placement`, with `devices[i]` devices each (default 1)."""
+    placement = placement or [["actor", "ref"], ["critic"]]
+    devices = devices or [1] * len(placement)
+    train = train or {}
+    groups, roles, next_index = [], {}, 0
+    for i, (members, n) in enumerate(zip(placement, devices, strict=True)):
+        groups.append(DeviceGroup(name=f"g{i}", devices=[Device(node=0, index=next_index + k) for k in range(n)]))
+        next_index += n
+        for role in members:
+            roles[role] = RolePlan(model=TINY, group=f"g{i}", train=train.get(role, ParallelConfig(dp=n)),
+                                   generate=generate if role == "actor" else None, path=(paths or {}).get(role))
+    workload = workload or Workload(prompts=8, prompt_len=16, response_len=8, samples_per_prompt=1,
+                                    micro_batch_size=8)
+    plan_fields.setdefault("reward_function", "hybridflow.runtime.tasks.builtin:sort_reward")
+    if algorithm == "safe-rlhf" and "cost" not in roles:
+        plan_fields.setdefault("cost_function", "hybridflow.runtime.tasks.builtin:non_digit_cost")
+    return Plan(algorithm=algorithm, cluster=ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=max(8, next_index)),
+                workload=workload, groups=groups, roles=roles, **plan_fields)

@@ -1,0 +1,169 @@
+"""End to end on a local Ray cluster with the tiny model: each algorithm for two iterations, the
+measured timeline (disjoint groups overlap), and checkpoint/resume bit-identical to a straight run."""
+
+import json
+import math
+
+import pytest
+from rl_util import tiny_plan
+
+from hybridflow.simulator import OPS, ParallelConfig, Workload
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+COMMON_OPS = {"reshard", "generate", "reward", "actor_logprob", "ref_logprob", "advantage", "actor_update"}
+
+
+def _run(plan, tmp_path, iterations=2, **kw):
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    metrics_path = tmp_path / "metrics.jsonl"
+    with Trainer(plan, RunConfig(**kw), metrics_path=metrics_path) as t:
+        out = t.run(iterations)
+        timeline = t.timeline
+    lines = [json.loads(x) for x in metrics_path.read_text().splitlines()]
+    assert lines == json.loads(json.dumps(out))  # one JSON line per iteration, as returned
+    return out, timeline
+
+
+def _check_common(out, timeline, ops):
+    assert [m["iteration"] for m in out] == [1, 2]
+    for m in out:
+        assert 0.0 <= m["reward_mean"] <= 1.0
+        assert m["actor/step"] == m["iteration"]
+        assert math.isfinite(m["actor/pg_loss"]) and m["tokens_per_second"] > 0
+        assert set(m["op_seconds"]) == ops, set(m["op_seconds"]) ^ ops
+    assert timeline.source == "measured" and {e.op for e in timeline.events} <= set(OPS)
+    assert timeline.iterations() == [1, 2]
+
+
+def test_ppo_two_iterations_and_disjoint_groups_overlap(ray_local, tmp_path):
+    plan = tiny_plan("ppo", [["actor", "ref"], ["critic"]])
+    out, timeline = _run(plan, tmp_path)
+    _check_common(out, timeline, COMMON_OPS | {"values", "critic_update"})
+    assert all(math.isfinite(m["critic/loss"]) and m["critic/step"] == m["iteration"] for m in out)
+    for it in (1, 2):
+        evs = {(e.op, e.group): e for e in timeline.events if e.iteration == it}
+        actor, critic = evs[("actor_update", "g0")], evs[("critic_update", "g1")]
+        overlap = min(actor.end, critic.end) - max(actor.start, critic.start)
+        assert overlap > 0, f"critic and actor updates on disjoint groups did not overlap in iteration {it}"
+        # and ops of one group never overlap each other (one process per device runs one op at a time)
+        g0 = sorted((e for e in timeline.events if e.iteration == it and e.group == "g0"), key=lambda e: e.start)
+        assert all(a.end <= b.start + 1e-6 for a, b in zip(g0, g0[1:], strict=False))
+
+
+def test_cli_run_grpo_data_parallel_writes_metrics_trace_and_timeline(ray_local, tmp_path, capsys):
+    from hybridflow.tools.cli import main
+
+    w = Workload(prompts=2, samples_per_prompt=4, prompt_len=16, response_len=8, micro_batch_size=4)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], [2], workload=w).model_dump_json())
+    files = {k: tmp_path / f for k, f in (("metrics", "m.jsonl"), ("trace", "t.json"), ("timeline", "t.png"))}
+    rc = main(["run", str(plan_file), "--iterations", "2", "--json", "--metrics", str(files["metrics"]),
+               "--trace", str(files["trace"]), "--timeline", str(files["timeline"])])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["iteration"] for m in out["iterations"]] == [1, 2]
+    assert all(m["tokens"] > 8 * 8 and 0 <= m["reward_mean"] <= 1 for m in out["iterations"])  # 8 sequences
+    assert {"generate", "actor_update", "ref_logprob"} <= set(out["measured"]["op_seconds"])
+    assert out["predicted"]["iteration_seconds"] > 0
+    assert len(files["metrics"].read_text().splitlines()) == 2
+    assert json.loads(files["trace"].read_text())["traceEvents"]
+    assert files["timeline"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rloo_separate_reference_group(ray_local, tmp_path):
+    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8)
+    out, timeline = _run(tiny_plan("rloo", [["actor"], ["ref"]], workload=w), tmp_path, kl_mode="loss", kl_kind="k3")
+    _check_common(out, timeline, COMMON_OPS)
+    assert all("actor/kl_loss" in m for m in out)
+
+
+def test_remax_tensor_parallel_training_resharded_for_generation(ray_local, tmp_path):
+    # Training tp=2 → generation tp=1 (two replicas): the 3D-HybridEngine all-gathers inside micro-DP groups.
+    plan = tiny_plan("remax", [["actor", "ref"]], [2], train={"actor": ParallelConfig(tp=2), "ref": ParallelConfig(dp=2)},
+                     generate=ParallelConfig(tp=1, dp=2))
+    out, timeline = _run(plan, tmp_path)
+    _check_common(out, timeline, COMMON_OPS | {"generate_baseline"})
+    reshard = [e for e in timeline.events if e.op == "reshard"]
+    assert len(reshard) == 2 and all(e.bytes > 0 for e in reshard)  # once per iteration, bytes counted
+
+
+def test_safe_rlhf_with_a_cost_model(ray_local, tmp_path):
+    # The cost is a scalar-head model in HF format (ValueWorker.compute_scores), colocated with the rest.
+    import torch
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForScore
+
+    torch.manual_seed(0)
+    cost_model = LlamaForScore(LlamaConfig.from_spec(tiny_plan().roles["actor"].model))
+    save_pretrained(cost_model, tmp_path / "cost")
+    plan = tiny_plan("safe-rlhf", [["actor", "ref", "critic", "cost"]], paths={"cost": str(tmp_path / "cost")})
+    out, timeline = _run(plan, tmp_path, cost_threshold=0.0, lagrange_lr=0.05)
+    _check_common(out, timeline, COMMON_OPS | {"values", "critic_update", "cost"})
+    assert {e.group for e in timeline.events if e.op == "cost"} == {"g0"}  # scored on the devices, not the driver
+    lam = 1.0
+    for m in out:  # λ ← exp(log λ + lr·(mean cost − threshold)·λ)
+        lam = math.exp(math.log(lam) + 0.05 * m["cost_mean"] * lam)
+        assert m["lagrange"] == pytest.approx(lam, rel=1e-6)
+
+
+def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
+    # A straight run of 4 checkpoints after every iteration; a fresh trainer resumed from the checkpoint of
+    # iteration 2 (as if the run had stopped there) must end exactly where the straight run ended.
+    from hybridflow.runtime.trainer import Trainer
+
+    plan = tiny_plan("ppo", [["actor", "ref", "critic"]])
+    ckpt = tmp_path / "ckpt"
+    with Trainer(plan, checkpoint_dir=ckpt) as t:
+        straight = t.run(4)
+        want = t.fingerprints()
+    assert (ckpt / "latest").read_text().strip() == "iter_000004"
+    (ckpt / "latest").write_text("iter_000002\n")
+    with Trainer(plan, checkpoint_dir=ckpt) as t:
+        resumed = t.run(2, resume=True)
+        got = t.fingerprints()
+    assert got == want  # parameters, optimizer states and step of actor and critic, every rank
+    for a, b in zip(straight[2:], resumed, strict=True):
+        assert a["iteration"] == b["iteration"]
+        assert (a["reward_mean"], a["actor/pg_loss"], a["critic/loss"]) == (b["reward_mean"], b["actor/pg_loss"],
+                                                                           b["critic/loss"])
+
+
+def test_dead_worker_is_a_clear_error_and_the_last_checkpoint_resumes(ray_local, tmp_path):
+    import ray
+
+    from hybridflow.runtime.calls import WorkerDiedError
+    from hybridflow.runtime.trainer import Trainer
+
+    plan = tiny_plan("grpo", [["actor", "ref"]], workload=Workload(prompts=4, samples_per_prompt=2, prompt_len=16,
+                                                                    response_len=8, micro_batch_size=8))
+    ckpt = tmp_path / "ckpt"
+    t = Trainer(plan, checkpoint_dir=ckpt)
+    try:
+        t.run(1)
+        ray.kill(t.groups["actor"].hosts[0], no_restart=True)
+        with pytest.raises(WorkerDiedError, match=r"rank 0 of group 'g0'"):
+            t.step()
+    finally:
+        t.shutdown()
+    assert (ckpt / "latest").read_text().strip() == "iter_000001"
+    with Trainer(plan, checkpoint_dir=ckpt) as t2:
+        out = t2.run(1, resume=True)
+    assert out[0]["iteration"] == 2 and out[0]["actor/step"] == 2
+
+
+def test_quickstart_json_shape(ray_local, capsys):
+    from hybridflow.tools.cli import main
+
+    assert main(["quickstart", "--iterations", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"plan", "iterations", "predicted"}
+    assert {"placement", "devices", "parallel", "iteration_seconds", "tokens_per_second"} <= set(out["plan"])
+    assert [it["iteration"] for it in out["iterations"]] == [1, 2]
+    for it in out["iterations"]:
+        assert set(it) == {"iteration", "reward_mean", "tokens_per_second", "op_seconds"}
+        assert 0 <= it["reward_mean"] <= 1 and it["tokens_per_second"] > 0 and "generate" in it["op_seconds"]
+    assert out["predicted"]["iteration_seconds"] > 0 and "generate" in out["predicted"]["op_seconds"]
