@@ -12,26 +12,27 @@ from pydantic import ValidationError
 
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 
-# Subcommand modules, in help order. A module that needs an extra that is not installed
-# (torch, ray) registers anyway and says what to install when it runs.
-SUBCOMMANDS = ["simulate", "search", "compare", "run", "quickstart", "profile", "replay", "bench"]
+# Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
+# planning commands work without the [runtime] extra.
+SUBCOMMANDS = ["simulate", "search", "compare", "run", "quickstart", "profile", "replay"]
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage mistakes end in one line and exit code 2, like every other bad input (no usage dump)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="hflow-plan",
         description="Plan, simulate and run RLHF dataflows (HybridFlow): search placements, replay profiles, run plans on Ray.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
-        try:
-            mod = importlib.import_module(f"hybridflow.tools.cmd_{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"hybridflow.tools.cmd_{name}":
-                continue  # not built yet
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(f"hybridflow.tools.cmd_{name}").add_parser(sub)
     return parser
 
 

@@ -7,12 +7,12 @@ At the end: predicted (simulator) vs measured seconds per op and per iteration.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.outputs import positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
                     "colocation and parallel configs. Models without a path are the built-in tiny policy, warmed up "
                     "on the built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow).")
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
-    p.add_argument("--iterations", type=_positive_int, default=10, metavar="N", help="iterations to run (default 10)")
+    p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run (default 10)")
     p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port'); default: a new local cluster")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint after every iteration here")
@@ -35,16 +35,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
     p.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
-    return n
 
 
 def run_config(args):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.outputs import positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
@@ -22,8 +23,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     """The flags `search` and `compare` share: cluster, algorithm, models, workload."""
     c = p.add_argument_group("cluster")
     c.add_argument("--gpu", default="a100-80g", help="hardware preset (a100-80g, h100-80g, h200-141g) or a YAML file")
-    c.add_argument("--nodes", type=_positive_int, default=1, help="machines (default 1)")
-    c.add_argument("--gpus-per-node", type=_positive_int, default=8, help="devices per machine (default 8)")
+    c.add_argument("--nodes", type=positive_int, default=1, help="machines (default 1)")
+    c.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per machine (default 8)")
     c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
     m = p.add_argument_group("models")
     m.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax", "safe-rlhf", "rloo"])
@@ -34,28 +35,18 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", metavar="FILE.yaml", help="a Workload file; the flags below override its fields")
-    w.add_argument("--prompt-len", type=_positive_int)
-    w.add_argument("--response-len", type=_positive_int)
-    w.add_argument("--batch", type=_positive_int, help="prompts per iteration (default 1024)")
-    w.add_argument("--samples", type=_positive_int, help="responses per prompt (GRPO/RLOO draw several)")
-    w.add_argument("--ppo-epochs", type=_positive_int)
-    w.add_argument("--mini-batches", type=_positive_int)
-    w.add_argument("--micro-batch", type=_positive_int, help="sequences per device per forward/backward")
+    w.add_argument("--prompt-len", type=positive_int)
+    w.add_argument("--response-len", type=positive_int)
+    w.add_argument("--batch", type=positive_int, help="prompts per iteration (default 1024)")
+    w.add_argument("--samples", type=positive_int, help="responses per prompt (GRPO/RLOO draw several)")
+    w.add_argument("--ppo-epochs", type=positive_int)
+    w.add_argument("--mini-batches", type=positive_int)
+    w.add_argument("--micro-batch", type=positive_int, help="sequences per device per forward/backward")
     s = p.add_argument_group("search")
-    s.add_argument("--max-pp", type=_positive_int, help="largest pipeline-parallel size to consider "
+    s.add_argument("--max-pp", type=positive_int, help="largest pipeline-parallel size to consider "
                    "(the CPU runtime runs pp=1 only)")
-    s.add_argument("--top", type=_positive_int, default=5, metavar="K", help="plans to list (default 5)")
+    s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list (default 5)")
     add_profile_arg(s)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
-    return n
 
 
 def request_from_args(args):
@@ -152,7 +143,6 @@ def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
     from hybridflow.simulator.export import chrome_trace, gantt_png
-    from hybridflow.simulator.io import write_atomic
     from hybridflow.simulator.schedule import simulate
 
     _check_outputs(args)
@@ -169,11 +159,7 @@ def run(args) -> int:
         outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
     if args.timeline:
         outputs.append((args.timeline, gantt_png(timeline, title=f"best plan: {req.algorithm}")))
-    for path, data in outputs:
-        try:
-            write_atomic(path, data)
-        except OSError as e:
-            raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
+    write_outputs(outputs)
 
     if args.json:
         baselines = price_baselines(req, planner, result)

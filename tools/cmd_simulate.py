@@ -6,13 +6,13 @@ before any output file is written, and both files are rendered before either is 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
+from hybridflow.tools.outputs import positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 
@@ -24,22 +24,12 @@ def add_parser(subparsers) -> None:
                     "concurrently. Throughput is the HybridFlow paper's metric: prompts x samples x "
                     "(prompt + response length) per iteration second.")
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. examples/plans/ppo-llama2-7b-1x8-colocated.json")
-    p.add_argument("--iterations", type=_positive_int, default=1, metavar="N", help="iterations to simulate (default 1)")
+    p.add_argument("--iterations", type=positive_int, default=1, metavar="N", help="iterations to simulate (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     p.add_argument("--timeline", metavar="FILE.png", help="write a PNG Gantt chart, one lane per device group")
     add_profile_arg(p)
     p.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
-    return n
 
 
 def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
@@ -60,7 +50,6 @@ def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
 
 def run(args) -> int:
     from hybridflow.simulator.export import chrome_trace, gantt_png
-    from hybridflow.simulator.io import write_atomic
     from hybridflow.simulator.memory import plan_memory
     from hybridflow.simulator.schedule import simulate
 
@@ -79,11 +68,7 @@ def run(args) -> int:
         outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
     if args.timeline:
         outputs.append((args.timeline, gantt_png(timeline, title=f"{Path(args.plan).stem}")))
-    for path, data in outputs:
-        try:
-            write_atomic(path, data)
-        except OSError as e:
-            raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
+    write_outputs(outputs)
 
     if args.json:
         print(json.dumps(simulation_json(plan, timeline, memory)))

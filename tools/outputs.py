@@ -1,0 +1,32 @@
+"""What several subcommands share: argument types and writing their output files.
+
+Outputs are rendered first and written after, each atomically, so a failure leaves no file
+behind and never clobbers what the user had.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import write_atomic
+
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
+    return n
+
+
+def write_outputs(outputs: list[tuple[str, str | bytes]]) -> list[str]:
+    """Write rendered (path, data) pairs atomically; a path that cannot be written is a one-line error."""
+    for path, data in outputs:
+        try:
+            write_atomic(path, data)
+        except OSError as e:
+            raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
+    return [p for p, _ in outputs]
