@@ -35,7 +35,10 @@ _PIN = 0.001  # the sliver of a node resource one bundle asks for
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
              resources: dict | None = None, quiet: bool = True) -> None:
-    """Start a local Ray (default) or join the cluster at `address` ("auto", "ray://..", "ip:port")."""
+    """Start a new local Ray (default) or join the cluster at `address` ("auto", "ray://..", "ip:port").
+
+    No address means a cluster of our own even when another `ray start` cluster runs on this machine
+    (plain ray.init() would attach to that one)."""
     if ray.is_initialized():
         return
     if address is None:
@@ -44,7 +47,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     kwargs = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources) if address is None else {}
     for attempt in range(3):  # a loaded machine can miss Ray's fixed 30 s raylet start window
         try:
-            ray.init(address=address, include_dashboard=False, ignore_reinit_error=True,
+            ray.init(address=address or "local", include_dashboard=False, ignore_reinit_error=True,
                      logging_level=logging.WARNING if quiet else logging.INFO, **kwargs)
             return
         except Exception as e:

@@ -16,7 +16,6 @@ after a checkpoint is complete, so a crash mid-save leaves the previous one inta
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -127,14 +126,9 @@ class Trainer:
         if self.address:
             init_ray(self.address)
             return
-        # address="local": a new local cluster even when another `ray start` cluster runs on this machine
-        # (ray.init() would attach to it); one logical CPU per virtual device.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         devices = sum(len(g.devices) for g in self.plan.groups)
         self._owns_ray = True  # shut it down with the trainer
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, devices), include_dashboard=False,
-                 logging_level=logging.WARNING)
+        init_ray(num_cpus=max(os.cpu_count() or 1, devices))  # one logical CPU per virtual device at least
 
     def start(self) -> Trainer:
         if self.groups:
