@@ -1,0 +1,271 @@
+"""Peer benchmark: TRL's `GRPOTrainer` vs our GRPO, same model, task and batch, side by side on this CPU.
+
+    python -m hybridflow.tools.bench.vs_trl [--steps 6] [--prompts 64] [--samples 8] [--response-len 16]
+        [--micro-batch 128] [--devices N] [--trl-threads N] [--kl 0.04] [--lr 5e-4] [--seed 0] [--json]
+
+Both sides start from the same warmed-up tiny policy (`warm_policy`: hidden 128, 4 layers, 4 heads,
+ffn 512, the 64-symbol character vocabulary, saved in HF format, which transformers' LlamaForCausalLM
+loads), sample `--samples` responses of at most `--response-len` tokens for each of `--prompts`
+prompts of the built-in `sort` task per step, score them with the same `sort_reward`, and take ONE
+optimizer step per batch (TRL: num_iterations=1, gradient accumulation over the generation batch;
+ours: ppo_epochs=1, mini_batches=1). Same lr (constant), clip 0.2, grad clip 1.0, temperature 1.
+Two runs: without a reference model (TRL beta=0; ours kl_coef=0, no ref role), then with a KL term on
+both (TRL beta=k, its k3 estimator in the loss; ours kl_coef=k, kl_mode=loss, kl_kind=k3).
+
+Throughput = (prompt + response tokens of a step, padding excluded) / step wall seconds, summed over
+the steps after the first (the first pays for warm-up: Ray workers, first generate). TRL runs in
+this process with torch's default threads (all cores); ours runs the plan "one group of all cores,
+data parallel" on a local Ray cluster, one thread per worker. Goal: ours ≥ 1.5× TRL.
+TRL is optional (`pip install -e '.[bench]'`); without it this exits 2 with a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+from hybridflow.simulator.errors import HflowError
+
+TASK = "sort"
+GOAL = 1.5
+
+
+# ---- shared inputs ------------------------------------------------------------------------------
+def policy_folder(seed: int) -> str:
+    from hybridflow.runtime.tasks.warmup import WarmupConfig, warm_policy
+
+    return str(warm_policy("tiny", WarmupConfig(task=TASK, seed=seed)))
+
+
+def hf_char_tokenizer():
+    """Our CharTokenizer as a `PreTrainedTokenizerFast` (same ids; `<bos>` prepended like ours)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from hybridflow.runtime.tasks.tokenizer import CHARS, SPECIALS
+
+    vocab = {s: i for i, s in enumerate(SPECIALS)} | {c: i + len(SPECIALS) for i, c in enumerate(CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tok.add_special_tokens(list(SPECIALS))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left")
+
+
+def summarize(steps: list[dict]) -> dict:
+    """tokens/s over steps 2..n, and the reward trend (first step vs the mean of the last ≤3)."""
+    rest = steps[1:]
+    tokens, seconds = sum(s["tokens"] for s in rest), sum(s["seconds"] for s in rest)
+    tail = steps[-min(3, len(steps) - 1):]
+    last = sum(s["reward"] for s in tail) / len(tail)
+    return {"tokens_per_second": tokens / seconds if seconds > 0 else 0.0, "reward_first": steps[0]["reward"],
+            "reward_last": last, "reward_delta": last - steps[0]["reward"], "steps": steps}
+
+
+# ---- ours ---------------------------------------------------------------------------------------
+def our_plan(args, with_ref: bool):
+    from hybridflow.runtime.hardware_probe import local_cluster
+    from hybridflow.runtime.tasks.builtin import get_task
+    from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
+    from hybridflow.simulator.model import model_preset
+
+    tiny, n = model_preset("tiny"), args.devices
+    group = DeviceGroup(name="all", devices=[Device(node=0, index=i) for i in range(n)])
+    names = ("actor", "ref") if with_ref else ("actor",)
+    roles = {r: RolePlan(model=tiny, group="all", train=ParallelConfig(dp=n)) for r in names}
+    workload = Workload(prompts=args.prompts, samples_per_prompt=args.samples, prompt_len=16,
+                        response_len=args.response_len, micro_batch_size=args.micro_batch, ppo_epochs=1,
+                        mini_batches=1)
+    # the cluster only bounds the plan's devices here (nothing is simulated); the probe of this machine is
+    # cached, and it needs ≥ 2 devices to measure an all-reduce link
+    return Plan(algorithm="grpo", cluster=local_cluster(max(n, 2)), workload=workload, groups=[group], roles=roles,
+                reward_function=get_task(TASK).reward_function, notes="vs_trl benchmark")
+
+
+def run_ours(args, kl: float) -> dict:
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, clip_ratio=0.2, temperature=1.0,
+                    kl_coef=kl, kl_mode="loss", kl_kind="k3")
+    trainer = Trainer(our_plan(args, with_ref=kl > 0), cfg)
+    try:
+        metrics = trainer.run(args.steps)
+    finally:
+        trainer.shutdown()
+    return summarize([{"tokens": m["tokens"], "seconds": m["seconds"], "reward": m["reward_mean"]}
+                      for m in metrics])
+
+
+# ---- TRL ----------------------------------------------------------------------------------------
+def run_trl(args, kl: float, out_dir: str) -> dict:
+    import datasets
+    import torch
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hybridflow.runtime.tasks.builtin import get_task
+    from hybridflow.runtime.tasks.data import PromptDataset
+    from hybridflow.runtime.tasks.tokenizer import CharTokenizer
+
+    char_tok, reward = CharTokenizer(), get_task(TASK).reward
+    rows = PromptDataset.from_task(TASK, args.prompts * (args.steps + 1), args.seed).rows  # same pool as ours
+    per_step: list[dict] = []
+
+    def sort_reward(prompts, completions, completion_ids, answer, **_):
+        # one call per generation batch = one optimizer step; count tokens like ours (prompt with <bos> + response)
+        scores = [reward(p, c, answer=a) for p, c, a in zip(prompts, completions, answer, strict=True)]
+        tokens = sum(len(char_tok.encode(p, bos=True)) for p in prompts) + sum(len(c) for c in completion_ids)
+        per_step.append({"tokens": tokens, "reward": sum(scores) / len(scores)})
+        return scores
+
+    class StepTimer(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            now = time.perf_counter()
+            per_step[-1]["seconds"], self.t = now - self.t, now
+
+    batch = args.prompts * args.samples
+    micro = min(args.micro_batch, batch)
+    if batch % micro:
+        raise HflowError(f"--micro-batch {args.micro_batch} must divide prompts × samples = {batch}")
+    config = GRPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, use_vllm=False, seed=args.seed,
+        model_init_kwargs={"dtype": "float32"}, gradient_checkpointing=False,  # checkpointing only costs here
+        per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
+        steps_per_generation=batch // micro, num_iterations=1,  # one generation batch → one optimizer step
+        num_generations=args.samples, max_completion_length=args.response_len, temperature=1.0, top_p=1.0,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        epsilon=0.2, beta=kl, max_steps=args.steps, report_to="none", logging_strategy="no", save_strategy="no",
+        disable_tqdm=True, log_completions=False, dataloader_num_workers=0, shuffle_dataset=True)
+    trainer = GRPOTrainer(model=policy_folder(args.seed), reward_funcs=sort_reward, args=config,
+                          train_dataset=datasets.Dataset.from_list(rows), processing_class=hf_char_tokenizer(),
+                          callbacks=[StepTimer()])
+    torch.manual_seed(args.seed)
+    trainer.train()
+    if len(per_step) != args.steps or any("seconds" not in s for s in per_step):
+        raise RuntimeError(f"TRL ran {len(per_step)} generation batches for {args.steps} steps; expected one each")
+    return summarize(per_step)
+
+
+# ---- driver -------------------------------------------------------------------------------------
+def run_bench(args) -> list[dict]:
+    import tempfile
+
+    import ray
+    import torch
+
+    policy_folder(args.seed)  # build the warm-up policy once, before either side is timed
+    torch.set_num_threads(args.trl_threads)  # TRL trains in this process
+    own_ray = not ray.is_initialized()
+    if own_ray:  # one local Ray cluster for both of our runs (a new one, never an outside `ray start` one)
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.devices), include_dashboard=False,
+                 logging_level=logging.WARNING)
+    runs = []
+    try:
+        for kl in (0.0, args.kl):
+            ours = run_ours(args, kl)
+            with tempfile.TemporaryDirectory(prefix="hflow-vs-trl-") as out_dir, _quiet():
+                trl = run_trl(args, kl, out_dir)
+            ratio = ours["tokens_per_second"] / trl["tokens_per_second"] if trl["tokens_per_second"] > 0 else 0.0
+            runs.append({"kl": kl, "ours": ours, "trl": trl, "ratio": ratio})
+    finally:
+        if own_ray:
+            ray.shutdown()
+    return runs
+
+
+@contextlib.contextmanager
+def _quiet():
+    """TRL and transformers print warnings and config dumps; keep the table readable."""
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(level)
+            if bars:
+                hf_logging.enable_progress_bar()
+
+
+def print_table(args, runs: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"GRPO tokens/s on this CPU — tiny Llama, task {TASK}, {args.prompts} prompts × {args.samples} "
+                    f"samples, ≤{args.response_len} new tokens, {args.steps} steps (first excluded); goal ≥ {GOAL}×",
+              title_justify="left")
+    for col in ("run", "ours tok/s", "TRL tok/s", "ratio", "ours reward first → last", "TRL reward first → last"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in runs:
+        o, h = r["ours"], r["trl"]
+        mark = "[green]" if r["ratio"] >= GOAL else "[red]"
+        t.add_row("no KL (beta 0)" if r["kl"] == 0 else f"KL {r['kl']:g} (k3, loss)",
+                  f"{o['tokens_per_second']:,.0f}", f"{h['tokens_per_second']:,.0f}", f"{mark}{r['ratio']:.2f}×",
+                  _trend(o), _trend(h))
+    Console(width=max(Console().width, 130)).print(t)
+
+
+def _trend(s: dict) -> str:
+    return f"{s['reward_first']:.3f} → {s['reward_last']:.3f} ({s['reward_delta']:+.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per side and run (≥ 2; default 6)")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per step (default 64)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (default 8)")
+    ap.add_argument("--response-len", type=int, default=16, help="max new tokens (default 16)")
+    ap.add_argument("--micro-batch", type=int, default=128, help="sequences per forward/backward (default 128)")
+    ap.add_argument("--devices", type=int, default=os.cpu_count() or 1, help="our Ray workers (default: cores)")
+    ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads of the TRL process (default: cores, torch's own default)")
+    ap.add_argument("--kl", type=float, default=0.04, help="KL coefficient of the second run (default 0.04)")
+    ap.add_argument("--lr", type=float, default=5e-4, help="learning rate on both sides (default 5e-4)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    if args.steps < 2:
+        raise HflowError(f"--steps {args.steps}: give at least 2 (the first step is excluded from tokens/s)")
+    if min(args.prompts, args.response_len, args.micro_batch, args.devices, args.trl_threads) < 1 or args.samples < 2:
+        raise HflowError("--prompts, --response-len, --micro-batch, --devices, --trl-threads must be ≥ 1 and --samples ≥ 2 "
+                         "(GRPO compares samples of a prompt)")
+    if args.kl <= 0:
+        raise HflowError(f"--kl {args.kl}: the second run needs a KL coefficient > 0, e.g. 0.04")
+    if importlib.util.find_spec("trl") is None:
+        raise HflowError("the TRL benchmark needs trl: pip install -e '.[bench]' (trl==1.16.0)")
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    runs = run_bench(args)
+    if args.json:
+        print(json.dumps({"args": vars(args), "goal_ratio": GOAL, "runs": runs}))
+    else:
+        print_table(args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except HflowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
