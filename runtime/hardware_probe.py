@@ -135,7 +135,8 @@ def spec_from_probe(raw: dict, world: int, name: str | None = None) -> HardwareS
     copy_bw = 2.0 * COPY_BYTES / raw["copy_s"] * per_elem  # read + write
     lat = raw["allreduce_small_s"]
     ring = 2.0 * (world - 1) / world * LARGE
-    link_bw = ring / max(raw["allreduce_large_s"] - lat, 1e-9) * per_elem
+    # One device has no link to measure (and runs no collective): any positive figure will do.
+    link_bw = ring / max(raw["allreduce_large_s"] - lat, 1e-9) * per_elem if world > 1 else copy_bw
     kind = "cuda" if torch.cuda.is_available() else "cpu"
     return HardwareSpec(
         name=name or (f"{kind}-{cpu_count()}core" if kind == "cpu" else torch.cuda.get_device_name(0).lower()),
