@@ -14,18 +14,14 @@ own copy of the job at the same time, as the devices of a busy plan do, and rank
 
 from __future__ import annotations
 
-import io
-import os
-import socket
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from hybridflow.runtime.engines.launch import report_progress, run_local
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.parallel import ParallelConfig
@@ -37,82 +33,10 @@ PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tenso
 
 
 # ---- a group of processes ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_PROGRESS: list = [None]  # the queue a child reports progress on (set in _child)
-
-
-def report_progress(done: int) -> None:
-    """From inside a group function on rank 0: `done` jobs finished (drives the parent's bar)."""
-    if _PROGRESS[0] is not None:
-        _PROGRESS[0].put((-1, "progress", done))
-
-
-def _child(rank, world, port, fn, args, queue):
-    _PROGRESS[0] = queue if rank == 0 else None
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)  # one core's worth per virtual device, as the Ray workers run
-    try:
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-        buf = io.BytesIO()
-        torch.save(fn(rank, world, *args), buf)
-        queue.put((rank, True, buf.getvalue()))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
               on_progress: Callable[[int], None] | None = None) -> list:
-    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank.
-    `on_progress(done)` is called in this process whenever rank 0 calls report_progress."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, fn, args, queue), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    results, errors = {}, []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) + len(errors) < world and time.monotonic() < deadline:
-            if queue.empty():
-                if all(not p.is_alive() for p in procs) and queue.empty():
-                    break
-                time.sleep(0.02)
-                continue
-            rank, ok, out = queue.get()
-            if ok == "progress":
-                if on_progress is not None:
-                    on_progress(out)
-                continue
-            if ok:
-                results[rank] = torch.load(io.BytesIO(out), weights_only=False)
-            else:
-                errors.append(f"rank {rank}: {out.strip().splitlines()[-1]}\n{out}")
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=1 if errors or len(results) < world else 30)
-            if p.is_alive():
-                p.kill()
-    if errors:
-        raise RuntimeError("profiling failed on " + errors[0])
-    if len(results) < world:
-        why = "timed out" if time.monotonic() >= deadline else "exited without a result (see stderr)"
-        raise RuntimeError(f"profiling: only ranks {sorted(results)} of {world} finished; the rest {why}")
-    return [results[r] for r in range(world)]
+    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank."""
+    return run_local(fn, world, *args, timeout=timeout, preload=PRELOAD, on_progress=on_progress)
 
 
 # ---- timing ----------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Run a function on N local gloo processes (torch.multiprocessing); collect each rank's result.
 
-Cheap and independent of Ray: engine tests and benchmarks need only a torch.distributed group of
-"virtual devices" on one machine. Each child uses one thread, a fresh free port, and returns its
+Cheap and independent of Ray: engine tests, benchmarks and the profiler need only a
+torch.distributed group of "virtual devices" on one machine (or the GPUs of one). Each child uses one thread, a fresh free port, and returns its
 result (or its traceback) through a queue.
 """
 
@@ -28,12 +28,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PROGRESS: list = [None]  # the queue rank 0 reports progress on (set in _child)
+
+
+def report_progress(done: int) -> None:
+    """From inside `fn` on rank 0: `done` steps finished (run_local's `on_progress` hears it)."""
+    if _PROGRESS[0] is not None:
+        _PROGRESS[0].put((-1, "progress", done))
+
+
 def _child(rank, world_size, port, fn, args, queue):
+    _PROGRESS[0] = queue if rank == 0 else None
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # one core's worth per virtual device, as the Ray workers run
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size)
         out = fn(rank, world_size, *args)
         # Plain bytes: tensors sent through a torch queue live in shared memory owned by the sender,
         # which is gone by the time the parent reads them.
@@ -47,11 +60,14 @@ def _child(rank, world_size, port, fn, args, queue):
             dist.destroy_process_group()
 
 
-def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[str] | None = None) -> list:
-    """Call `fn(rank, world_size, *args)` on `world_size` gloo processes; return results by rank.
+def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[str] | None = None,
+              on_progress=None) -> list:
+    """Call `fn(rank, world_size, *args)` on `world_size` processes of one group (gloo on CPU, NCCL
+    on GPUs); return results by rank.
 
     `fn` must be importable (a module-level function) and its result picklable. A failure on
-    any rank raises RuntimeError with that rank's traceback.
+    any rank raises RuntimeError with that rank's traceback. `on_progress(done)` is called here
+    whenever rank 0 calls `report_progress`.
     """
     # forkserver: a clean server process (no Ray/grpc threads of the test session to fork) that
     # imports torch and the engines once; each child is then a cheap fork of it.
@@ -76,6 +92,10 @@ def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[
             time.sleep(0.02)
             continue
         rank, ok, out = queue.get()
+        if ok == "progress":
+            if on_progress is not None:
+                on_progress(out)
+            continue
         if ok:
             results[rank] = torch.load(io.BytesIO(out), weights_only=False)
         else:
@@ -88,6 +108,6 @@ def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[
     if errors:
         raise RuntimeError("distributed run failed on " + "\n".join(errors))
     if len(results) < world_size:
-        raise RuntimeError(f"distributed run: only ranks {sorted(results)} of {world_size} finished "
-                           f"within {timeout:.0f}s")
+        why = f"timed out after {timeout:.0f}s" if time.monotonic() > deadline else "exited without a result (see stderr)"
+        raise RuntimeError(f"distributed run: only ranks {sorted(results)} of {world_size} finished; the rest {why}")
     return [results[r] for r in range(world_size)]
