@@ -61,7 +61,21 @@ def test_search_equals_brute_force(actor, critic, shape, gib, wl, algo, max_pp, 
     _check(req)
 
 
-def test_exact_on_eight_devices_with_memory_pressure():
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(actor=models, shape=st.sampled_from([(1, 8), (2, 4), (2, 8), (4, 4)]), gib=st.sampled_from([2.0, 6.0, 24.0]),
+       wl=workloads, algo=st.sampled_from(["grpo", "rloo", "remax"]))
+def test_search_equals_brute_force_up_to_sixteen_devices(actor, shape, gib, wl, algo):
+    # The bound (≤ 16 devices) for the three-model algorithms, whose brute force stays cheap.
+    cluster = small_cluster(*shape, gib=gib)
+    _check(SearchRequest.for_algorithm(algo, actor, cluster, wl.model_copy(update={"samples_per_prompt": 4}), top_k=3))
+
+
+def test_exact_ppo_four_models_on_eight_devices():
+    m = small_model(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=8000)
+    _check(SearchRequest.for_algorithm("ppo", m, small_cluster(1, 8, gib=4.0), SMALL_WORKLOAD, top_k=3))
+
+
+def test_exact_on_four_devices_with_memory_pressure():
     # Memory binds: not every set fits everywhere; recomputation and KV limits come into play.
     m = small_model(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=8000)
     req = SearchRequest.for_algorithm("grpo", m, small_cluster(2, 2, gib=2.0), SMALL_WORKLOAD)
