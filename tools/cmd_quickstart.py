@@ -56,8 +56,8 @@ def run(args) -> int:
     from rich.console import Console
 
     try:
-        from hybridflow.runtime.hardware_probe import local_cluster
         from hybridflow.runtime.trainer import Trainer
+        from hybridflow.tools.profile_option import local_pricing
     except ImportError as e:
         raise HflowError(f"quickstart needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
     from hybridflow.planner import plan_summary, scored_to_plan, search
@@ -74,15 +74,16 @@ def run(args) -> int:
         raise HflowError(f"--devices {args.devices}: give at least 1")
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     with console.status("measuring this machine (cached after the first time)…"):
-        cluster = local_cluster(args.devices)
+        # the shipped profile's calibration when this is the machine it was measured on, else the probe
+        cluster, cost_model = local_pricing(args.devices)
     req = quickstart_request(args.algo, cluster)
     with console.status("searching placements and parallel configs…"):
-        result = search(req)
+        result = search(req, cost_model)
     if result.best is None:
         raise HflowError(f"no plan fits {args.algo} with the tiny model on {cluster.devices_per_node} device(s)")
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
-    predicted = predicted_timeline(plan)
+    predicted = predicted_timeline(plan, cost_model)
     if not args.json:
         from hybridflow.tools.search_report import top_plans_table
 

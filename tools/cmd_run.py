@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.outputs import positive_int
+from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 
 def add_parser(subparsers) -> None:
@@ -34,6 +35,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trace", metavar="FILE", help="write the measured timeline as a Chrome trace")
     p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
+    add_profile_arg(p)
     p.set_defaults(func=run)
 
 
@@ -72,7 +74,7 @@ def run(args) -> int:
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     plan = Plan.load(args.plan)
     cfg = run_config(args)
-    predicted = predicted_timeline(plan)
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile))
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
     try:

@@ -10,12 +10,13 @@ from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
 
 
-def predicted_timeline(plan: Plan) -> Timeline | None:
-    """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it)."""
+def predicted_timeline(plan: Plan, cost_model=None) -> Timeline | None:
+    """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it);
+    `cost_model` prices it on a measured profile's hardware (default: the plan's own)."""
     from hybridflow.simulator.schedule import simulate
 
     try:
-        return simulate(plan, iterations=1)
+        return simulate(plan, cost_model, iterations=1)
     except HflowError:
         return None
 
