@@ -30,3 +30,16 @@ def write_outputs(outputs: list[tuple[str, str | bytes]]) -> list[str]:
         except OSError as e:
             raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
     return [p for p, _ in outputs]
+
+
+def run_main(main) -> None:
+    """Entry point of a benchmark script (`python -m hybridflow.tools.bench.X`): bad input ends in one
+    line on stderr and exit code 2, as in `hflow-plan`."""
+    import sys
+
+    try:
+        code = main()
+    except HflowError as e:
+        print(f"{sys.argv[0].rsplit('/', 1)[-1]}: error: {e}", file=sys.stderr)
+        code = e.exit_code
+    sys.exit(code)

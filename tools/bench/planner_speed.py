@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from hybridflow.tools.outputs import run_main
+
 CASES = {
     "ppo-70b-128": (["--nodes", "16", "--gpus-per-node", "8", "--algo", "ppo", "--model", "llama2-70b"], 5.0),
     "safe-rlhf-13b-128": (["--nodes", "16", "--gpus-per-node", "8", "--algo", "safe-rlhf", "--model", "llama2-13b"],
@@ -79,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -21,6 +21,7 @@ import time
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_json_atomic
+from hybridflow.tools.outputs import run_main
 
 MODES = ("hybridflow", "hybridflow-v", "ds-chat")
 
@@ -137,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

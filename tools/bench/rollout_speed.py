@@ -23,6 +23,7 @@ import time
 import torch
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.outputs import run_main
 
 
 def _prompts(batch: int, prompt_len: int, vocab: int, device: str, seed: int = 0):
@@ -172,4 +173,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

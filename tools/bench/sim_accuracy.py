@@ -24,6 +24,7 @@ import statistics
 import sys
 
 from hybridflow.simulator.plan import Plan
+from hybridflow.tools.outputs import run_main
 
 TINY = "tiny"
 # The runtime's PolicyWorker switches layouts by gathering the full weights on every rank (one
@@ -168,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -28,11 +28,11 @@ import io
 import json
 import logging
 import os
-import sys
 import time
 import warnings
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.outputs import run_main
 
 TASK = "sort"
 GOAL = 1.5
@@ -264,8 +264,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except HflowError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_main(main)
