@@ -148,6 +148,14 @@ def model_preset(name: str) -> ModelSpec:
         raise HflowError(f"unknown model preset '{name}'; known presets: {known} (or pass a HF model folder)") from None
 
 
+def preset_if_named(data):
+    """A pydantic before-validator's helper: `"model": "llama2-7b"` in a file means that preset
+    (an unknown name lists the known ones)."""
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        data = {**data, "model": model_preset(data["model"])}
+    return data
+
+
 def resolve_model(ref: str) -> ModelSpec:
     """A preset name, a HF model folder / config.json, or a YAML/JSON ModelSpec file."""
     p = Path(ref)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import HflowError, describe_validation_error
 from .hardware import ClusterSpec
-from .model import Head, ModelSpec, model_preset
+from .model import Head, ModelSpec, preset_if_named
 from .parallel import ParallelConfig
 from .workload import Workload
 
@@ -77,10 +77,7 @@ class RolePlan(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _model_by_name(cls, data):
-        # `"model": "llama2-7b"` in a plan file means the preset (unknown names list the known ones).
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            data = {**data, "model": model_preset(data["model"])}
-        return data
+        return preset_if_named(data)
 
 
 class Plan(BaseModel):

@@ -27,7 +27,7 @@ from pydantic import (
 
 from .errors import HflowError
 from .hardware import ClusterSpec, HardwareSpec
-from .model import Head, ModelSpec, model_preset
+from .model import Head, ModelSpec, preset_if_named
 from .parallel import ParallelConfig
 
 PROFILE_VERSION = 1
@@ -97,9 +97,7 @@ class ProfilePoint(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _model_by_name(cls, data):
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            data = {**data, "model": model_preset(data["model"])}
-        return data
+        return preset_if_named(data)
 
     @model_validator(mode="after")
     def _complete(self):
