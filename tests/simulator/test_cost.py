@@ -2,12 +2,12 @@ import random
 import time
 
 import pytest
+from sim_util import make_plan
 
 from hybridflow.simulator import (
     ClusterSpec,
     HflowError,
     ParallelConfig,
-    Plan,
     Workload,
     hardware_preset,
     model_preset,
@@ -25,21 +25,6 @@ MATMUL_PARAMS = 32 * LAYER + 32000 * 4096
 KV_PER_TOKEN = 2 * 32 * 4096 * 2
 HBM = 2.039e12 * 0.8  # datasheet × hbm_efficiency
 PEAK = 312e12
-
-
-def make_plan(offload=False, model="llama2-7b", nodes=1, groups=None):
-    """PPO, all four models colocated on one 8-GPU node (the hybrid engine: generation tp 1 < training tp 2)."""
-    groups = groups or {"all": [(0, i) for i in range(8)]}
-    train = {"pp": 1, "tp": 2, "dp": 4}
-    roles = {r: {"model": model, "group": "all", "train": train} for r in ("actor", "critic", "ref", "reward")}
-    roles["actor"]["generate"] = {"pp": 1, "tp": 1, "dp": 8}
-    return Plan.model_validate({
-        "algorithm": "ppo", "offload": offload,
-        "cluster": {"hardware": "a100-80g", "nodes": nodes, "devices_per_node": 8},
-        "workload": {"prompts": 256, "prompt_len": 512, "response_len": 512, "micro_batch_size": 4},
-        "groups": [{"name": g, "devices": [{"node": n, "index": i} for n, i in devs]} for g, devs in groups.items()],
-        "roles": roles,
-    })
 
 
 @pytest.fixture

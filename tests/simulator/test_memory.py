@@ -1,4 +1,5 @@
 import pytest
+from sim_util import make_plan
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Plan, Workload, hardware_preset, model_preset
 from hybridflow.simulator.cost import CostModel, price_op
@@ -19,21 +20,6 @@ A100 = hardware_preset("a100-80g")
 GiB = 2**30
 L7, L70 = model_preset("llama2-7b"), model_preset("llama2-70b")
 W = Workload(prompts=256, prompt_len=512, response_len=512, micro_batch_size=4)
-
-
-def make_plan(offload=False, model="llama2-7b", nodes=1, groups=None):
-    """PPO, all four models colocated on one 8-GPU node (the hybrid engine: generation tp 1 < training tp 2)."""
-    groups = groups or {"all": [(0, i) for i in range(8)]}
-    train = {"pp": 1, "tp": 2, "dp": 4}
-    roles = {r: {"model": model, "group": "all", "train": train} for r in ("actor", "critic", "ref", "reward")}
-    roles["actor"]["generate"] = {"pp": 1, "tp": 1, "dp": 8}
-    return Plan.model_validate({
-        "algorithm": "ppo", "offload": offload,
-        "cluster": {"hardware": "a100-80g", "nodes": nodes, "devices_per_node": 8},
-        "workload": {"prompts": 256, "prompt_len": 512, "response_len": 512, "micro_batch_size": 4},
-        "groups": [{"name": g, "devices": [{"node": n, "index": i} for n, i in devs]} for g, devs in groups.items()],
-        "roles": roles,
-    })
 
 
 def test_llama2_70b_actor_with_adam_does_not_fit_one_a100():
