@@ -19,6 +19,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
 from hybridflow.runtime.models.hf_format import WEIGHTS_FILE, load_pretrained, read_config
 from hybridflow.runtime.models.llama import LlamaForScore
+from hybridflow.runtime.protocols import register
 from hybridflow.simulator.errors import HflowError
 
 
@@ -101,3 +102,20 @@ def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini
                 sums[k] = sums.get(k, 0.0) + float(v)
             steps += 1
     return {k: v / steps for k, v in sums.items()}
+
+
+class EngineState:
+    """Checkpoint and fingerprint of a worker's `self.engine` (a TrainingEngine), under path/role.
+    Mixed into the trained workers (actor, critic) so they share one implementation."""
+
+    @register("ONE_TO_ALL")
+    def save(self, path: str) -> None:
+        self.engine.save(f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def load(self, path: str) -> None:
+        self.engine.load(f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def fingerprint(self) -> str:
+        return engine_fingerprint(self.engine)

@@ -29,7 +29,7 @@ from hybridflow.simulator.parallel import ParallelConfig
 
 from ..algorithms.losses import actor_loss
 from .common import (
-    engine_fingerprint,
+    EngineState,
     load_causal_lm,
     make_engine,
     response_slice,
@@ -39,7 +39,7 @@ from .common import (
 )
 
 
-class PolicyWorker(Worker):
+class PolicyWorker(EngineState, Worker):
     def __init__(self, model_path: str, *, trainable: bool = True, optim: dict | None = None,
                  micro_batch_size: int | None = None, generate_parallel: dict | None = None,
                  sampling: dict | None = None, loss: dict | None = None, epochs: int = 1, mini_batches: int = 1,
@@ -130,17 +130,9 @@ class PolicyWorker(Worker):
 
     # ---- state --------------------------------------------------------------------------------
     @register("ONE_TO_ALL")
-    def save(self, path: str) -> None:
-        self.engine.save(f"{path}/{self.role}")
-
-    @register("ONE_TO_ALL")
     def load(self, path: str) -> None:
-        self.engine.load(f"{path}/{self.role}")
+        super().load(path)
         self._gen_version = -1  # reshard again before the next rollout
-
-    @register("ONE_TO_ALL")
-    def fingerprint(self) -> str:
-        return engine_fingerprint(self.engine)
 
     @register("ONE_TO_ALL")
     def export_hf(self, path: str) -> None:

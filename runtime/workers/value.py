@@ -17,10 +17,17 @@ from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
 
 from ..algorithms.losses import value_loss
-from .common import engine_fingerprint, load_score_model, make_engine, run_updates, timed, with_timing
+from .common import (
+    EngineState,
+    load_score_model,
+    make_engine,
+    run_updates,
+    timed,
+    with_timing,
+)
 
 
-class ValueWorker(Worker):
+class ValueWorker(EngineState, Worker):
     def __init__(self, model_path: str, *, optim: dict | None = None, micro_batch_size: int | None = None,
                  value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
         super().__init__()
@@ -64,14 +71,3 @@ class ValueWorker(Worker):
                                   self.micro_batch_size)
         return [{**metrics, "timing": timing}]
 
-    @register("ONE_TO_ALL")
-    def save(self, path: str) -> None:
-        self.engine.save(f"{path}/{self.role}")
-
-    @register("ONE_TO_ALL")
-    def load(self, path: str) -> None:
-        self.engine.load(f"{path}/{self.role}")
-
-    @register("ONE_TO_ALL")
-    def fingerprint(self) -> str:
-        return engine_fingerprint(self.engine)
