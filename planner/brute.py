@@ -29,7 +29,7 @@ def _set_layouts(rp: RolePricer, members, n):
         opts = []
         for entry in rp.static(r, n):
             cfg = entry[0]
-            gens = generate_configs(cfg) if r == "actor" else (None,)
+            gens = generate_configs(cfg, rp.req.max_gen_pp) if r == "actor" else (None,)
             opts += [(entry, g) for g in gens]
         per_role.append(opts)
     return itertools.product(*per_role)

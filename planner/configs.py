@@ -2,9 +2,10 @@
 
 Training (pp, tp, dp) with pp·tp·dp = n: tp divides the node size (a tensor-parallel group is
 consecutive devices and never leaves a node) and the model's heads and kv heads; pp divides the
-layers and is at most `max_pp` (the CPU runtime runs pp = 1 only). The actor's generation layout
-(pp_g, tp_g, dp_g) on the same n devices has tp_g | tp and pp_g | pp — the 3D-HybridEngine
-regroups the training shards without a redundant copy only then (paper §5).
+layers and is at most `max_pp`. The actor's generation layout (pp_g, tp_g, dp_g) on the same n
+devices has tp_g | tp and pp_g | pp — the 3D-HybridEngine regroups the training shards without a
+redundant copy only then (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with
+pp_g = 1; the paper's simulator also prices pipelined generation).
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int,
 
 
 @lru_cache(maxsize=65536)
-def generate_configs(train: ParallelConfig) -> tuple[ParallelConfig, ...]:
+def generate_configs(train: ParallelConfig, max_gen_pp: int | None = None) -> tuple[ParallelConfig, ...]:
     """Generation layouts reachable from `train` by the 3D-HybridEngine (same devices)."""
     n = train.world_size
     return tuple(ParallelConfig(pp=pg, tp=tg, dp=n // (pg * tg))
-                 for tg in divisors(train.tp) for pg in divisors(train.pp))
+                 for tg in divisors(train.tp) for pg in divisors(train.pp)
+                 if max_gen_pp is None or pg <= max_gen_pp)
 
 
 @lru_cache(maxsize=65536)

@@ -218,7 +218,7 @@ class RolePricer:
                 s = tuple(secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, None, s, sum(s)))
                 continue
-            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg)
+            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
             own = self.states("actor", n).weights
             for g in gens:
                 gen = self.generation(cfg, g, resident.total, own, n)
@@ -256,7 +256,7 @@ class RolePricer:
             if role != "actor":
                 best = min(best, rest)
                 continue
-            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg)
+            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
             for g in gens:
                 gen = self.generation(cfg, g, own.total, own.weights, n)
                 if gen is not None:

@@ -19,7 +19,8 @@ class SearchRequest(BaseModel):
     workload: Workload = Workload()
     reward_function: str | None = None  # rule-based reward ("module:function"): owns no devices
     cost_function: str | None = None
-    max_pp: PositiveInt | None = None  # the CPU runtime runs pp = 1 only
+    max_pp: PositiveInt | None = None  # largest training pipeline size
+    max_gen_pp: PositiveInt | None = None  # largest generation pipeline size (the runtime runs pp_g = 1)
     top_k: PositiveInt = 5
 
     @model_validator(mode="after")

@@ -43,8 +43,9 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--mini-batches", type=positive_int)
     w.add_argument("--micro-batch", type=positive_int, help="sequences per device per forward/backward")
     s = p.add_argument_group("search")
-    s.add_argument("--max-pp", type=positive_int, help="largest pipeline-parallel size to consider "
-                   "(the CPU runtime runs pp=1 only)")
+    s.add_argument("--max-pp", type=positive_int, help="largest training pipeline-parallel size to consider")
+    s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
+                   "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
     s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list (default 5)")
     add_profile_arg(s)
 
@@ -89,7 +90,7 @@ def request_from_args(args):
             models[r] = resolve_model(ref)
     return SearchRequest(algorithm=args.algo, models=models, cluster=cluster, workload=workload,
                          reward_function=args.reward_function, cost_function=args.cost_function,
-                         max_pp=args.max_pp, top_k=args.top)
+                         max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top)
 
 
 def add_parser(subparsers) -> None:

@@ -94,6 +94,8 @@ def test_generate_configs_divide_the_training_layout():
     assert len(gens) == 9  # 3 tp divisors × 3 pp divisors
     for g in gens:
         assert t.tp % g.tp == 0 and t.pp % g.pp == 0 and g.world_size == 32
+    runnable = generate_configs(t, max_gen_pp=1)  # what `hflow-plan run` can execute
+    assert [g.tp for g in runnable] == [1, 2, 4] and all(g.pp == 1 and g.dp == 32 // g.tp for g in runnable)
 
 
 def test_planner_imports_without_torch_or_ray():

@@ -82,6 +82,29 @@ def test_exact_on_four_devices_with_memory_pressure():
     _check(req)
 
 
+def test_generation_pipeline_cap_is_exact_and_obeyed():
+    # Training may pipeline, generation may not (the runtime's rollout): search == brute force, pp_g = 1.
+    m = small_model(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=8000)
+    req = SearchRequest.for_algorithm("grpo", m, small_cluster(1, 4, gib=2.0), SMALL_WORKLOAD, max_gen_pp=1,
+                                      top_k=3)
+    _check(req)
+
+
+def test_generation_pipeline_cap_changes_the_70b_plan():
+    # On 128 A100 the best 70B plan generates with pp_g > 1; capped, every listed plan has pp_g = 1.
+    from hybridflow.planner.plans import scored_to_plan
+    from hybridflow.simulator import ClusterSpec, hardware_preset, model_preset
+
+    c = ClusterSpec(hardware=hardware_preset("a100-80g"), nodes=16, devices_per_node=8)
+    req = SearchRequest.for_algorithm("ppo", model_preset("llama2-70b"), c, Workload(), top_k=3)
+    free = search(req)
+    assert scored_to_plan(req, free.best).generation_config().pp > 1
+    capped = req.model_copy(update={"max_gen_pp": 1})
+    found = search(capped)
+    assert found.top and all(scored_to_plan(capped, s).generation_config().pp == 1 for s in found.top)
+    assert found.best.seconds >= free.best.seconds
+
+
 def test_safe_rlhf_five_models_small():
     m = small_model(layers=2, hidden=512, heads=4, kv_heads=4, ffn=1408, vocab=4000)
     req = SearchRequest.for_algorithm("safe-rlhf", m, small_cluster(1, 2, gib=4.0), SMALL_WORKLOAD)
