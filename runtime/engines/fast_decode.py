@@ -1,14 +1,26 @@
-"""The decode step of a plain (unsharded, hook-free) `LlamaForCausalLM` as functions over its weights.
+"""A plain (unsharded, hook-free) `LlamaForCausalLM` as a few fused functions over its weights.
 
-Generation spends its time in one-token steps where a tiny model's cost is mostly per-call
-overhead: ~50 module calls and ~800 dispatched ops per step. This step runs the same math as
-`llama.py` (it reuses its `rms_norm`, `rope_cos_sin`, `apply_rope` and `KVCache`) on 2-D
-activations [B, hidden], without module calls, which makes a CPU decode step ~1.4× cheaper. It
-reads the weights in place (no copy), so an update between generations is seen.
+Generation of a small model is bound by per-op overhead more than by its matmuls: each dispatched
+op costs microseconds whatever its size. So `FusedLlama` runs the same math as `llama.py` with
+fewer ops, on weights rearranged ONCE per `generate()` call from the live parameters (so the
+actor's weights as they are now; a few MB of copies, less than one decode step):
+
+- one q|k|v matmul and one gate|up matmul per layer (weights concatenated);
+- each RMSNorm's weight (and its sqrt(hidden)) folded into the matmul that reads it, so a norm is
+  x / hypot(‖x‖, sqrt(hidden·eps)): three ops; attention's 1/sqrt(head_dim) folded into q;
+- RoPE as one complex multiply over q and k together: their weight rows are permuted so that the
+  pairs HF rotates (j, j + head_dim/2) sit side by side. q and k get the same permutation, so q·k
+  is unchanged (v is not permuted); the rotations of every position of the run are computed once;
+- decode attention as two batched matmuls over (batch, kv head) rows — the heads that share a kv
+  head are the rows of one query block (grouped-query without copying the cache), cheaper than
+  SDPA with a mask for one query; prefill uses SDPA;
+- the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
+
+Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
+path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
 
 Anything else — a tensor-parallel model (DTensor weights), an FSDP-wrapped one, a model with
 hooks, a subclass — goes through the modules, which is always correct; `supports` decides.
-The tests check both paths give the same tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybridflow.runtime.models.llama import KVCache, LlamaForCausalLM, apply_rope, rms_norm, rope_cos_sin
+from hybridflow.runtime.models.llama import LlamaForCausalLM
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -28,37 +40,125 @@ def supports(model: torch.nn.Module) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-class FastDecoder:
-    def __init__(self, model: LlamaForCausalLM):
-        body, cfg = model.model, model.config
-        self.eps, self.head_dim = cfg.rms_norm_eps, cfg.dim_head
-        self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        self.final_norm, self.lm_head = body.norm.weight, model.lm_head.weight
-        self.layers = [
-            (layer.input_layernorm.weight, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-             layer.self_attn.o_proj, layer.post_attention_layernorm.weight, layer.mlp.gate_proj,
-             layer.mlp.up_proj, layer.mlp.down_proj)
-            for layer in body.layers
-        ]
+def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of a q/k projection [heads*head_dim, ...] reordered per head to (0, d/2, 1, d/2+1, …)."""
+    half = head_dim // 2
+    order = torch.arange(head_dim, device=w.device).view(2, half).t().reshape(-1)
+    return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-             cache: KVCache) -> torch.Tensor:
-        """tokens [B], positions [B, 1], additive mask [B, 1, 1, cache.length+1] or None -> logits [B, V]."""
-        b, d, eps = tokens.shape[0], self.head_dim, self.eps
-        x = self.embed[tokens]  # [B, hidden]
-        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)  # [B, 1, 1, head_dim]
-        for i, (norm1, wq, wk, wv, wo, norm2, wg, wu, wd) in enumerate(self.layers):
-            h = rms_norm(x, norm1, eps)
-            q = F.linear(h, wq.weight, wq.bias).view(b, -1, 1, d)  # one token: [B, heads, 1, d]
-            k = F.linear(h, wk.weight, wk.bias).view(b, -1, 1, d)
-            v = F.linear(h, wv.weight, wv.bias).view(b, -1, 1, d)
-            keys, values = cache.update(i, apply_rope(k, cos, sin), v)
-            q = apply_rope(q, cos, sin)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                  enable_gqa=q.shape[1] != keys.shape[1])
-            x = x + F.linear(attn.view(b, -1), wo.weight, wo.bias)
-            h = rms_norm(x, norm2, eps)
-            x = x + F.linear(F.silu(F.linear(h, wg.weight, wg.bias)) * F.linear(h, wu.weight, wu.bias),
-                             wd.weight, wd.bias)
-        cache.length += 1
-        return F.linear(rms_norm(x, self.final_norm, eps), self.lm_head)
+
+def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
+    return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
+
+
+class FusedLlama:
+    """The fused weights of one model and a KV cache for one `generate()` call."""
+
+    def __init__(self, model: LlamaForCausalLM, batch: int, max_len: int):
+        body, cfg = model.model, model.config
+        d = cfg.dim_head
+        self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
+        # rsqrt(sum(x²) + n·eps) · sqrt(n) = rsqrt(mean(x²) + eps): the sqrt(n) goes into the weights.
+        self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
+        root_n = cfg.hidden_size ** 0.5
+        self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
+        self.lm_head = model.lm_head.weight * (body.norm.weight * root_n)
+        self.layers = []
+        for layer in body.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            n1 = layer.input_layernorm.weight * root_n
+            n2 = layer.post_attention_layernorm.weight * root_n
+            # q also carries attention's 1/sqrt(head_dim), so the scores need no scaling.
+            wqkv = torch.cat([_pair_rows(att.q_proj.weight, d) * d ** -0.5, _pair_rows(att.k_proj.weight, d),
+                              att.v_proj.weight])
+            bqkv = None if att.q_proj.bias is None else torch.cat(
+                [_pair_rows(att.q_proj.bias, d) * d ** -0.5, _pair_rows(att.k_proj.bias, d), att.v_proj.bias])
+            wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            self.layers.append((
+                (wqkv * n1).t(), bqkv,  # [hidden, (H + 2·Hkv)·d]: x @ w without a transpose per call
+                att.o_proj.weight.t(), att.o_proj.bias,
+                (wgu * n2).t(), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
+                mlp.down_proj.weight.t(), mlp.down_proj.bias,
+            ))
+        dtype, device = self.embed.dtype, self.embed.device
+        # Cache rows are (batch, kv head) pairs: a decode step's attention is then two batched
+        # matmuls, the heads sharing a kv head (grouped-query) being the rows of one query block.
+        shape = (batch * self.kv_heads, max_len, d)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.keys_t = [k.transpose(1, 2) for k in self.keys]  # [B·Hkv, d, max_len] views
+        # [B, Hkv, max_len, d] views, to write a step's k/v without reshaping (copying) them first
+        self.keys_4d = [k.view(batch, self.kv_heads, max_len, d) for k in self.keys]
+        self.values_4d = [v.view(batch, self.kv_heads, max_len, d) for v in self.values]
+        self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
+        self.length = 0
+
+    def rotations(self, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE of integer positions [..., S] as unit complex numbers [..., S, 1, head_dim/2]
+        (angles and cos/sin in fp32, as HF computes them); the 1 broadcasts over heads."""
+        angles = positions[..., None].float() * self.inv_freq.float()
+        return torch.polar(torch.ones_like(angles), angles).unsqueeze(-2)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # x / sqrt(sum(x²) + n·eps) in three ops: hypot(‖x‖, sqrt(n·eps)) is that denominator.
+        xf = x.float()
+        out = xf / torch.hypot(torch.linalg.vector_norm(xf, 2, -1, True), self.norm_root_eps)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
+        """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
+        x = torch.addmm(x, attn, wo) if bo is None else torch.addmm(x + bo, attn, wo)
+        gu = self._norm(x) @ wgu if bgu is None else torch.addmm(bgu, self._norm(x), wgu)
+        gate, up = gu.chunk(2, dim=-1)
+        act = F.silu(gate).mul_(up)
+        return torch.addmm(x, act, wd) if bd is None else torch.addmm(x + bd, act, wd)
+
+    def _rope(self, qkv: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        """q and k heads of qkv [..., H + 2·Hkv, d] rotated: [..., H + Hkv, d] (one complex multiply)."""
+        qk = qkv[..., :self.heads + self.kv_heads, :]
+        if qk.dtype != torch.float32:  # no bf16 complex type: rotate in fp32 (as HF does), cast back
+            return self._rope(qk.float(), rotations).to(qk.dtype)
+        return torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rotations).flatten(-2)
+
+    def prefill(self, tokens: torch.Tensor, rotations: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The prompt tokens [B, S] at positions with `rotations` [B, S, 1, head_dim/2]; additive mask
+        [B, 1, S, S] or None (causal) -> logits [B, V] of the last position. Fills cache slots 0..S-1."""
+        b, s = tokens.shape
+        d, h, hkv = self.head_dim, self.heads, self.kv_heads
+        x = F.embedding(tokens.reshape(-1), self.embed)  # [B·S, hidden]
+        for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
+            hn = self._norm(x)
+            qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, s, h + 2 * hkv, d)
+            qk = self._rope(qkv, rotations).transpose(1, 2)  # [B, H + Hkv, S, d]
+            k, v = qk[:, h:], qkv[:, :, h + hkv:].transpose(1, 2)
+            self.keys_4d[i][:, :, :s] = k
+            self.values_4d[i][:, :, :s] = v
+            # The q scale is folded into the q weights, hence scale=1.
+            attn = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, is_causal=mask is None,
+                                                  enable_gqa=h != hkv, scale=1.0)
+            x = self._mlp(x, *rest[:2], attn.transpose(1, 2).reshape(b * s, h * d), *rest[2:])
+        self.length = s
+        return F.linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
+
+    def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
+        [B·Hkv, 1, ≥ length+1] over the cache slots or None (all visible) -> logits [B, V]."""
+        b, t = tokens.shape[0], self.length
+        d, h, hkv = self.head_dim, self.heads, self.kv_heads
+        end = t + 1
+        if mask is not None:
+            mask = mask.narrow(2, 0, end)
+        x = F.embedding(tokens, self.embed)  # [B, hidden]
+        for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
+            hn = self._norm(x)
+            qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, h + 2 * hkv, d)
+            qk = self._rope(qkv, rotation)  # [B, H + Hkv, d]
+            self.keys_4d[i].select(2, t).copy_(qk[:, h:])
+            self.values_4d[i].select(2, t).copy_(qkv[:, h + hkv:])
+            q = qk[:, :h].reshape(b * hkv, h // hkv, d)  # the q heads of each kv head, together
+            keys_t = self.keys_t[i].narrow(2, 0, end)
+            scores = torch.bmm(q, keys_t) if mask is None else torch.baddbmm(mask, q, keys_t)
+            attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
+            x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
+        self.length = end
+        return F.linear(self._norm(x), self.lm_head)

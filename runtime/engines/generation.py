@@ -19,8 +19,8 @@ from dataclasses import dataclass, fields
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
-from hybridflow.runtime.engines.fast_decode import FastDecoder, supports
-from hybridflow.runtime.models.llama import KVCache, positions_from_mask
+from hybridflow.runtime.engines.fast_decode import FusedLlama, supports
+from hybridflow.runtime.models.llama import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
 
 
@@ -142,7 +142,7 @@ class GenerationEngine:
 
     def __init__(self, model: torch.nn.Module, fast_decode: bool = True):
         self.model = model
-        self.fast_decode = fast_decode  # module-free decode step where the model allows it (fast_decode.py)
+        self.fast_decode = fast_decode  # fused module-free path where the model allows it (fast_decode.py)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -159,44 +159,70 @@ class GenerationEngine:
         key_mask = torch.ones(b, p + r, dtype=torch.bool, device=device)
         key_mask[:, :p] = mask.bool()
         positions = positions_from_mask(mask)
-        cache = KVCache(self.model.config.num_hidden_layers, p + r)
-        logits = self.model(prompt_ids, key_mask if padded else None, positions, cache, last_only=True)[:, -1]
-        next_pos = positions[:, -1:] + 1
-        fast = FastDecoder(self.model) if self.fast_decode and supports(self.model) else None
-        if fast is not None and padded:  # additive mask over the whole run, sliced per step
-            dtype = logits.dtype
-            add_mask = torch.zeros(b, 1, 1, p + r, dtype=dtype, device=device).masked_fill_(
-                ~key_mask[:, None, None, :], torch.finfo(dtype).min)
+        if self.fast_decode and supports(self.model):
+            step = _fused_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
+        else:
+            step = _module_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
+        logits = next(step)
 
-        response = torch.full((b, r), params.pad_token_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(b, r, dtype=torch.float32, device=device)
-        resp_mask = torch.zeros(b, r, dtype=torch.long, device=device)
+        tokens_out, logps_out = [], []
+        resp_mask = torch.ones(b, r, dtype=torch.long, device=device)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         eos = torch.tensor(params.eos_token_id or [], dtype=torch.long, device=device)
         for t in range(r):
             tokens, logp = sample_tokens(logits.float(), params, generator)
-            response[:, t] = tokens
-            logprobs[:, t] = logp
+            tokens_out.append(tokens)
+            logps_out.append(logp)
             if eos.numel():  # rows that had finished before this step get masked out below
                 resp_mask[:, t] = ~finished
                 finished |= torch.isin(tokens, eos)
-                if bool(finished.all()):  # the rest stays padding
+                if bool(finished.all()):  # the rest stays padding (the one host sync per step)
+                    resp_mask[:, t + 1:] = 0
                     break
-            if t + 1 == r:
-                break
-            if fast is not None:
-                logits = fast.step(tokens, next_pos, add_mask[..., :p + t + 1] if padded else None, cache)
-            else:
-                logits = self.model(tokens[:, None], key_mask if padded else None, next_pos, cache,
-                                    last_only=True)[:, -1]
-            next_pos = next_pos + 1
+            if t + 1 < r:
+                logits = step.send(tokens)
+        step.close()
+        response = torch.full((b, r), params.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(b, r, dtype=torch.float32, device=device)
+        n = len(tokens_out)
+        response[:, :n] = torch.stack(tokens_out, dim=1)
+        logprobs[:, :n] = torch.stack(logps_out, dim=1)
         if eos.numel():
             response.masked_fill_(resp_mask == 0, params.pad_token_id)
             logprobs.masked_fill_(resp_mask == 0, 0.0)
-        else:  # no EOS: every row ran all r steps
-            resp_mask.fill_(1)
         return Rollout(prompt_ids=prompt_ids, prompt_mask=mask.long(), response=response,
                        response_logprobs=logprobs, response_mask=resp_mask)
+
+
+def _module_steps(model, prompt_ids, key_mask, positions, r):
+    """Logits [B, V] of the prompt, then of each token sent in: through the model's modules."""
+    b, p = prompt_ids.shape
+    cache = KVCache(model.config.num_hidden_layers, p + r)
+    tokens = yield model(prompt_ids, key_mask, positions, cache, last_only=True)[:, -1]
+    next_pos = positions[:, -1:] + 1
+    while True:
+        tokens = yield model(tokens[:, None], key_mask, next_pos, cache, last_only=True)[:, -1]
+        next_pos = next_pos + 1
+
+
+def _fused_steps(model, prompt_ids, key_mask, positions, r):
+    """The same as `_module_steps` through `FusedLlama` (fast_decode.py): weights fused from the
+    model as it is now, RoPE of every position of the run computed once, masks built once."""
+    b, p = prompt_ids.shape
+    fused = FusedLlama(model, b, p + r)
+    dtype, device = fused.embed.dtype, prompt_ids.device
+    prefill_mask = step_mask = None
+    if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)
+        neg = torch.finfo(dtype).min
+        prefill_mask = torch.zeros(b, 1, p, p, dtype=dtype, device=device).masked_fill_(
+            ~attention_bias_mask(key_mask, p, 0), neg)
+        step_mask = torch.zeros(b, 1, p + r, dtype=dtype, device=device).masked_fill_(~key_mask[:, None], neg)
+        step_mask = step_mask.repeat_interleave(fused.kv_heads, dim=0)  # [B·Hkv, 1, P+R]
+    step_positions = positions[:, -1] + torch.arange(1, r + 1, device=positions.device)[:, None]  # [R, B]
+    rotations = fused.rotations(step_positions)  # [R, B, 1, head_dim/2]
+    tokens = yield fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
+    for t in range(r):
+        tokens = yield fused.decode(tokens, rotations[t], step_mask)
 
 
 def left_pad(sequences: list[list[int]], pad_token_id: int = 0,

@@ -1,5 +1,6 @@
 """The native KV-cache generation engine: greedy parity (full recompute and HF generate), log-probs
-equal a teacher-forced recompute, EOS handling, sampling distributions, determinism, and the same
+equal a teacher-forced recompute, EOS handling, sampling distributions, determinism, the fused path
+(fast_decode.py) against the module path (logits and tokens, weight updates seen), and the same
 tokens from a tensor-parallel (tp = 2, gloo) model as from one process."""
 
 from __future__ import annotations
@@ -149,6 +150,60 @@ def test_fast_decode_step_equals_module_path(shape):
                                                                    torch.Generator().manual_seed(4))
         assert torch.equal(fast.response, slow.response) and torch.equal(fast.response_mask, slow.response_mask)
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [dict(num_key_value_heads=2),
+                                   dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)])
+def test_fused_logits_equal_module_logits(shape):
+    """Prefill and each decode step of `FusedLlama` (fused q|k|v and gate|up, folded norms, paired
+    RoPE, (batch, kv head) cache) give the module path's logits to 1e-5, padded rows included."""
+    from hybridflow.runtime.models.llama import KVCache, attention_bias_mask, positions_from_mask
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_hidden_layers=2, **shape)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    ids, mask = left_pad(PROMPTS)
+    b, p, r = ids.shape[0], ids.shape[1], 5
+    key_mask = torch.cat([mask.bool(), torch.ones(b, r, dtype=torch.bool)], dim=1)
+    positions = positions_from_mask(mask)
+    fused = fast_decode.FusedLlama(model, b, p + r)
+    neg = torch.finfo(torch.float32).min
+    prefill_mask = torch.zeros(b, 1, p, p).masked_fill_(~attention_bias_mask(key_mask, p, 0), neg)
+    step_mask = torch.zeros(b, 1, p + r).masked_fill_(~key_mask[:, None], neg)
+    step_mask = step_mask.repeat_interleave(fused.kv_heads, 0)  # one row per (batch, kv head)
+    cache = KVCache(2, p + r)
+    with torch.no_grad():
+        want = model(ids, key_mask, positions, cache, last_only=True)[:, -1]
+        got = fused.prefill(ids, fused.rotations(positions), prefill_mask)
+        for t in range(r + 1):
+            assert torch.allclose(got, want, atol=1e-5, rtol=0), (t, (got - want).abs().max())
+            if t == r:
+                break
+            tokens = want.argmax(-1)
+            pos = positions[:, -1:] + 1 + t
+            want = model(tokens[:, None], key_mask, pos, cache, last_only=True)[:, -1]
+            got = fused.decode(tokens, fused.rotations(pos)[:, 0], step_mask)
+    assert fused.length == p + r
+
+
+def test_fused_path_sees_weight_updates_between_generations():
+    """The fused weights are rebuilt from the live parameters at every generate() call."""
+    model = _model()
+    engine = GenerationEngine(model)
+    ids, mask = left_pad(PROMPTS)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    before = engine.generate(ids, mask, params)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # flips every logit: greedy picks other tokens
+        model.model.layers[0].mlp.up_proj.weight.add_(0.05)
+    after = engine.generate(ids, mask, params)
+    reference = GenerationEngine(model, fast_decode=False).generate(ids, mask, params)
+    assert not torch.equal(before.response, after.response)
+    assert torch.equal(after.response, reference.response)
+    assert torch.allclose(after.response_logprobs, reference.response_logprobs, atol=1e-5)
 
 
 def test_fast_decode_is_skipped_when_modules_must_run():

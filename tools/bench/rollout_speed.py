@@ -1,16 +1,18 @@
 """Rollout speed: our native KV-cache engine vs Hugging Face `generate`, same model, same batch.
 
     python -m hybridflow.tools.bench.rollout_speed [--preset tiny] [--batch 1,4,16] [--prompt-len 32]
-        [--new-tokens 64] [--repeats 3] [--threads 1] [--device cpu] [--json out.json]
+        [--new-tokens 64] [--repeats 5] [--threads 1] [--device cpu] [--json out.json]
 
 Both sides run the same weights (ours saved in HF format and loaded by transformers), the same
 left-padded prompts and the same number of new tokens (no EOS stop), one after the other in this
 process. Greedy outputs are compared token by token as a correctness check. Goal: ours ≥ 2×.
 
-Where the ratio comes from: per decode step both sides do the same matmuls; ours saves the
-per-step overhead (module calls, cache concatenation, logits processors, mask rebuilding). So the
-ratio is largest where a step is overhead-bound (small batch, tiny model) and tends to 1 where the
-matmuls dominate (large batch); the table shows several batch sizes for that reason.
+Where the ratio comes from: per decode step both sides do the same matmuls (fp32, same thread
+count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weights concatenated per
+generate() call) and saves the rest of the per-step overhead — module calls, HF's cache
+concatenation, logits processors, mask rebuilding, separate RoPE/norm ops (runtime/engines/
+fast_decode.py). So the ratio is largest where a step is overhead-bound (small batch, tiny model)
+and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _timed(fn, device: str) -> tuple[float, object]:
 
 
 def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), prompt_len: int = 32,
-              new_tokens: int = 64, repeats: int = 3, device: str = "cpu", seed: int = 0,
+              new_tokens: int = 64, repeats: int = 5, device: str = "cpu", seed: int = 0,
               with_vllm: bool = False) -> list[dict]:
     from transformers import LlamaForCausalLM as HFLlama
 
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="1,4,16", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for both sides")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
