@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from hybridflow.simulator.dataflow import DRIVER, build_dataflow
+from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.plan import TRAINED_ROLES
 from hybridflow.simulator.schedule import makespan, schedule
@@ -70,7 +70,8 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
 def all_plans(req: SearchRequest, cost_model) -> Iterator[Scored]:
     """Every feasible plan of the request, priced (seconds of one iteration)."""
     graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
-                           cost_model="cost" in req.models, hybrid_engine=True)
+                           cost_model="cost" in req.models, hybrid_engine=True,
+                           old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles))
     rp = RolePricer(req, graph, cost_model)
     driver = rp.driver_seconds()
     for placement in set_partitions(req.roles):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from hybridflow.simulator.dataflow import DRIVER, build_dataflow
+from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.schedule import makespan, schedule
 
 from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
@@ -92,7 +92,8 @@ class Planner:
         self.req = req
         self.cm = cost_model or CostModel(req.cluster)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
-                                    cost_model="cost" in req.models, hybrid_engine=True)
+                                    cost_model="cost" in req.models, hybrid_engine=True,
+                                    old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles))
         self.roles = req.roles
         self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard)
         self.sets = SetPricer(self.pricer)

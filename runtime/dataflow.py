@@ -5,6 +5,10 @@ overlap: `ref_logprob`, `actor_logprob` and `values` return pending calls that `
 together, and `update` steps the critic and the actor at the same time. Every op lands in the
 measured Timeline with the worker's own start and end (workers time themselves; see
 workers/common.py); rule-based rewards and advantages run in the driver (group "driver").
+
+With one PPO epoch of one mini-batch and no KL in the reward, `actor_logprob` is skipped: the
+actor's update takes its own log-probs, detached, as the old ones and reports the KL statistic
+(the simulator's dataflow applies the same rule, simulator/dataflow.needs_old_logprob_pass).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridflow.simulator.dataflow import needs_old_logprob_pass
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Event
@@ -37,6 +42,21 @@ SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
 class Pending:
     role: str
     future: CallFuture
+    back: torch.Tensor | None = None  # rows of the result in the batch's order (after a balanced call)
+
+
+def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | None:
+    """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
+    sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
+    The ranks then hold equal token counts and, with the engine's length buckets, micro-batches of
+    equal widths, so they reach FSDP's collectives together. None when there is nothing to balance."""
+    n = attention_mask.shape[0]
+    if dp < 2 or n % dp:
+        return None
+    ranked = torch.sort(attention_mask.long().sum(-1), stable=True).indices
+    j = torch.arange(n)
+    rank = torch.where((j // dp) % 2 == 0, j % dp, dp - 1 - j % dp)  # 0 1 1 0 0 1 … for dp = 2
+    return ranked[torch.sort(rank, stable=True).indices]
 
 
 class Dataflow:
@@ -50,6 +70,7 @@ class Dataflow:
         self.iteration = 0
         self.stats: dict[str, float] = {}
         self._gen_ranks: list[tuple[int, int]] | None = None
+        self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.roles, config.kl_in_reward)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has(self, role: str) -> bool:
@@ -75,6 +96,15 @@ class Dataflow:
 
     def _call(self, role: str, method: str, batch: Batch) -> Pending:
         return Pending(role, self.groups[role].call_async(role, method, batch))
+
+    def _call_balanced(self, role: str, method: str, batch: Batch) -> Pending:
+        """`_call` with the rows spread evenly over the role's dp ranks; results come back in batch order."""
+        order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp)
+        if order is None:
+            return self._call(role, method, batch)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel())
+        return Pending(role, self.groups[role].call_async(role, method, batch[order]), back)
 
     # ---- rollout ------------------------------------------------------------------------------
     def generate(self, batch: Batch, greedy: bool = False) -> Batch:
@@ -117,19 +147,26 @@ class Dataflow:
 
     # ---- log-probs and values -----------------------------------------------------------------
     def ref_logprob(self, batch: Batch) -> Pending | None:
-        return self._call("ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False)) if self.has("ref") else None
+        if not self.has("ref"):
+            return None
+        return self._call_balanced("ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
 
-    def actor_logprob(self, batch: Batch) -> Pending:
-        return self._call("actor", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
+    def actor_logprob(self, batch: Batch) -> Pending | None:
+        """The old log-probs, unless the update's own serve (one epoch of one mini-batch, no KL in the reward)."""
+        if not self.old_logprob_pass:
+            return None
+        return self._call_balanced("actor", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
 
     def values(self, batch: Batch) -> Pending | None:
-        return self._call("critic", "compute_values", batch.select(*SEQ_FIELDS, meta=False)) if self.has("critic") \
-            else None
+        if not self.has("critic"):
+            return None
+        return self._call_balanced("critic", "compute_values", batch.select(*SEQ_FIELDS, meta=False))
 
     def gather(self, batch: Batch, *pending: Pending | None) -> Batch:
         for p in pending:
             if p is not None:
-                batch = batch.union(self._take_timing(p.role, p.future.get()))
+                out = self._take_timing(p.role, p.future.get())
+                batch = batch.union(out if p.back is None else out[p.back])
         return batch
 
     # ---- advantages ---------------------------------------------------------------------------
@@ -141,7 +178,7 @@ class Dataflow:
             if self.plan.algorithm == "safe-rlhf":  # PPO-Lagrangian: the critic learns (r − λc)/(1 + λ)
                 lam = self.lagrange.value
                 scores = (scores - lam * batch["cost_scores"].float()) / (1.0 + lam)
-            if "ref_log_probs" in batch:
+            if "ref_log_probs" in batch and "old_log_probs" in batch:  # else the update reports it
                 self.stats["kl"] = masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask).item()
             if cfg.kl_mode == "reward" and cfg.kl_coef > 0 and "ref_log_probs" in batch:
                 rewards, _ = kl_in_reward(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
@@ -160,9 +197,11 @@ class Dataflow:
         fields = [*SEQ_FIELDS, "response_mask", "advantages"]
         calls = []
         if self.has("critic"):
-            calls.append(self._call("critic", "update", batch.select(*fields, "values", "returns", meta=False)))
-        extra = ["ref_log_probs"] if "ref_log_probs" in batch and self.config.kl_mode == "loss" else []
-        calls.append(self._call("actor", "update", batch.select(*fields, "old_log_probs", *extra, meta=False)))
+            calls.append(self._call_balanced("critic", "update", batch.select(*fields, "values", "returns", meta=False)))
+        extra = ["old_log_probs"] if "old_log_probs" in batch else []
+        if "ref_log_probs" in batch and (self.config.kl_mode == "loss" or not extra):  # KL loss or KL statistic
+            extra.append("ref_log_probs")
+        calls.append(self._call_balanced("actor", "update", batch.select(*fields, *extra, meta=False)))
         metrics: dict[str, float] = {}
         for p in calls:
             per_rank = p.future.get()
@@ -174,6 +213,8 @@ class Dataflow:
             self._record(p.role, self._group_name(p.role), timing)
             for k in per_rank[0]:
                 metrics[f"{p.role}/{k}"] = sum(float(m[k]) for m in per_rank) / len(per_rank)
+        if "actor/kl" in metrics and "kl" not in self.stats:  # one pass: KL(π_old ‖ π_ref) from the update
+            self.stats["kl"] = metrics["actor/kl"]
         return metrics
 
     def update_lagrange(self, batch: Batch) -> None:

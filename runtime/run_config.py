@@ -46,3 +46,9 @@ class RunConfig(BaseModel):
     lagrange_max: PositiveFloat | None = 10.0
     # ---- checkpoints ---------------------------------------------------------------------------
     save_every: PositiveInt = 1  # iterations between checkpoints (with a checkpoint dir)
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether a KL penalty is folded into the rewards (it then needs the old log-probs before the
+        advantages, so the actor keeps its separate `actor_logprob` pass)."""
+        return self.kl_mode == "reward" and self.kl_coef > 0

@@ -18,6 +18,11 @@ Algorithms (roles as in plan.ALGORITHM_ROLES):
              value and cost value), as HybridFlow's five-model Safe-RLHF (actor, critic, ref,
              reward, cost; Bell(5) = 52 placements) has it — the Safe-RLHF paper trains two critics.
 
+Old log-probs: with one PPO epoch of one mini-batch the policy that runs the update's forward is
+still the one that sampled, so the update's own log-probs, detached, are the old ones (TRL and verl
+do this) and the graph has no `actor_logprob` op — unless a KL penalty is folded into the rewards,
+which needs them before the advantages (`needs_old_logprob_pass`; the runtime uses the same rule).
+
 Weight sync before generation: the actor's 3D-HybridEngine `reshard` (train → generation layout
 on the same devices) or, when generation runs on its own devices, a `broadcast` node (op
 "reshard", `broadcast=True`) that occupies both the training and the generation group.
@@ -36,6 +41,10 @@ from .errors import HflowError
 
 ALGORITHMS = ("ppo", "grpo", "remax", "safe-rlhf", "rloo")
 DRIVER = "driver"  # the lane and role of controller-side work
+# The runtime's driver waits for the scores (runtime/dataflow.Dataflow.score) before it issues the
+# log-prob and value calls, so they run after the reward (and cost) op, not beside it. Set False
+# when the runtime gathers the scores together with them.
+SCORES_BEFORE_LOGPROBS = True
 CRITIC_ALGORITHMS = ("ppo", "safe-rlhf")
 MODEL_ROLES = ("actor", "critic", "ref", "reward", "cost")
 
@@ -50,9 +59,19 @@ def _add(g: nx.DiGraph, node: str, op: str, role: str, after: Iterable[str] = ()
             g.add_edge(src, node)
 
 
+def needs_old_logprob_pass(workload, roles: Iterable[str], kl_in_reward: bool = True) -> bool:
+    """Whether the actor needs a forward of its own for the old log-probs (`actor_logprob`).
+
+    Not with one PPO epoch of one mini-batch (`workload`: a Workload), unless the run folds a KL
+    penalty into the rewards (`kl_in_reward`; the runtime's default RunConfig does whenever the plan
+    has a 'ref' model, so that is assumed unless the caller knows better).
+    """
+    return workload.ppo_epochs > 1 or workload.mini_batches > 1 or (kl_in_reward and "ref" in set(roles))
+
+
 def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, cost_model: bool,
                    hybrid_engine: bool, offload: bool | Collection[str] = False,
-                   placement: Iterable[Iterable[str]] | None = None) -> nx.DiGraph:
+                   placement: Iterable[Iterable[str]] | None = None, old_logprob_pass: bool = True) -> nx.DiGraph:
     """One iteration of `algorithm` as a DAG of op instances.
 
     roles: the models the plan has ("ref" may be missing: no KL term). reward_model/cost_model:
@@ -60,7 +79,8 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     generates on its training devices (reshard) rather than on a separate group (broadcast).
     offload: True (or a collection of roles) adds onload/offload ops around each stretch of a
     model's ops in its group; `placement` (lists of roles sharing devices) says which models
-    share a group — by default all of them do.
+    share a group — by default all of them do. old_logprob_pass: False drops `actor_logprob` (the
+    update's own log-probs serve as the old ones; see needs_old_logprob_pass).
     """
     if algorithm not in ALGORITHMS:
         raise HflowError(f"unknown algorithm '{algorithm}'; known: {', '.join(ALGORITHMS)}")
@@ -81,23 +101,33 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     scored = ["generate"]
     if algorithm == "remax":
         _add(g, "generate_baseline", "generate_baseline", "actor", after=[sync], baseline=True)
-    _add(g, "actor_logprob", "actor_logprob", "actor", after=scored)
-    inputs = ["actor_logprob"]
+    inputs = []
+
+    def add_scores():
+        _add(g, "reward", "reward", "reward", after=scored, driver=not reward_model)
+        inputs.append("reward")
+        if algorithm == "remax":
+            _add(g, "reward_baseline", "reward", "reward", after=["generate_baseline"], driver=not reward_model,
+                 baseline=True)
+            inputs.append("reward_baseline")
+        if algorithm == "safe-rlhf":
+            _add(g, "cost", "cost", "cost", after=scored, driver=not cost_model)
+            inputs.append("cost")
+
+    if SCORES_BEFORE_LOGPROBS:  # called first, and waited for
+        add_scores()
+    after = scored + [s for s in ("reward", "cost") if SCORES_BEFORE_LOGPROBS and s in g]
+    if old_logprob_pass:
+        _add(g, "actor_logprob", "actor_logprob", "actor", after=after)
+        inputs.append("actor_logprob")
     if "ref" in roles:
-        _add(g, "ref_logprob", "ref_logprob", "ref", after=scored)
+        _add(g, "ref_logprob", "ref_logprob", "ref", after=after)
         inputs.append("ref_logprob")
     if with_critic:
-        _add(g, "values", "values", "critic", after=scored)
+        _add(g, "values", "values", "critic", after=after)
         inputs.append("values")
-    _add(g, "reward", "reward", "reward", after=scored, driver=not reward_model)
-    inputs.append("reward")
-    if algorithm == "remax":
-        _add(g, "reward_baseline", "reward", "reward", after=["generate_baseline"], driver=not reward_model,
-             baseline=True)
-        inputs.append("reward_baseline")
-    if algorithm == "safe-rlhf":
-        _add(g, "cost", "cost", "cost", after=scored, driver=not cost_model)
-        inputs.append("cost")
+    if not SCORES_BEFORE_LOGPROBS:
+        add_scores()
     _add(g, "advantage", "advantage", DRIVER, after=inputs, driver=True)
     if with_critic:
         _add(g, "critic_update", "critic_update", "critic", after=["advantage", "values"])

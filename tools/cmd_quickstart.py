@@ -85,7 +85,8 @@ def run(args) -> int:
         raise HflowError(f"no plan fits {args.algo} with the tiny model on {cluster.devices_per_node} device(s)")
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
-    predicted = predicted_timeline(plan, cost_model)
+    predicted = predicted_timeline(plan, cost_model,
+                                   kl_in_reward=quickstart_config(args.algo, args.seed).kl_in_reward)
     if not args.json:
         from hybridflow.tools.search_report import top_plans_table
 

@@ -74,7 +74,7 @@ def run(args) -> int:
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     plan = Plan.load(args.plan)
     cfg = run_config(args)
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile))
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
     try:

@@ -10,13 +10,14 @@ from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
 
 
-def predicted_timeline(plan: Plan, cost_model=None) -> Timeline | None:
+def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool = True) -> Timeline | None:
     """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it);
-    `cost_model` prices it on a measured profile's hardware (default: the plan's own)."""
+    `cost_model` prices it on a measured profile's hardware (default: the plan's own); `kl_in_reward`
+    as the run's RunConfig.kl_in_reward (whether the actor keeps its old-log-prob pass)."""
     from hybridflow.simulator.schedule import simulate
 
     try:
-        return simulate(plan, cost_model, iterations=1)
+        return simulate(plan, cost_model, iterations=1, kl_in_reward=kl_in_reward)
     except HflowError:
         return None
 

@@ -122,7 +122,8 @@ def actor_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
                policy_loss: str = "ppo", clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
                entropy: Tensor | None = None, entropy_coef: float = 0.0, ref_logprobs: Tensor | None = None,
                kl_coef: float = 0.0, kl_kind: str = "k3") -> tuple[Tensor, dict[str, float]]:
-    """The actor's full objective: policy loss − entropy_coef·entropy + kl_coef·KL (KL as a loss term)."""
+    """The actor's full objective: policy loss − entropy_coef·entropy + kl_coef·KL (KL as a loss term).
+    With `ref_logprobs` the stats also hold `kl`, the token-mean of log π − log π_ref (k1)."""
     loss, stats = get_policy_loss(policy_loss)(logprobs, old_logprobs, advantages, mask, clip_ratio=clip_ratio,
                                                clip_ratio_high=clip_ratio_high)
     stats["pg_loss"] = loss.item()
@@ -130,6 +131,8 @@ def actor_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
         ent = entropy_bonus(entropy, mask)
         loss = loss - entropy_coef * ent
         stats["entropy"] = ent.item()
+    if ref_logprobs is not None:
+        stats["kl"] = masked_mean(logprobs.detach() - ref_logprobs, mask).item()
     if ref_logprobs is not None and kl_coef:
         kl = masked_mean(kl_penalty(logprobs, ref_logprobs, kl_kind), mask)
         loss = loss + kl_coef * kl

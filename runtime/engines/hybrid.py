@@ -1,6 +1,7 @@
 """HybridEngine: the actor's training layout and generation layout on the same devices.
 
-It holds a TrainingEngine (training layout (t, d), FSDP2 + TP) and a generation model sharded
+It holds a TrainingEngine (training layout (p, t, d): pipeline stages, FSDP2 + TP) and a whole
+(not pipelined, p_g = 1) generation model sharded
 with the generation tensor size t_g over the Resharder's generation groups, and switches weights
 between them with the 3D-HybridEngine reshard:
 
@@ -22,7 +23,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
 from .generation import GenerationEngine, Rollout, SamplingParams
-from .parallelize import apply_tp, device_type
+from .parallelize import apply_tp, device_type, tp_plan_dims
 from .reshard import Resharder, ReshardStats
 from .training import TrainingEngine
 
@@ -35,14 +36,19 @@ class HybridEngine:
     def __init__(self, trainer: TrainingEngine, generation_model: nn.Module, generation: ParallelConfig,
                  mode: str = "hybridflow"):
         train = trainer.parallel
-        if generation.pp != 1 or train.pp != 1:
-            raise HflowError("the hybrid engine runs with pp=1 in training and generation on this runtime; use pp=1")
+        if generation.pp != 1:
+            raise HflowError(f"generation is not pipelined on this runtime (got {generation}); use a generation "
+                             "layout with pp=1 (training may use any pp)")
         if generation.world_size != train.world_size:
             raise HflowError(f"generation config {generation} uses {generation.world_size} devices but training "
                              f"config {train} uses {train.world_size}; they share the same devices")
         self.trainer = trainer
-        self.resharder = Resharder(t=train.tp, t_g=generation.tp, d=train.dp, mode=mode)
+        self.resharder = Resharder(t=train.tp, t_g=generation.tp, d=train.dp, mode=mode, p=train.pp)
         self.model = generation_model.to(trainer.device)
+        self.staged = None  # p > 1: (split dims, stage) of every parameter of the whole model
+        if train.pp > 1:
+            from .pipeline import param_stages
+            self.staged = (tp_plan_dims(self.model), param_stages(self.model, train.pp))
         if generation.tp > 1:
             apply_tp(self.model, self.resharder.generation_mesh(device_type())["tp"])
         self.model.eval()
@@ -63,12 +69,15 @@ class HybridEngine:
                              "generation weights; release_training needs mode 'hybridflow'")
         target = {n: _local(p) for n, p in self.model.named_parameters()}
         shards = self.trainer.tp_shards()  # under FSDP: all-gather over dp first
-        _, stats = self.resharder.to_generation(shards, self.dims, out=target)
+        if self.staged is None:
+            _, stats = self.resharder.to_generation(shards, self.dims, out=target)
+        else:
+            stats = self.resharder.to_generation_staged(shards, *self.staged, out=target)
         d = self.trainer.parallel.dp
         stats.dp_gather_bytes = sum(v.numel() * v.element_size() for v in shards.values()) * (d - 1) // d
         if release_training:
             for n, p in self.trainer.model.named_parameters():
-                if self.dims[n] is not None:
+                if n in self.resharder.own_views:  # a slice of the generation weights
                     storage = _local(p).untyped_storage()
                     self._released[n] = storage.nbytes()
                     storage.resize_(0)
@@ -88,7 +97,7 @@ class HybridEngine:
         for n, p in self.trainer.model.named_parameters():
             if n in self._released:
                 _local(p).untyped_storage().resize_(self._released[n])
-        gen = {n: _local(p) for n, p in self.model.named_parameters()}
+        gen = {n: _local(p) for n, p in self.model.named_parameters() if n in self.dims}  # this stage's
         self.trainer.load_tp_shards(self.resharder.to_training(gen, self.dims))
         self._released = {}
 

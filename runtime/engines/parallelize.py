@@ -9,10 +9,9 @@ The model file knows nothing of parallelism; this file shards it:
   head `score` stay replicated (they are tiny). A tied LM head keeps embedding and head replicated.
 - data parallelism with FSDP2 `fully_shard` over the `dp` mesh dimension, per decoder layer then
   the root; with TP this gives 2-D (dp × tp) DTensor parameters.
-- pipeline parallelism: not applied. `torch.distributed.pipelining` itself does run on gloo/CPU
-  (a 2-stage GPipe schedule of a toy MLP trains here, torch 2.13), but this engine does not split
-  the Llama into stages (the RoPE tables, masks and RL loss fields would have to travel between
-  stages), so the runtime executes pp = 1 only and `parallelize` raises an HflowError for pp > 1.
+- pipeline parallelism: pipeline.py first cuts the model into this rank's stage (contiguous
+  layers; embeddings on the first stage, final norm and head on the last); TP and FSDP then apply
+  to the stage exactly as to a whole model, over the stage's own ("dp", "tp") sub-meshes.
 
 Device mesh dims are ("pp", "dp", "tp") in the simulator's rank order (tp fastest), so a
 tensor-parallel group is consecutive ranks.
@@ -49,17 +48,19 @@ def build_mesh(cfg: ParallelConfig, device: str | None = None) -> DeviceMesh:
     return init_device_mesh(device or device_type(), (cfg.pp, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
-def _layers(model: nn.Module) -> nn.ModuleList:
+def _layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers (a pipeline stage keeps its own in a ModuleDict keyed by global index)."""
     try:
-        return model.model.layers
+        layers = model.model.layers
+        return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
     except AttributeError:
         raise HflowError(f"{type(model).__name__} has no model.layers; parallelize expects a Llama-family "
                          "model with Hugging Face module names") from None
 
 
 def _is_tied(model: nn.Module) -> bool:
-    head = getattr(model, "lm_head", None)
-    return head is not None and head.weight is model.model.embed_tokens.weight
+    head, embed = getattr(model, "lm_head", None), model.model.embed_tokens
+    return head is not None and embed is not None and head.weight is embed.weight
 
 
 def check_tp(model: nn.Module, tp: int) -> None:
@@ -81,10 +82,12 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     plan = {name: ColwiseParallel() for name in COLWISE} | {name: RowwiseParallel() for name in ROWWISE}
     for layer in _layers(model):
         parallelize_module(layer, tp_mesh, plan)
-    if hasattr(model, "lm_head") and not _is_tied(model):
-        parallelize_module(model.model.embed_tokens, tp_mesh,
-                           RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-        parallelize_module(model.lm_head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+    if hasattr(model, "lm_head") and not _is_tied(model):  # a pipeline stage may hold either or neither
+        if model.model.embed_tokens is not None:
+            parallelize_module(model.model.embed_tokens, tp_mesh,
+                               RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        if model.lm_head is not None:
+            parallelize_module(model.lm_head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
     return model
 
 
@@ -103,14 +106,12 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype |
 
 def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixed_precision: bool | None = None,
                 reshard_after_forward: bool = True) -> nn.Module:
-    """Shard `model` (fp32, on its device) as `cfg` says over `mesh` = build_mesh(cfg).
+    """Shard `model` (fp32, on its device; under pp > 1 this rank's stage, see pipeline.py) as
+    `cfg` says over `mesh` = build_mesh(cfg).
 
     `mixed_precision`: bf16 parameters in compute with fp32 master weights and gradient reduction
     (FSDP2's MixedPrecisionPolicy); default on for CUDA, off (pure fp32) on CPU.
     """
-    if cfg.pp > 1:
-        raise HflowError(f"pipeline parallelism (pp={cfg.pp}) is not supported by the runtime's training engine "
-                         "(it does not split models into stages yet); use pp=1 and more tp or dp")
     if mixed_precision is None:
         mixed_precision = mesh.device_type == "cuda"
     if cfg.tp > 1:
@@ -118,6 +119,24 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixe
     if cfg.dp > 1 or mixed_precision:
         apply_fsdp(model, mesh["dp"], torch.bfloat16 if mixed_precision else None, reshard_after_forward)
     return model
+
+
+def tp_plan_dims(model: nn.Module) -> dict[str, int | None]:
+    """For every parameter, the dimension `apply_tp` splits it along (None: replicated), whatever
+    the tensor-parallel size: the 3D-HybridEngine's view of a whole model across pipeline stages."""
+    tied = _is_tied(model)
+    dims = {}
+    for name, _ in model.named_parameters():
+        module, _, kind = name.rpartition(".")
+        if any(module.endswith(c) for c in COLWISE):
+            dims[name] = 0
+        elif any(module.endswith(r) for r in ROWWISE):
+            dims[name] = 1 if kind == "weight" else None  # RowwiseParallel replicates the bias
+        elif module in ("model.embed_tokens", "lm_head") and not tied:
+            dims[name] = 0
+        else:
+            dims[name] = None
+    return dims
 
 
 def tp_shard_dim(param: torch.Tensor, tp_mesh_dim: str = "tp") -> int | None:

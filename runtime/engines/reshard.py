@@ -21,9 +21,16 @@ Three groupings, one code path (`Resharder`):
 Back to training costs no communication: each device keeps its own slice (`to_training`).
 
 M counts the tensor-parallel-sharded weights (everything but the norms and a scalar head): the
-replicated parameters are already whole on every device and move in no mode. The tensor path
-runs with p = p_g = 1 (the training engine's pipeline size on CPU); `ReshardLayout` does the
-grouping and byte arithmetic for any (p, t) → (p_g, t_g).
+replicated parameters are already whole on every device and move in no mode at p = 1.
+
+With pipeline stages (p > 1; generation is not pipelined here, so p_g = 1) a device holds only its
+stage's shards, and a micro-DP group spans the stages: `to_generation_staged` packs each member's
+stage shards into one flat buffer and all-gathers it inside the group (bytes (d_g − 1)·M/(t·p), the
+Table 2 figure, when the stages hold equal shares of M — Llama stages do: the embedding on the
+first, an equally sized LM head on the last). The few replicated parameters of a stage (its
+norms) travel too, once per stage, counted apart (`replicated_bytes`). The flat buffer is a staging
+copy of one generation shard while the switch runs; at p = 1 the gather lands in place.
+`ReshardLayout` does the grouping and byte arithmetic for any (p, t) → (p_g, t_g).
 """
 
 from __future__ import annotations
@@ -90,6 +97,15 @@ class ReshardLayout:
             return a // ss, i // st, (a % ss, i % st)
         return a % self.p_g, i % self.t_g, (a // self.p_g, i // self.t_g)  # consecutive groups
 
+    def micro_dp_index(self, rank: int) -> int:
+        """Position of a device in its micro-DP group's generation replicas (0 … d_g − 1)."""
+        m_stage, m_tensor = self.generation_coords(rank)[2]
+        return m_stage * (self.t // self.t_g) + m_tensor
+
+    def generation_replica(self, rank: int) -> int:
+        """The generation data-parallel replica of a device (0 … d·d_g − 1)."""
+        return self.coords(rank)[1] * self.d_g + self.micro_dp_index(rank)
+
     def generation_tp_groups(self) -> list[list[int]]:
         """Every generation tensor-parallel group (ranks ordered by generation tensor rank)."""
         groups: dict[tuple, list[tuple[int, int]]] = {}
@@ -134,23 +150,28 @@ class ReshardStats:
     generation_bytes: int = 0  # the generation shard this device ends with
     collectives: int = 0
     dp_gather_bytes: int = 0  # HybridEngine: FSDP's all-gather over dp before the switch (not in Table 2)
+    replicated_bytes: int = 0  # p > 1: the stages' replicated parameters (norms), not in M
     seconds: float = 0.0
     per_param: dict[str, int] = field(default_factory=dict)
 
 
 class Resharder:
-    """The switch for one training layout (t, d) → generation tensor size t_g (p = p_g = 1).
+    """The switch for one training layout (p, t, d) → generation tensor size t_g (p_g = 1).
 
     Construct it on every rank of the default process group (it creates the gather groups
-    collectively). `to_generation(shards, dims)` takes this rank's tensor-parallel training shards
-    and the dimension each is split along (None: replicated) and returns its generation shards.
+    collectively). `to_generation(shards, dims)` (p = 1) takes this rank's tensor-parallel training
+    shards and the dimension each is split along (None: replicated) and returns its generation
+    shards; `to_generation_staged` is the same for p > 1.
     """
 
     def __init__(self, t: int, t_g: int, d: int = 1, mode: str = "hybridflow", p: int = 1, p_g: int = 1):
         self.layout = ReshardLayout(t=t, t_g=t_g, p=p, p_g=p_g, d=d, mode=mode)
-        if p != 1 or p_g != 1:
-            raise HflowError(f"the tensor reshard runs with pp=1 (got p={p}, p_g={p_g}): the training engine "
-                             "has no pipeline stages on this runtime; use pp=1")
+        if p_g != 1:
+            raise HflowError(f"generation is not pipelined on this runtime (got p_g={p_g}); use a generation "
+                             "layout with pp=1 (any pp in training)")
+        if p > 1 and mode == "ds-chat":
+            raise HflowError("the ds-chat reshard runs with pp=1 only (its ZeRO-3 slices ignore stages); "
+                             "use mode 'hybridflow' or 'hybridflow-v' with pp > 1")
         if not dist.is_initialized() or dist.get_world_size() != self.layout.world:
             have = dist.get_world_size() if dist.is_initialized() else 0
             raise HflowError(f"reshard layout t={t}, d={d} needs a process group of {self.layout.world} ranks "
@@ -172,9 +193,7 @@ class Resharder:
         lay = self.layout
         grid = torch.empty(lay.d, lay.d_g, lay.t_g, dtype=torch.long)
         for r in range(lay.world):
-            _, k, _ = lay.coords(r)
-            _, j, (_, m) = lay.generation_coords(r)
-            grid[k, m, j] = r
+            grid[lay.coords(r)[1], lay.micro_dp_index(r), lay.generation_coords(r)[1]] = r
         return DeviceMesh(device_type, grid, mesh_dim_names=("dp", "micro_dp", "tp"))
 
     # ---- the switch ---------------------------------------------------------------------------
@@ -261,6 +280,97 @@ class Resharder:
                 tp_shards.append(flat[:shard.numel()].view_as(shard))
             pieces = tp_shards
         return torch.cat(pieces, dim=dim)
+
+    # ---- p > 1: the micro-DP group spans pipeline stages ----------------------------------------
+    def _flat_gather(self, flat: torch.Tensor, size: int) -> list[torch.Tensor]:
+        """All-gather one flat buffer per member, padded to `size` elements (the group's largest)."""
+        flat = torch.nn.functional.pad(flat, (0, size - flat.numel()))
+        return self._gather(flat) if len(self.group_ranks) > 1 else [flat]
+
+    @torch.no_grad()
+    def to_generation_staged(self, shards: Mapping[str, torch.Tensor], plan_dims: Mapping[str, int | None],
+                             stages: Mapping[str, int], out: Mapping[str, torch.Tensor]) -> ReshardStats:
+        """Training shards of this rank's pipeline stage → its generation shards of the whole model.
+
+        `plan_dims`: for every parameter of the model, the dimension tensor parallelism splits it
+        along (None: replicated), whatever t is; `stages`: the pipeline stage holding each parameter;
+        `out`: the generation model's local tensors, written in place. Pieces travel in `out`'s order.
+        """
+        lay = self.layout
+        stats = ReshardStats(mode=lay.mode)
+        start = time.perf_counter()
+        members = [(*lay.coords(r)[::2], r) for r in self.group_ranks]  # (stage, tensor rank, rank)
+        first_of_stage = {}  # one holder sends each stage's replicated parameters
+        for a, _, r in members:
+            first_of_stage.setdefault(a, r)
+        names = {a: [n for n in out if stages[n] == a] for a in set(stages.values())}
+        elem = next(iter(out.values())).element_size()
+
+        def piece_numel(name):
+            return out[name].numel() * lay.t_g // (lay.t if plan_dims[name] is not None else 1)
+
+        def sizes(a, r):  # elements member r of stage a sends: (split, replicated)
+            split = sum(piece_numel(n) for n in names[a] if plan_dims[n] is not None)
+            rep = sum(out[n].numel() for n in names[a] if plan_dims[n] is None) if first_of_stage[a] == r else 0
+            return split, rep
+
+        my_stage = lay.coords(self.rank)[0]
+        split_flat = [shards[n].reshape(-1) for n in names[my_stage] if plan_dims[n] is not None]
+        rep_flat = ([shards[n].reshape(-1) for n in names[my_stage] if plan_dims[n] is None]
+                    if first_of_stage[my_stage] == self.rank else [])
+        got = []
+        for kind, flat in enumerate((split_flat, rep_flat)):
+            size = max(sizes(a, r)[kind] for a, _, r in members)
+            if size == 0:
+                got.append(None)
+                continue
+            flat = torch.cat(flat) if flat else out[next(iter(out))].new_zeros(0)
+            got.append(self._flat_gather(flat, size))
+            received = (len(members) - 1) * size * elem
+            if kind == 0:
+                stats.bytes_received += received
+            else:
+                stats.replicated_bytes += received
+            stats.collectives += len(members) > 1
+        # Unpack: a generation shard is its pieces, in tensor-rank order, along the split dim (the
+        # hybridflow group holds exactly those; the vanilla group holds all t and slices afterwards).
+        self.own_views = {}
+        for member, (a, i, r) in enumerate(members):
+            offsets = [0, 0]
+            for n in names[a]:
+                dim = plan_dims[n]
+                kind = 0 if dim is not None else 1
+                if kind == 1 and first_of_stage[a] != r:
+                    continue
+                numel = piece_numel(n) if kind == 0 else out[n].numel()
+                piece = got[kind][member][offsets[kind]:offsets[kind] + numel]
+                offsets[kind] += numel
+                if kind == 1:
+                    out[n].copy_(piece.view_as(out[n]))
+                    continue
+                shape = list(out[n].shape)
+                shape[dim] = shape[dim] * lay.t_g // lay.t
+                held = [m for m in members if m[0] == a]  # this stage's tensor ranks in the group
+                slot = [m[1] for m in held].index(i)
+                whole_dim = shape[dim] * len(held)
+                j = self.gen_tp_rank
+                if whole_dim == out[n].shape[dim]:  # hybridflow: the pieces are the generation shard
+                    target = out[n].narrow(dim, slot * shape[dim], shape[dim])
+                else:  # vanilla: piece i of the whole parameter; keep it if inside this device's slice
+                    lo, hi = j * out[n].shape[dim], (j + 1) * out[n].shape[dim]
+                    pos = i * shape[dim]
+                    if not lo <= pos < hi:
+                        continue
+                    target = out[n].narrow(dim, pos - lo, shape[dim])
+                target.copy_(piece.view(shape))
+                if r == self.rank:
+                    self.own_views[n] = target
+        got.clear()
+        stats.generation_bytes = sum(t.numel() * t.element_size() for n, t in out.items() if plan_dims[n] is not None)
+        stats.peak_bytes = stats.generation_bytes + (len(members) * max(sizes(a, r)[0] for a, _, r in members) * elem)
+        stats.per_param = {n: piece_numel(n) * elem for n in out if plan_dims[n] is not None}
+        stats.seconds = time.perf_counter() - start
+        return stats
 
     @torch.no_grad()
     def to_training(self, gen: Mapping[str, torch.Tensor], dims: Mapping[str, int | None]) -> dict[str, torch.Tensor]:

@@ -9,9 +9,15 @@ step. It does not know RL: a loss function plugs in,
 where `outputs` holds the forward results for the micro-batch (`log_probs`, `entropy`, `logits`
 for an LM; `values` for a scalar head) and `micro` is the micro-batch (a TensorDict with
 `input_ids`, `attention_mask` and whatever the loss reads). The loss is a mean over the
-micro-batch; the engine weights each micro-batch by its share of the local batch, and FSDP averages
-over data-parallel ranks, so the gradient is that of the mean over the whole batch (exactly so when
-the ranks hold equal shares).
+micro-batch; the engine weights each micro-batch by its share of the local batch — of its rows, or
+with `token_weights="response_mask"` of the tokens a token-mean loss averages over, counted over
+all data-parallel ranks — and FSDP averages over data-parallel ranks, so the gradient is that of
+the mean over the whole batch (with row weights exactly so when the ranks hold equal shares; with
+token weights however the batch is sharded and cut into micro-batches).
+
+Padding is removed before the model runs (packing.py): rows are bucketed by real length into
+micro-batches and each micro-batch is repacked to its own longest row; outputs come back in the
+caller's layout.
 
 Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
 tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
@@ -34,12 +40,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
 from tensordict import TensorDict
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.parallel import ParallelConfig
 
+from .packing import bucket_order, inverse_order, pack
 from .parallelize import build_mesh, load_tp_local, parallelize, tp_local, tp_shard_dim
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
@@ -132,10 +140,14 @@ class TrainingEngine:
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.parallel = parallel or ParallelConfig()
         self.mesh = None
+        self.pipeline = None  # pipeline.PipelineRunner when pp > 1
         if self.distributed:
             self.mesh = build_mesh(self.parallel)
             if self.mesh.device_type == "cuda":  # the worker has set this process's device
                 model = model.to(torch.device("cuda", torch.cuda.current_device()))
+            if self.parallel.pp > 1:  # keep this rank's stage; pipeline.py runs the schedule
+                from .pipeline import split_stage
+                model = split_stage(model, self.mesh["pp"].get_local_rank(), self.parallel.pp)
             model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
         elif self.parallel.world_size > 1:
             raise HflowError(f"parallel config {self.parallel} needs an initialised torch.distributed group; "
@@ -150,6 +162,9 @@ class TrainingEngine:
         self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, eps=oc.eps,
                                            weight_decay=oc.weight_decay, foreach=True)
         self.step = 0
+        if self.parallel.pp > 1 and self.distributed:
+            from .pipeline import PipelineRunner
+            self.pipeline = PipelineRunner(self, mixed_precision=mixed_precision)
 
     # ---- properties ---------------------------------------------------------------------------
     @property
@@ -170,21 +185,31 @@ class TrainingEngine:
         return (t / self.parallel.dp).tolist()
 
     # ---- forward ------------------------------------------------------------------------------
-    def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None) -> list[TensorDict]:
-        size = micro_batch_size or self.micro_batch_size or batch.batch_size[0]
-        return list(batch.split(size))
+    def _micro_size(self, batch: TensorDict, micro_batch_size: int | None) -> int:
+        return micro_batch_size or self.micro_batch_size or batch.batch_size[0]
+
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None,
+                       order: torch.Tensor | None = None) -> list[TensorDict]:
+        """Consecutive rows, or the rows of `order` (packing.bucket_order: similar lengths together)."""
+        size = self._micro_size(batch, micro_batch_size)
+        return list(batch.split(size)) if order is None else [batch[i] for i in order.split(size)]
 
     def forward(self, micro: TensorDict, *, entropy: bool = True) -> dict[str, torch.Tensor]:
         """Forward one micro-batch: log-probs (+ entropy, logits) for an LM, values for a scalar head."""
         ids = micro["input_ids"].to(self.device)
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
-        out = self.model(ids, None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device))
+        mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
+        packed = pack(ids, mask, pos) if mask is not None else None
+        if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
+            ids, mask, pos = packed.input_ids, None, packed.position_ids
+        out = self.model(ids, mask, pos)
+        unpack = packed.unpack if packed is not None else (lambda x: x)
         if not self.is_lm:
-            return {"values": out.float()}
-        res = {"logits": out, "log_probs": token_log_probs(out, ids)}
+            return {"values": unpack(out.float())}
+        res = {"logits": unpack(out), "log_probs": unpack(token_log_probs(out, ids))}
         if entropy:
-            res["entropy"] = token_entropy(out)
+            res["entropy"] = unpack(token_entropy(out))
         return res
 
     @torch.no_grad()
@@ -198,11 +223,24 @@ class TrainingEngine:
         return self._infer(batch, micro_batch_size, ("values",))
 
     def _infer(self, batch, micro_batch_size, keys) -> TensorDict:
+        if self.pipeline is not None:
+            return self.pipeline.infer(batch, micro_batch_size, keys)
         batch = as_tensordict(batch)
         self.model.eval()
-        parts = [self.forward(m, entropy="entropy" in keys) for m in self._micro_batches(batch, micro_batch_size)]
+        order = bucket_order(batch.get("attention_mask", None), self._micro_size(batch, micro_batch_size))
+        fsdp = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            parts = [self.forward(m, entropy="entropy" in keys)
+                     for m in self._micro_batches(batch, micro_batch_size, order)]
+        finally:
+            for m in fsdp:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
         self.model.train()
-        return TensorDict({k: torch.cat([p[k] for p in parts]).cpu() for k in keys}, batch_size=batch.batch_size)
+        back = slice(None) if order is None else inverse_order(order)  # the caller's row order
+        return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
 
     # ---- training -----------------------------------------------------------------------------
     def _set_lr(self) -> float:
@@ -212,21 +250,37 @@ class TrainingEngine:
             g["lr"] = lr
         return lr
 
-    def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None) -> dict[str, float]:
-        """One optimizer step on the local batch; returns metrics averaged over micro-batches and dp."""
+    def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
+                   token_weights: str | None = None, entropy: bool = True) -> dict[str, float]:
+        """One optimizer step on the local batch; returns metrics averaged over micro-batches and dp.
+
+        `token_weights`: the [B, T] mask a token-mean loss averages over (e.g. "response_mask"); each
+        micro-batch then counts by its share of those tokens (over all dp ranks), so the step is that of
+        the token-mean over the whole batch. `entropy=False` skips the entropy (and its graph) when the loss ignores it.
+        """
+        if self.pipeline is not None:
+            return self.pipeline.train_step(batch, loss_fn, micro_batch_size, token_weights=token_weights,
+                                            entropy=entropy)
         batch = as_tensordict(batch)
         n = batch.batch_size[0]
         if n == 0:
             raise HflowError("train_step got an empty batch; give each data-parallel rank at least one sample")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        micros = self._micro_batches(batch, micro_batch_size)
+        micros = self._micro_batches(batch, micro_batch_size,
+                                     bucket_order(batch.get("attention_mask", None), self._micro_size(batch, micro_batch_size)))
+        # Token-mean losses: the mean token count per dp rank, so that after FSDP's average over the ranks
+        # the gradient is that of the token-mean over the whole batch, however it is sharded and cut.
+        total = self._dp_mean([float(batch[token_weights].sum())])[0] if token_weights else 0.0
         sums: dict[str, float] = defaultdict(float)
         for i, micro in enumerate(micros):
-            weight = micro.batch_size[0] / n
-            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, at the end
-                self.model.set_requires_gradient_sync(i == len(micros) - 1)
-            result = loss_fn(self.forward(micro), micro)
+            weight = float(micro[token_weights].sum()) / total if total > 0 else micro.batch_size[0] / n
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 gradient accumulation: the weights
+                last = i == len(micros) - 1  # stay gathered until the last backward; one reduce-scatter, at the end
+                self.model.set_requires_gradient_sync(last)
+                self.model.set_reshard_after_forward(False, recurse=True)
+                self.model.set_reshard_after_backward(last, recurse=True)
+            result = loss_fn(self.forward(micro, entropy=entropy), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
             if not torch.isfinite(loss):
                 raise HflowError(f"loss is {loss.item()} at step {self.step}; lower the learning rate or check the batch")
@@ -234,6 +288,8 @@ class TrainingEngine:
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
+        if hasattr(self.model, "set_reshard_after_forward"):
+            self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
         grad_norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
         lr = self._set_lr()
         self.optimizer.step()
@@ -265,9 +321,18 @@ class TrainingEngine:
 
         if not self.distributed:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if self.pipeline is not None:  # every stage's weights, gathered over pp
+            return self.pipeline.full_state_dict()
         # cpu_offload=True would keep the result on rank 0 only; every rank gets it here.
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {k: v.detach().cpu() for k, v in sd.items()}
+
+    def _state_dict_options(self):
+        """Pipeline stages hold different parameters: their optimizer param groups must be keyed by
+        parameter name (flattened), not by list position, or DCP merges the stages' groups."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True) if self.pipeline is not None else None
 
     def _rank(self) -> int:
         return dist.get_rank() if self.distributed else 0
@@ -278,7 +343,7 @@ class TrainingEngine:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         path = Path(path)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"),
                  no_dist=not self.distributed)
         extra = {"step": self.step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
@@ -299,10 +364,11 @@ class TrainingEngine:
         if not (path / "dcp").is_dir() or not extra_file.is_file():
             raise HflowError(f"{path}: not a training checkpoint of this layout (need dcp/ and {extra_file.name}); "
                              "pass a folder written by TrainingEngine.save with the same parallel config")
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not self.distributed)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self._state_dict_options())
         extra = torch.load(extra_file, weights_only=False)
         self.step = extra["step"]
         torch.set_rng_state(extra["torch_rng"])

@@ -223,7 +223,10 @@ def attention_bias_mask(key_mask: torch.Tensor, q_len: int, past: int) -> torch.
 
 
 class LlamaModel(nn.Module):
-    """Embeddings, decoder layers and the final norm: hidden states [B, S, hidden]."""
+    """Embeddings, decoder layers and the final norm: hidden states [B, S, hidden].
+
+    A pipeline stage (engines/pipeline.py) sets `embed_tokens` / `norm` to None where another stage
+    holds them and keeps only its layers; the model then maps hidden states to hidden states."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -242,14 +245,14 @@ class LlamaModel(nn.Module):
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """input_ids [B, S]; attention_mask [B, past+S] (1 = real token, 0 = padding) or None;
         position_ids [B, S], by default counted from the mask so left padding does not shift them."""
-        b, s = input_ids.shape
+        b, s = input_ids.shape[:2]  # a later pipeline stage gets hidden states [B, S, hidden]
         past = cache.length if cache is not None else 0
         if position_ids is None:
             if attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, past:past + s]
             else:
                 position_ids = torch.arange(past, past + s, device=input_ids.device).expand(b, s)
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
         if attention_mask is not None:
             mask = attention_bias_mask(attention_mask, s, past)
@@ -260,11 +263,12 @@ class LlamaModel(nn.Module):
         if mask is not None:  # additive form, built once here rather than converted in every layer
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
                 ~mask, torch.finfo(x.dtype).min)
-        for layer in self.layers:
+        # A pipeline stage keeps its layers in a ModuleDict keyed by their global index (HF names).
+        for layer in self.layers.values() if isinstance(self.layers, nn.ModuleDict) else self.layers:
             x = layer(x, cos, sin, mask, cache)
         if cache is not None:
             cache.length += s
-        return self.norm(x)
+        return self.norm(x) if self.norm is not None else x
 
 
 class _LlamaBase(nn.Module):
@@ -307,6 +311,8 @@ class LlamaForCausalLM(_LlamaBase):
                 last_only: bool = False) -> torch.Tensor:
         """`last_only` projects only the last position (generation needs no more)."""
         h = self.model(input_ids, attention_mask, position_ids, cache)
+        if self.lm_head is None:  # a pipeline stage before the last
+            return h
         return self.lm_head(h[:, -1:] if last_only else h)
 
 
@@ -323,7 +329,7 @@ class LlamaForScore(_LlamaBase):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache: KVCache | None = None):
         h = self.model(input_ids, attention_mask, position_ids, cache)
-        return self.score(h).squeeze(-1).float()
+        return self.score(h).squeeze(-1).float() if self.score is not None else h
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -88,16 +88,17 @@ def engine_fingerprint(engine: TrainingEngine) -> str:
 
 
 def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini_batches: int,
-                micro_batch_size: int | None) -> dict[str, float]:
+                micro_batch_size: int | None, entropy: bool = True) -> dict[str, float]:
     """`epochs` passes over the local batch in `mini_batches` optimizer steps each (fixed order, so a
-    resumed run repeats it exactly); returns the metrics averaged over the steps."""
+    resumed run repeats it exactly); returns the metrics averaged over the steps. The losses are
+    token-means over `response_mask`, so micro-batches count by their share of those tokens."""
     td = batch.tensors
     parts = max(1, min(mini_batches, len(batch)))
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(epochs):
         for mb in td.chunk(parts):
-            m = engine.train_step(mb, loss_fn, micro_batch_size)
+            m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights="response_mask", entropy=entropy)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             steps += 1

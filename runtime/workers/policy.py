@@ -1,6 +1,7 @@
 """PolicyWorker: the actor's hybrid engine (training + rollout) and, as role `ref`, the reference policy.
 
-One implementation for both roles: the actor trains, generates and computes the old log-probs;
+One implementation for both roles: the actor trains, generates and computes the old log-probs
+(or, with one epoch of one mini-batch, takes its update's own log-probs detached as the old ones);
 the reference loads the same initial weights and only computes log-probs (it never steps, so its
 optimizer never allocates state). When a plan colocates them they share one process per device.
 
@@ -67,8 +68,7 @@ class PolicyWorker(EngineState, Worker):
     def generation_ranks(self) -> tuple[int, int]:
         """(generation data-parallel replica, generation tensor rank) of this rank."""
         lay = self.hybrid.resharder.layout
-        _, j, (_, m) = lay.generation_coords(self.rank)
-        return lay.coords(self.rank)[1] * lay.d_g + m, j
+        return lay.generation_replica(self.rank), lay.generation_coords(self.rank)[1]
 
     @register("ALL_TO_ALL")
     def generate(self, shard: Batch, iteration: int, greedy: bool = False) -> Batch:
@@ -107,25 +107,34 @@ class PolicyWorker(EngineState, Worker):
     def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:
         width = micro["responses"].shape[1]
         cfg = self.loss
-        ref = micro.get("ref_log_probs", None) if cfg.get("kl_coef", 0.0) else None
+        logprobs = response_slice(outputs["log_probs"], width)
+        # One epoch of one mini-batch: this forward's policy is the one that sampled, so its own
+        # log-probs, detached, are the old ones (ratio 1, gradient of the plain policy gradient).
+        old = micro["old_log_probs"] if "old_log_probs" in micro.keys() else logprobs.detach()
+        entropy = outputs.get("entropy")
         return actor_loss(
-            response_slice(outputs["log_probs"], width), micro["old_log_probs"], micro["advantages"],
-            micro["response_mask"], policy_loss=cfg.get("policy_loss", "ppo"),
+            logprobs, old, micro["advantages"], micro["response_mask"], policy_loss=cfg.get("policy_loss", "ppo"),
             clip_ratio=cfg.get("clip_ratio", 0.2), clip_ratio_high=cfg.get("clip_ratio_high"),
-            entropy=response_slice(outputs["entropy"], width), entropy_coef=cfg.get("entropy_coef", 0.0),
-            ref_logprobs=ref, kl_coef=cfg.get("kl_coef", 0.0), kl_kind=cfg.get("kl_kind", "k3"))
+            entropy=None if entropy is None else response_slice(entropy, width),
+            entropy_coef=cfg.get("entropy_coef", 0.0), ref_logprobs=micro.get("ref_log_probs", None),
+            kl_coef=cfg.get("kl_coef", 0.0), kl_kind=cfg.get("kl_kind", "k3"))
 
     @register("DP_COMPUTE")
     def update(self, batch: Batch) -> list[dict]:
-        """PPO epochs × mini-batches of optimizer steps on this rank's shard; [metrics] per dp rank."""
+        """PPO epochs × mini-batches of optimizer steps on this rank's shard; [metrics] per dp rank.
+        Without `old_log_probs` (one epoch of one mini-batch only) the update's own serve as the old ones."""
         if not self.trainable:
             raise RuntimeError(f"role '{self.role}' is not trainable")
+        if "old_log_probs" not in batch and (self.epochs > 1 or self.mini_batches > 1):
+            raise HflowError(f"the actor update needs old_log_probs with {self.epochs} epochs × {self.mini_batches} "
+                             "mini-batches (the policy moves between steps); run compute_log_prob first")
         timing: dict = {}
-        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs",
-                "advantages"] + (["ref_log_probs"] if "ref_log_probs" in batch else [])
+        keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
+        keys += [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
         with timed(timing, "actor_update"):
             metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
-                                  self.mini_batches, self.micro_batch_size)
+                                  self.mini_batches, self.micro_batch_size,
+                                  entropy=bool(self.loss.get("entropy_coef", 0.0)))
         return [{**metrics, "timing": timing}]
 
     # ---- state --------------------------------------------------------------------------------

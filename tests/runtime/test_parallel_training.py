@@ -94,9 +94,10 @@ def test_values_from_scalar_head_and_errors():
 
 def _bad_configs(rank, world):
     messages = []
-    for cfg, kv_heads in ((ParallelConfig(pp=2), 4), (ParallelConfig(tp=3), 4), (ParallelConfig(tp=2), 1)):
+    for cfg, over in ((ParallelConfig(pp=2), dict(tie_word_embeddings=True)), (ParallelConfig(tp=3), {}),
+                      (ParallelConfig(tp=2), dict(num_key_value_heads=1))):
         try:
-            TrainingEngine(tiny_model(num_key_value_heads=kv_heads), cfg)
+            TrainingEngine(tiny_model(**over), cfg)
         except HflowError as e:
             messages.append(str(e))
     return messages
@@ -105,7 +106,7 @@ def _bad_configs(rank, world):
 def test_unsupported_layouts_are_one_line_errors():
     messages = run_distributed(_bad_configs, 2)[0]
     assert len(messages) == 3
-    assert "pp=1" in messages[0] and "3 processes" in messages[1] and "tp=2 must divide" in messages[2]
+    assert "untied" in messages[0] and "3 processes" in messages[1] and "tp=2 must divide" in messages[2]
 
 
 def test_save_load_restores_weights_optimizer_and_rng(tmp_path):

@@ -2,7 +2,14 @@ import networkx as nx
 import pytest
 
 from hybridflow.simulator import OPS, HflowError
-from hybridflow.simulator.dataflow import ALGORITHMS, add_offload_ops, build_dataflow, call_order, unroll
+from hybridflow.simulator.dataflow import (
+    ALGORITHMS,
+    SCORES_BEFORE_LOGPROBS,
+    add_offload_ops,
+    build_dataflow,
+    call_order,
+    unroll,
+)
 from hybridflow.simulator.plan import ALGORITHM_ROLES
 
 
@@ -85,7 +92,9 @@ def test_offload_wraps_each_stretch_of_a_model_in_its_group():
     for role in ("ref", "reward"):
         i = ops.index(("onload", role))
         assert ops[i + 2] == ("offload", role)
-    assert ops.count(("onload", "critic")) == 2  # values and critic_update are separate stretches
+    # values and critic_update: one stretch when the scores come first (the driver's advantage between
+    # them is no model's), two when the reward runs after the values (see SCORES_BEFORE_LOGPROBS)
+    assert ops.count(("onload", "critic")) == (1 if SCORES_BEFORE_LOGPROBS else 2)
     assert nx.is_directed_acyclic_graph(g)
     on = [n for n in g if g.nodes[n]["op"] == "onload" and g.nodes[n]["role"] == "ref"][0]
     assert any(g.nodes[p]["op"] == "offload" for p in g.predecessors(on))
@@ -125,3 +134,19 @@ def test_bad_requests_are_one_line_errors():
         flow("ppo", roles=["actor", "reward"])
     with pytest.raises(HflowError, match="unknown role"):
         flow("grpo", roles=["actor", "judge"])
+
+
+def test_one_pass_drops_actor_logprob_unless_kl_is_in_the_reward():
+    from hybridflow.simulator.dataflow import needs_old_logprob_pass
+    from hybridflow.simulator.workload import Workload
+
+    one, epochs = Workload(ppo_epochs=1, mini_batches=1), Workload(ppo_epochs=2, mini_batches=1)
+    assert not needs_old_logprob_pass(one, ["actor"])
+    assert not needs_old_logprob_pass(one, ["actor", "ref"], kl_in_reward=False)
+    assert needs_old_logprob_pass(one, ["actor", "ref"], kl_in_reward=True)
+    assert needs_old_logprob_pass(epochs, ["actor"]) and needs_old_logprob_pass(Workload(mini_batches=2), ["actor"])
+    g = build_dataflow("grpo", ["actor", "ref"], reward_model=False, cost_model=False, hybrid_engine=True,
+                       old_logprob_pass=False)
+    assert "actor_logprob" not in g
+    assert set(g.predecessors("advantage")) == {"ref_logprob", "reward"}
+    assert set(g.predecessors("actor_update")) == {"advantage"}
