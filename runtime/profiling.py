@@ -4,9 +4,10 @@ A profile run starts one torch.distributed group of `devices` processes (gloo on
 "virtual device" with one thread, as the Ray workers run — NCCL on GPUs) and runs a list of
 measurement jobs in it. Every job runs the very engine code a plan runs: TrainingEngine.train_step
 and compute_log_probs/compute_values, GenerationEngine.generate (prefill + decode with its KV
-cache), the 3D-HybridEngine Resharder, and the collectives. Each is warmed up, then timed
-`repeats` times between barriers (so a point's time is the slowest rank's), and recorded as a
-simulator ProfilePoint (median seconds, spread).
+cache), the 3D-HybridEngine Resharder (after the training engine's FSDP gather, as the hybrid
+engine runs it), and the collectives. Each is warmed up, then timed at least `repeats` times (ops
+under ~0.1 s more often) between barriers (so a point's time is the slowest rank's), and recorded
+as a simulator ProfilePoint (median seconds, spread, the number of timed runs).
 
 Layouts use all the group's ranks (world = devices) or one rank (world 1): then every rank runs its
 own copy of the job at the same time, as the devices of a busy plan do, and rank 0's time counts.
@@ -41,6 +42,7 @@ def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
 
 # ---- timing ----------------------------------------------------------------------------------------
 _ALL_RANKS = [True]  # whether the running job spans the whole group (else: rank 0 alone, no barriers)
+_LAST_REPEATS = [0]  # how many timed runs the last timed_repeats made (recorded with the point)
 
 
 def _sync():
@@ -50,10 +52,23 @@ def _sync():
         dist.barrier()
 
 
+# Cheap ops get more repeats (up to MAX_REPEATS, until about TARGET_SECONDS of timed runs): a
+# 20 ms op timed 3 times carries the machine's jitter almost unfiltered into the fit.
+TARGET_SECONDS = 0.3
+MAX_REPEATS = 9
+
+
 def timed_repeats(fn: Callable[[], object], warmup: int, repeats: int) -> tuple[float, float]:
-    """(median, std) seconds of `fn` over `repeats` runs after `warmup`, every rank between barriers."""
+    """(median, std) seconds of `fn` over at least `repeats` runs after `warmup`, every rank between
+    barriers; ops the warm-up found cheap repeat more (the ranks agree on how many)."""
+    t0 = time.perf_counter()
     for _ in range(warmup):
         fn()
+    if warmup:
+        per_run = torch.tensor([(time.perf_counter() - t0) / warmup], dtype=torch.float64)
+        if _ALL_RANKS[0]:
+            dist.all_reduce(per_run, op=dist.ReduceOp.MAX)
+        repeats = max(repeats, min(MAX_REPEATS, int(TARGET_SECONDS / max(float(per_run), 1e-6))))
     times = []
     for _ in range(repeats):
         _sync()
@@ -61,6 +76,7 @@ def timed_repeats(fn: Callable[[], object], warmup: int, repeats: int) -> tuple[
         fn()
         _sync()
         times.append(time.perf_counter() - t0)
+    _LAST_REPEATS[0] = len(times)
     return statistics.median(times), statistics.pstdev(times) if len(times) > 1 else 0.0
 
 
@@ -77,10 +93,20 @@ def _build(spec: ModelSpec, head: str, seed: int = 0):
     return (LlamaForScore if head == "scalar" else LlamaForCausalLM)(cfg).to(_device())
 
 
+_ENGINES: dict[tuple, object] = {}  # (model, head, layout) -> TrainingEngine, for the jobs of one group
+
+
 def _engine(spec: ModelSpec, head: str, par: ParallelConfig, micro: int | None):
+    """The job's engine: built once per (model, head, layout) and reused by the later jobs (building
+    and sharding a model costs about as much as timing it); its weights only ever move by steps."""
     from hybridflow.runtime.engines.training import TrainingEngine
 
-    return TrainingEngine(_build(spec, head), par if par.world_size > 1 else None, micro_batch_size=micro)
+    key = (spec.model_dump_json(), head, par)
+    eng = _ENGINES.get(key)
+    if eng is None:
+        eng = _ENGINES[key] = TrainingEngine(_build(spec, head), par if par.world_size > 1 else None)
+    eng.micro_batch_size = micro
+    return eng
 
 
 def _tokens(n: int, s: int, vocab: int, seed: int = 1) -> dict[str, torch.Tensor]:
@@ -106,6 +132,7 @@ def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: 
     """Run every job (a dict: op, model, head, parallel, gen, batch, lengths…) in this group; rank 0
     returns the ProfilePoints as dicts. Jobs run in order on every rank (collectives stay matched)."""
     out = []
+    _ENGINES.clear()
     for job in jobs:
         par = ParallelConfig(**job.get("parallel", {}))
         if par.world_size not in (1, world):
@@ -113,12 +140,14 @@ def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: 
         # A one-device job runs on every rank at once, each on its own copy (no communication):
         # the runtime's devices share the host's cores, and a plan keeps them busy side by side.
         _ALL_RANKS[0] = par.world_size == world or job["op"] in ("allreduce", "allgather")
+        _LAST_REPEATS[0] = repeats
         seconds, std, extra = _JOBS[job["op"]](rank, par, job, warmup, repeats)
         dist.barrier()
         if rank == 0:
             report_progress(len(out) + 1)
             out.append({**{k: v for k, v in job.items() if k != "_"}, "seconds": max(seconds, 1e-9), "std": std,
-                        "repeats": repeats, **extra})
+                        "repeats": _LAST_REPEATS[0], **extra})
+    _ENGINES.clear()
     return out
 
 

@@ -39,8 +39,10 @@ from .workload import Workload
 
 BF16 = 2
 UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran whole, as measured
-_START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, tp_layer_seconds=1e-3, dp_layer_seconds=1e-3,
-                                   reshard_layer_seconds=1e-3, call_seconds=1e-3, step_seconds=1e-3)
+_START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, backward_layer_seconds=2e-4, decode_layer_seconds=1e-4,
+                                   tp_layer_seconds=1e-3, tp_decode_layer_seconds=1e-3, dp_layer_seconds=1e-3,
+                                   reshard_layer_seconds=1e-3, dp_gather_layer_seconds=1e-3, call_seconds=1e-3,
+                                   step_seconds=1e-3)
 FIT_OPS = ("train", "forward", "generate", "reshard", "allreduce", "allgather")
 
 
@@ -66,12 +68,18 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("params", "width_half", 1e-2, 1e6),
     Term("params", "decode_step_overhead", 1e-7, 1.0),
     Term("params", "fsdp_overlap", 1e-4, 1.0),
+    Term("params", "adam_bytes_per_param", 1e-2, 1e3),
     Term("overheads", "layer_seconds", 1e-8, 1.0),
+    Term("overheads", "backward_layer_seconds", 1e-8, 1.0),
+    Term("overheads", "decode_layer_seconds", 1e-8, 1.0),
     Term("overheads", "tp_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "tp_decode_layer_seconds", 1e-8, 10.0),
     Term("overheads", "dp_layer_seconds", 1e-8, 10.0),
     Term("overheads", "reshard_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "dp_gather_layer_seconds", 1e-8, 10.0),
     Term("overheads", "call_seconds", 1e-8, 10.0),
     Term("overheads", "step_seconds", 1e-8, 10.0),
+    Term("overheads", "backward_ratio", 0.25, 8.0),
 )
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
@@ -147,6 +155,9 @@ def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float
     if p.op == "generate":
         return cm.generate(p.model, p.parallel, _workload(p), sequences=p.batch,
                            free_bytes_per_device=UNLIMITED).seconds
+    if p.op == "dispatch":
+        o = getattr(cm, "overheads", None)
+        return 0.0 if o is None else o.queued_call_seconds if p.mode == "queued" else o.dispatch_seconds
     if p.op == "reshard":
         return cm.reshard(p.model, p.parallel, p.gen, p.mode).seconds
     if p.op in COLLECTIVE_OPS:
@@ -221,6 +232,13 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
         x = x0
     hw, pr, ov = _build(profile.hardware, base, live, x)
     hw, pr = HardwareSpec.model_validate(hw.model_dump()), EfficiencyParams.model_validate(pr.model_dump())
+    gaps = {}
+    for field, mode in (("dispatch_seconds", "dependent"), ("queued_call_seconds", "queued")):
+        seen = [p.seconds for p in profile.points if p.op == "dispatch" and (p.mode or "dependent") == mode]
+        if seen:  # measured directly: the median gap the probe saw
+            gaps[field] = statistics.median(seen)
+    ov = ov.model_copy(update=gaps)
+    points += [p for p in profile.points if p.op == "dispatch"]
     ov = EngineOverheads.model_validate(ov.model_dump())
     cm = ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
     fit = [PointFit(label=p.label(), op=p.op, measured=p.seconds, predicted=predict_point(cm, p, dtype_bytes))
@@ -243,11 +261,18 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "tokens_half": ops & {"train", "forward", "generate"},
         "width_half": ops & {"train", "forward", "generate"},
         "decode_step_overhead": "generate" in ops,
+        "adam_bytes_per_param": "train" in ops,
         "fsdp_overlap": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
-        "layer_seconds": ops & {"train", "forward", "generate"},
-        "tp_layer_seconds": any(p.op in ("train", "forward", "generate") and p.parallel.tp > 1 for p in points),
+        "layer_seconds": ops & {"train", "forward"},
+        "backward_layer_seconds": "train" in ops,
+        "backward_ratio": "train" in ops,
+        "decode_layer_seconds": "generate" in ops,
+        "tp_layer_seconds": any(p.op in ("train", "forward") and p.parallel.tp > 1 for p in points),
+        "tp_decode_layer_seconds": any(p.op == "generate" and p.parallel.tp > 1 for p in points),
         "dp_layer_seconds": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
-        "reshard_layer_seconds": "reshard" in ops,
+        "reshard_layer_seconds": any(p.op == "reshard" and p.parallel.tp * p.parallel.pp > p.gen.tp * p.gen.pp
+                                     for p in points),
+        "dp_gather_layer_seconds": any(p.op == "reshard" and p.parallel.dp > 1 for p in points),
         "call_seconds": ops & {"train", "forward", "generate"},
         "step_seconds": "train" in ops,
     }
@@ -273,7 +298,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "3"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "4"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

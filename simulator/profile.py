@@ -34,10 +34,11 @@ PROFILE_VERSION = 1
 
 # What a point measured. Model ops price through CostModel (train, forward, generate, reshard);
 # collectives through its ring formulas; matmul / memory are the probe's raw figures.
-OpKind = Literal["train", "forward", "generate", "reshard", "allreduce", "allgather", "matmul", "memory"]
+OpKind = Literal["train", "forward", "generate", "reshard", "allreduce", "allgather", "dispatch", "matmul", "memory"]
 MODEL_OPS = ("train", "forward", "generate", "reshard")
 COLLECTIVE_OPS = ("allreduce", "allgather")
-OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", "allreduce", "allgather", "matmul", "memory")
+OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", "allreduce", "allgather", "dispatch", "matmul",
+                             "memory")
 
 
 class Fingerprint(BaseModel):
@@ -70,6 +71,9 @@ class ProfilePoint(BaseModel):
       `response_len` new tokens (1: prefill only);
     - reshard: `model`, `parallel` = training layout, `gen` = generation layout, `mode`;
     - allreduce / allgather: `size_bytes` (the full reduced / gathered tensor), `group_size` ranks;
+    - dispatch: the single controller's gap between calls on a group of `group_size` workers passing
+      `batch` sequences of `prompt_len` tokens, `mode` "dependent" (after the call its input came
+      from) or "queued" (after the call before it on the group; runtime/dispatch_probe.py);
     - matmul: `size_bytes` = n (an n×n×n GEMM); memory: `size_bytes` copied.
     """
 
@@ -117,6 +121,8 @@ class ProfilePoint(BaseModel):
         """A short human name: op, model, layout and shape."""
         if self.op in COLLECTIVE_OPS:
             return f"{self.op} {self.size_bytes / 2**20:.2f} MiB ×{self.group_size}"
+        if self.op == "dispatch":
+            return f"dispatch {self.mode or 'dependent'} b{self.batch}×{self.prompt_len} ×{self.group_size}"
         if self.op in ("matmul", "memory"):
             return f"{self.op} {self.size_bytes:.0f}"
         name = self.model.name if self.model else "?"

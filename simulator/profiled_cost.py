@@ -5,7 +5,10 @@ devices, eager PyTorch — a large share of an op's time is fixed work per layer
 dispatching a layer's dozen kernels (forward, and about twice that in the backward), the extra
 DTensor dispatch of a tensor-parallel layer, setting up a call and an optimizer step. These do not
 scale with FLOPs or bytes, so no efficiency term of the analytic model can absorb them. A profile
-fits them; their defaults are 0, which leaves the analytic model exactly as it is.
+fits them; their defaults (0, and a backward of twice the forward) leave train, forward and
+generate exactly as the analytic model prices them. The reshard is priced as the engines run it
+(FSDP's gather over dp first, then the copy into the generation model), and the single
+controller's gaps between calls (measured, not fitted) are left by the schedule (schedule.call_gaps).
 
 The overheads are added as one more part of each OpCost's breakdown ("overhead"), so tables still
 add up. Method signatures are CostModel's: the planner and the schedule use this class unchanged.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .comm import dp_ranks
 from .cost import CostModel, OpCost
 from .efficiency import EfficiencyParams
 from .hardware import ClusterSpec
@@ -27,20 +31,42 @@ BF16 = 2
 
 
 class EngineOverheads(BaseModel):
-    """Fixed seconds the engines spend beyond FLOPs, bytes and collectives (fitted to a profile)."""
+    """Fixed seconds the engines spend beyond FLOPs, bytes and collectives (fitted to a profile).
+
+    Each op kind has its own terms: on eager CPU PyTorch a training pass, a no-grad forward and a
+    KV-cache decode step dispatch different kernels, and a tensor-parallel decode step (two
+    latency-bound all-reduces per layer for a handful of tokens) costs far more per layer than a
+    tensor-parallel training pass over a whole micro-batch — one shared term fits neither."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     layer_seconds: float = Field(0.0, ge=0, description="per decoder layer per forward pass of one micro-batch "
-                                 "(or one decode step): eager kernel dispatch; a backward counts twice")
-    tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per pass when tp > 1: DTensor "
-                                    "dispatch and the synchronisation of the layer's two collectives")
-    dp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per pass when dp > 1: the FSDP "
-                                    "unshard / reshard hooks around the layer's weight all-gather")
-    reshard_layer_seconds: float = Field(0.0, ge=0, description="per layer of a reshard that moves data: one "
-                                         "gather per parameter tensor, each with its own setup")
+                                 "(forward ops and the forward half of a training step): eager kernel dispatch")
+    backward_layer_seconds: float = Field(0.0, ge=0, description="per decoder layer per backward pass of one "
+                                          "micro-batch: autograd's dispatch and gradient hooks")
+    decode_layer_seconds: float = Field(0.0, ge=0, description="per decoder layer per generation pass (the "
+                                        "prefill or one decode step): dispatch, KV-cache append")
+    tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per training/forward pass when tp > 1: "
+                                    "DTensor dispatch and the synchronisation of the layer's two collectives")
+    tp_decode_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per generation pass when "
+                                           "tp > 1: the same, paid per decode step for a few tokens")
+    dp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per FSDP collective when dp > 1 (one "
+                                    "per forward pass, two per backward): the hooks and the synchronisation of "
+                                    "the layer's weight all-gather / gradient reduce-scatter")
+    reshard_layer_seconds: float = Field(0.0, ge=0, description="per layer of a reshard's gather between "
+                                         "layouts: one gather per parameter tensor, each with its own setup")
+    dp_gather_layer_seconds: float = Field(0.0, ge=0, description="per layer of the FSDP gather over dp before "
+                                           "a reshard: one DTensor redistribute per parameter tensor")
     call_seconds: float = Field(0.0, ge=0, description="per op call on a device: batching, gathering results")
     step_seconds: float = Field(0.0, ge=0, description="per optimizer step: zeroing, clipping, the step's launch")
+    dispatch_seconds: float = Field(0.0, ge=0, description="the single controller's gap between a call's "
+                                    "input ending on its workers and the call starting there: the result back "
+                                    "through Ray, the next batch sharded and sent (runtime/dispatch_probe.py; "
+                                    "measured, not fitted; the schedule leaves it, schedule.call_gaps)")
+    queued_call_seconds: float = Field(0.0, ge=0, description="the gap between two calls queued on one worker "
+                                       "group: the second was sent while the first ran (measured likewise)")
+    backward_ratio: float = Field(2.0, gt=0, description="the backward pass's compute relative to the forward's "
+                                  "(2 in FLOPs, the analytic model's figure; eager CPU kernels reach another)")
 
 
 def _micro_batches(sequences: int, steps: int, dp: int, micro_batch_size: int) -> int:
@@ -56,17 +82,20 @@ class ProfiledCostModel(CostModel):
         super().__init__(cluster, params)
         self.overheads = overheads or EngineOverheads()
 
-    def _layer(self, par: ParallelConfig, fsdp: bool = True) -> float:
+    def _layer(self, par: ParallelConfig, backward: bool = False) -> float:
+        """Overhead per layer of one training/forward pass (forward or backward) in layout `par`. A
+        backward pass runs FSDP's two collectives per layer (gather, reduce-scatter) to the forward's one."""
         o = self.overheads
-        return (o.layer_seconds + (o.tp_layer_seconds if par.tp > 1 else 0.0)
-                + (o.dp_layer_seconds if fsdp and par.dp > 1 else 0.0))
+        return ((o.backward_layer_seconds if backward else o.layer_seconds)
+                + (o.tp_layer_seconds if par.tp > 1 else 0.0)
+                + ((2.0 if backward else 1.0) * o.dp_layer_seconds if par.dp > 1 else 0.0))
 
     @staticmethod
-    def _with(cost: OpCost, extra: float) -> OpCost:
-        if extra <= 0.0:
+    def _with(cost: OpCost, extra: float, part: str = "overhead") -> OpCost:
+        if extra == 0.0:
             return cost
         parts = dict(cost.breakdown)
-        parts["overhead"] = parts.get("overhead", 0.0) + extra
+        parts[part] = parts.get(part, 0.0) + extra
         return OpCost.model_construct(seconds=cost.seconds + extra, flops=cost.flops, bytes=cost.bytes,
                                       breakdown=parts)
 
@@ -81,12 +110,18 @@ class ProfiledCostModel(CostModel):
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
               recompute: bool = False) -> OpCost:
         cost = super().train(model, head, parallel, workload, recompute)
+        o = self.overheads
         steps = workload.ppo_epochs * workload.mini_batches
         micro = _micro_batches(workload.sequences * workload.ppo_epochs, steps, parallel.dp,
                                workload.micro_batch_size)
-        passes = 4.0 if recompute else 3.0
-        extra = (passes * micro * model.layers / parallel.pp * self._layer(parallel)
-                 + steps * self.overheads.step_seconds + self.overheads.call_seconds)
+        # the analytic compute counts the backward as 2 forwards (3 passes, 4 with recomputation)
+        forwards = 2.0 if recompute else 1.0
+        scale = (forwards + o.backward_ratio) / (forwards + 2.0)
+        if scale != 1.0 and cost.breakdown.get("compute", 0.0) > 0.0:
+            cost = self._with(cost, (scale - 1.0) * cost.breakdown["compute"], part="compute")
+        layers = micro * model.layers / parallel.pp
+        extra = (layers * (forwards * self._layer(parallel) + self._layer(parallel, backward=True))
+                 + steps * o.step_seconds + o.call_seconds)
         return self._with(cost, extra)
 
     def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
@@ -100,10 +135,32 @@ class ProfiledCostModel(CostModel):
         waves = -(-per_replica // batch)
         passes = waves * workload.response_len  # the prefill and response_len - 1 decode steps
         # generation replicas hold whole (tp-sharded) weights: no FSDP hooks however large dp is
-        extra = passes * model.layers * self._layer(gen, fsdp=False) + self.overheads.call_seconds
+        o = self.overheads
+        per_layer = o.decode_layer_seconds + (o.tp_decode_layer_seconds if gen.tp > 1 else 0.0)
+        extra = passes * model.layers * per_layer + o.call_seconds
         return self._with(cost, extra)
 
     def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str) -> OpCost:
+        """The switch as the engines run it. The analytic price is paper Table 2, whose training
+        weights are whole on every data-parallel replica (Megatron); the training engine shards them
+        over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
+        the dp ranks ((d-1)/d · M/(t·p) per device, one collective per parameter tensor). Then the
+        generation weights are written into the generation model (a local copy of M/(t_g·p_g))."""
         cost = super().reshard(model, train, gen, mode)
-        moves = cost.bytes > 0
-        return self._with(cost, model.layers * self.overheads.reshard_layer_seconds if moves else 0.0)
+        if mode == "broadcast":
+            return self._with(cost, model.layers * self.overheads.reshard_layer_seconds)
+        m_bytes = BF16 * model.num_params("lm")
+        parts = dict(cost.breakdown)
+        o = self.overheads
+        nbytes = cost.bytes
+        overhead = model.layers * o.reshard_layer_seconds if cost.bytes > 0 else 0.0
+        if train.dp > 1:
+            bw, lat = self.allgather(m_bytes / (train.tp * train.pp), train.world_size, dp_ranks(train))
+            parts["dp_gather"] = bw
+            parts["latency"] = parts.get("latency", 0.0) + (model.layers + 1) * lat
+            nbytes += (train.dp - 1) / train.dp * m_bytes / (train.tp * train.pp)
+            overhead += model.layers * o.dp_gather_layer_seconds
+        parts["copy"] = m_bytes / (gen.tp * gen.pp) / self.hbm
+        parts["overhead"] = overhead
+        parts = {k: v for k, v in parts.items() if v > 0.0}
+        return OpCost.model_construct(seconds=sum(parts.values()), flops=0.0, bytes=nbytes, breakdown=parts)

@@ -5,6 +5,10 @@ another in that order, ops on disjoint groups run concurrently, and no op starts
 op it reads from has ended. That is list scheduling in program order — one pass over the call
 order, O(ops + edges) — so the planner can call `schedule` for every candidate it prices.
 `simulate` does the whole thing for a Plan: dataflow, lanes, prices, schedule → Timeline.
+
+With a profiled cost model, `simulate` also leaves the single controller's gaps between calls
+(simulator/profiled_cost.py: after an input the call waited for, after the previous call on the
+same group), as a measured run's worker-timed ops show them. The planner ranks plans without them.
 """
 
 from __future__ import annotations
@@ -13,17 +17,28 @@ from collections.abc import Hashable, Mapping
 
 import networkx as nx
 
-from .dataflow import DRIVER, Lanes, add_offload_ops, build_dataflow, call_order, lanes_tuple, unroll
+from .dataflow import (
+    DRIVER,
+    Lanes,
+    add_offload_ops,
+    build_dataflow,
+    call_order,
+    lanes_tuple,
+    needs_old_logprob_pass,
+    unroll,
+)
 from .errors import HflowError
 from .plan import Plan
 from .timeline import Event, Timeline
 
 
-def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapping[Hashable, float]
-             ) -> dict[Hashable, tuple[float, float]]:
+def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapping[Hashable, float],
+             gaps: Mapping[Hashable, tuple[float, float]] | None = None) -> dict[Hashable, tuple[float, float]]:
     """(start, end) of every op. Pure: reads the graph, the lane(s) each op occupies and its
     duration. An op that occupies several lanes (a weight broadcast between two groups) waits for
-    all of them and holds all of them."""
+    all of them and holds all of them. `gaps` (optional, per op): the controller's (gap after an
+    input it waited for, gap after the op before it on its lane) — the op starts no earlier than
+    either."""
     free: dict[str, float] = {}
     times: dict[Hashable, tuple[float, float]] = {}
     ends: dict[Hashable, float] = {}
@@ -32,16 +47,19 @@ def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapp
         dur = seconds[n]
         if dur < 0:
             raise HflowError(f"op {n!r} has negative duration {dur}")
+        after_input, after_lane = gaps[n] if gaps is not None and n in gaps else (0.0, 0.0)
         start = 0.0
         for p in preds:
-            if ends[p] > start:
-                start = ends[p]
+            if ends[p] + after_input > start:
+                start = ends[p] + after_input
         if isinstance(lanes, str):
-            start = max(start, free.get(lanes, 0.0))
+            if lanes in free:
+                start = max(start, free[lanes] + after_lane)
             free[lanes] = end = start + dur
         else:
             for lane in lanes:
-                start = max(start, free.get(lane, 0.0))
+                if lane in free:
+                    start = max(start, free[lane] + after_lane)
             end = start + dur
             for lane in lanes:
                 free[lane] = end
@@ -67,11 +85,13 @@ def makespan(times: Mapping[Hashable, tuple[float, float]]) -> float:
 
 
 # ---- a Plan ---------------------------------------------------------------------------------
-def plan_dataflow(plan: Plan) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
-    """One iteration of the plan's dataflow and the device group(s) each op runs on."""
+def plan_dataflow(plan: Plan, kl_in_reward: bool = True) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
+    """One iteration of the plan's dataflow and the device group(s) each op runs on. `kl_in_reward`:
+    whether the run folds a KL penalty into the rewards (dataflow.needs_old_logprob_pass)."""
     actor = plan.roles["actor"]
     graph = build_dataflow(plan.algorithm, plan.roles, reward_model="reward" in plan.roles,
-                           cost_model="cost" in plan.roles, hybrid_engine=actor.generate_group is None)
+                           cost_model="cost" in plan.roles, hybrid_engine=actor.generate_group is None,
+                           old_logprob_pass=needs_old_logprob_pass(plan.workload, plan.roles, kl_in_reward))
     lane_of: dict[Hashable, Lanes] = {}
     for n, a in graph.nodes(data=True):
         if a["driver"]:
@@ -133,12 +153,24 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(parts)
 
 
-def simulate(plan: Plan, cost_model=None, iterations: int = 1) -> Timeline:
+def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float]] | None:
+    """Per op the controller's gaps (after an input, after the lane's previous op), from a profiled
+    cost model's overheads (None: no gaps, the analytic model). Every call on a worker group pays
+    them; the driver's own ops do not, nor does `generate`, which runs in the same call as the
+    reshard before it."""
+    if overheads is None or (overheads.dispatch_seconds == 0.0 and overheads.queued_call_seconds == 0.0):
+        return None
+    pair = (overheads.dispatch_seconds, overheads.queued_call_seconds)
+    return {n: pair for n, a in graph.nodes(data=True) if not a["driver"] and a["op"] != "generate"}
+
+
+def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool = True) -> Timeline:
     """The simulated Timeline of `iterations` iterations of `plan` (source="simulated")."""
-    graph, lane_of = plan_dataflow(plan)
+    graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)
     big, big_lanes = unroll(graph, lane_of, iterations)
-    times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big})
+    gaps = call_gaps(big, getattr(cost_model, "overheads", None))
+    times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps)
     events = []
     for n in call_order(big):
         a, c = big.nodes[n], costs[n[1]]

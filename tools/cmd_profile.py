@@ -6,7 +6,9 @@ reshard and all-reduce / all-gather at several sizes — over a few tiny Llama s
 layout of 1 or all devices (tp, dp), with warm-up and repeats, on one process group of local
 devices (GPUs when there are, else one gloo process per core). Writes a versioned Profile
 (simulator/profile.py, documented in profiles/README.md) atomically, then fits the cost model to
-it and prints the fit's error per op kind. `--quick` is a seconds-long grid for tests.
+it and prints the fit's error per op kind. Before writing, on a local Ray cluster, it measures the
+single controller's dispatch gap between dependent calls (runtime/dispatch_probe.py). `--quick`
+is a seconds-long grid for tests (no Ray).
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ def layouts(devices: int, model: ModelSpec) -> list[dict]:
 def grid(devices: int, quick: bool = False) -> list[dict]:
     """The jobs a profile measures (dicts of ProfilePoint fields without the timings)."""
     models = [GRID_MODELS["p64"]] if quick else list(GRID_MODELS.values())
-    fwd = [(8, 32, 8)] if quick else [(8, 32, 8), (32, 64, 16)]  # (batch, seq, micro)
-    trn = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (32, 64, 16, 2)]  # (+ optimizer steps)
-    gen = [(2, 8, 1), (2, 8, 4)] if quick else [(4, 16, 1), (4, 16, 16), (32, 16, 32)]  # (batch, prompt, new)
+    # Shapes: small and large batches, and an RL-sized one (a batch of short rollouts in micro-batches
+    # and two optimizer steps: where fixed per-pass costs weigh most on small models).
+    fwd = [(8, 32, 8)] if quick else [(8, 32, 8), (16, 24, 8), (32, 64, 16)]  # (batch, seq, micro)
+    trn = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)]  # (+ optimizer steps)
+    gen = ([(2, 8, 1), (2, 8, 4)] if quick  # (batch, prompt, new)
+           else [(4, 16, 1), (4, 16, 16), (16, 12, 8), (32, 16, 32)])
     jobs: list[dict] = []
     for m in models:
         md = m.model_dump()
@@ -63,12 +68,16 @@ def grid(devices: int, quick: bool = False) -> list[dict]:
                     jobs.append(dict(op="train", model=md, head="scalar", parallel=par, batch=b, micro_batch=mb,
                                      steps=steps, prompt_len=half, response_len=s - half))
             for b, p, r in gen:
-                if par.get("tp") and r > 16:
-                    r = 16  # tensor-parallel decode is slow on gloo: a shorter run tells as much
+                if par.get("tp") and r > 8:
+                    r = 8  # tensor-parallel decode is slow on gloo: a shorter run tells as much
                 jobs.append(dict(op="generate", model=md, parallel=par, batch=b, prompt_len=p, response_len=r))
         if devices > 1 and layouts(devices, m)[1].get("tp"):
             for mode in (["hybridflow"] if quick else ["hybridflow", "hybridflow-v", "ds-chat"]):
                 jobs.append(dict(op="reshard", model=md, parallel={"tp": devices}, gen={"tp": 1, "dp": devices},
+                                 mode=mode))
+        if devices > 1 and not quick:  # FSDP-sharded training weights: the dp gather before the switch
+            for mode in ("hybridflow", "ds-chat"):
+                jobs.append(dict(op="reshard", model=md, parallel={"dp": devices}, gen={"tp": 1, "dp": devices},
                                  mode=mode))
     if devices > 1:
         for size in (COLLECTIVE_SIZES[1:3] if quick else COLLECTIVE_SIZES):
@@ -125,6 +134,10 @@ def run(args) -> int:
         task = bar.add_task("profile", total=len(jobs))
         hw, points = profile_machine(jobs, devices, warmup, repeats,
                                      on_progress=lambda done: bar.update(task, completed=done))
+    if not args.quick and devices > 1:  # the controller's gap between calls: Ray, a few seconds
+        from hybridflow.runtime.dispatch_probe import measure_dispatch
+
+        points.extend(measure_dispatch(devices))
     profile = Profile(name=args.name or out.stem, fingerprint=fingerprint(devices), hardware=hw, points=points,
                       notes=f"hflow-plan profile{' --quick' if args.quick else ''}: {len(jobs)} jobs, "
                             f"warmup {warmup}, repeats {repeats}")
@@ -148,4 +161,5 @@ def print_fit(cal, console, title: str = "") -> None:
     console.print(f"fitted: {hw.peak_flops / 1e9:.2f} GFLOP/s, memory {hw.hbm_bandwidth / 1e9:.2f} GB/s, link "
                   f"{hw.intra_node_bandwidth / 1e9:.3f} GB/s, latency {hw.intra_node_latency * 1e3:.2f} ms, "
                   f"tokens_half {cal.params.tokens_half:.3g}, width_half {cal.params.width_half:.3g}, decode step "
-                  f"overhead {cal.params.decode_step_overhead * 1e3:.2f} ms")
+                  f"overhead {cal.params.decode_step_overhead * 1e3:.2f} ms, dispatch "
+                  f"{cal.overheads.dispatch_seconds * 1e3:.1f} ms")

@@ -26,9 +26,11 @@ from hybridflow.simulator.schedule import simulate
 TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
                        inter_node_bandwidth=1e9, intra_node_latency=2e-4)
 TRUE_PARAMS = EfficiencyParams().model_copy(update={**PINNED, "tokens_half": 64.0, "width_half": 32.0,
-                                                    "decode_step_overhead": 2e-3})
-TRUE_OVERHEADS = EngineOverheads(layer_seconds=3e-4, tp_layer_seconds=4e-3, dp_layer_seconds=2e-3,
-                                 reshard_layer_seconds=1e-3, call_seconds=2e-3, step_seconds=5e-3)
+                                                    "decode_step_overhead": 2e-3, "adam_bytes_per_param": 6.0})
+TRUE_OVERHEADS = EngineOverheads(layer_seconds=3e-4, backward_layer_seconds=8e-4, decode_layer_seconds=2e-4,
+                                 tp_layer_seconds=4e-3, tp_decode_layer_seconds=9e-3, dp_layer_seconds=2e-3,
+                                 reshard_layer_seconds=1e-3, dp_gather_layer_seconds=3e-3, call_seconds=2e-3,
+                                 step_seconds=5e-3, backward_ratio=1.5)
 # The probe's guess the fit starts from: every figure off by 2.5-10x.
 START_HW = HardwareSpec(name="cpu-x", peak_flops=1e10, hbm_bandwidth=2e10, hbm_bytes=8e9, intra_node_bandwidth=3e8,
                         inter_node_bandwidth=3e8, intra_node_latency=1e-3)
@@ -36,8 +38,11 @@ MODELS = [ModelSpec(name=f"m{h}", layers=layers, hidden=h, heads=4, kv_heads=4, 
           for h, layers in ((64, 2), (128, 4), (256, 3))]
 RECOVERED = ("hardware.peak_flops", "hardware.hbm_bandwidth", "hardware.intra_node_bandwidth",
              "hardware.intra_node_latency", "params.tokens_half", "params.width_half", "params.decode_step_overhead",
-             "overheads.layer_seconds", "overheads.tp_layer_seconds", "overheads.dp_layer_seconds",
-             "overheads.reshard_layer_seconds", "overheads.call_seconds", "overheads.step_seconds")
+             "params.adam_bytes_per_param", "overheads.layer_seconds", "overheads.backward_layer_seconds",
+             "overheads.decode_layer_seconds", "overheads.tp_layer_seconds", "overheads.tp_decode_layer_seconds",
+             "overheads.dp_layer_seconds", "overheads.reshard_layer_seconds", "overheads.dp_gather_layer_seconds",
+             "overheads.call_seconds",
+             "overheads.step_seconds", "overheads.backward_ratio")
 
 
 def synthetic_points(noise: float = 0.0) -> list[ProfilePoint]:
@@ -55,6 +60,8 @@ def synthetic_points(noise: float = 0.0) -> list[ProfilePoint]:
                 jobs.append(dict(op="generate", model=m, parallel=par, batch=b, prompt_len=16, response_len=r))
         jobs.append(dict(op="reshard", model=m, parallel=ParallelConfig(tp=2), gen=ParallelConfig(dp=2),
                          mode="ds-chat"))
+        jobs.append(dict(op="reshard", model=m, parallel=ParallelConfig(dp=2), gen=ParallelConfig(dp=2),
+                         mode="hybridflow"))  # FSDP's dp gather only
     for size in (2**12, 2**16, 2**20, 2**24):
         jobs += [dict(op="allreduce", size_bytes=size, group_size=2), dict(op="allgather", size_bytes=size,
                                                                             group_size=2)]
@@ -153,3 +160,56 @@ def test_files_and_names(tmp_path, monkeypatch):
                     points=[ProfilePoint(op="matmul", size_bytes=512, seconds=0.01)])
     with pytest.raises(HflowError, match="no points of kinds"):
         calibrate(empty)
+
+
+def test_the_engines_reshard_gathers_over_dp_first_and_copies():
+    """Table 2 moves nothing between equal layouts; the FSDP engine still all-gathers each tensor shard
+    over dp and copies the generation weights (profiled_cost.ProfiledCostModel.reshard)."""
+    cluster = ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2)
+    cm = ProfiledCostModel(cluster, TRUE_PARAMS, TRUE_OVERHEADS)
+    m = MODELS[1]
+    m_bytes = 2 * m.num_params("lm")
+    dp2 = ParallelConfig(dp=2)
+    assert CostModel(cluster, TRUE_PARAMS).reshard(m, dp2, dp2, "hybridflow").bytes == 0.0
+    c = cm.reshard(m, dp2, dp2, "hybridflow")
+    assert c.bytes == pytest.approx(m_bytes / 2)
+    link = TRUE_HW.intra_node_bandwidth  # efficiency pinned at 1
+    assert c.breakdown["dp_gather"] == pytest.approx(0.5 * m_bytes / link)
+    assert c.breakdown["latency"] == pytest.approx((m.layers + 1) * TRUE_HW.intra_node_latency)
+    assert c.breakdown["copy"] == pytest.approx(m_bytes / TRUE_HW.hbm_bandwidth)
+    assert c.breakdown["overhead"] == pytest.approx(m.layers * TRUE_OVERHEADS.dp_gather_layer_seconds)
+    assert sum(c.breakdown.values()) == pytest.approx(c.seconds)
+    # a tp=2 → dp=2 switch has no dp to gather over: Table 2's gather (M/2 per device) and the copy
+    tp = cm.reshard(m, ParallelConfig(tp=2), dp2, "hybridflow")
+    assert tp.bytes == pytest.approx(m_bytes / 2) and "dp_gather" not in tp.breakdown
+    assert tp.breakdown["overhead"] == pytest.approx(m.layers * TRUE_OVERHEADS.reshard_layer_seconds)
+
+
+def test_dispatch_gaps_are_measured_and_the_schedule_leaves_them(exact_fit):
+    """'dispatch' points set the controller's gaps as measured (no fit); a simulated op starts that
+    long after the input it waited for, or after the op before it on its lane."""
+    dep, queued = 0.01, 0.004
+    points = synthetic_points() + [
+        ProfilePoint(op="dispatch", mode=mode, batch=16, prompt_len=24, group_size=2, seconds=s)
+        for mode, s in (("dependent", dep), ("dependent", 3 * dep), ("queued", queued))]
+    cal = calibrate(synthetic_profile().model_copy(update={"points": points}))
+    assert cal.overheads.dispatch_seconds == pytest.approx(2 * dep)  # the median of what was measured
+    assert cal.overheads.queued_call_seconds == pytest.approx(queued)
+    assert cal.errors["forward"].max < 2e-2  # the fit itself is untouched by the gaps
+    plan = Plan.model_validate({
+        "algorithm": "ppo", "cluster": {"hardware": START_HW.model_dump(), "nodes": 1, "devices_per_node": 1},
+        "workload": {"prompts": 8, "prompt_len": 16, "response_len": 16, "micro_batch_size": 4},
+        "groups": [{"name": "all", "devices": [{"node": 0, "index": 0}]}],
+        "roles": {r: {"model": MODELS[0].model_dump(), "group": "all"} for r in ("actor", "ref", "critic", "reward")},
+    })
+    moved, cm, _ = plan_on_profile(plan, cal)
+    tl = simulate(moved, cm)
+    by_op = {e.op: e for e in tl.events}
+    assert by_op["generate"].start == pytest.approx(by_op["reshard"].end)  # one call: reshard, then generate
+    assert by_op["reward"].start - by_op["generate"].end == pytest.approx(2 * dep)  # waited for its input
+    # actor_logprob waited for the reward (on the same lane): the later of the two gaps
+    assert by_op["actor_logprob"].start - by_op["reward"].end == pytest.approx(2 * dep)
+    assert by_op["ref_logprob"].start - by_op["actor_logprob"].end == pytest.approx(queued)  # queued behind it
+    assert by_op["advantage"].start == pytest.approx(by_op["values"].end)  # the driver's own op: no gap
+    no_gap, _, _ = plan_on_profile(plan, exact_fit)
+    assert tl.iteration_seconds(0) > simulate(no_gap, exact_fit.cost_model(no_gap.cluster)).iteration_seconds(0)

@@ -93,8 +93,10 @@ def test_the_shipped_cpu_profile_loads_and_covers_every_op_kind():
     assert p == Profile.load(path)
     assert p.fingerprint.device_kind == "cpu" and p.fingerprint.dtype == "float32"
     ops = p.by_op()
-    for kind in ("train", "forward", "generate", "reshard", "allreduce", "allgather", "matmul", "memory"):
+    for kind in ("train", "forward", "generate", "reshard", "allreduce", "allgather", "dispatch", "matmul", "memory"):
         assert ops.get(kind), f"shipped profile has no '{kind}' points"
+    # the engines' switch from an FSDP (dp-sharded) training layout: the dp gather the runtime runs
+    assert {pt.parallel.dp for pt in ops["reshard"]} >= {1, 2}
     assert {pt.parallel.tp for pt in ops["generate"]} >= {1, 2}
     assert {pt.parallel.dp for pt in ops["train"]} >= {1, 2}
     assert len({pt.model.hidden for pt in ops["forward"]}) >= 3

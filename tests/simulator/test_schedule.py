@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.simulator.dataflow import build_dataflow, call_order, lanes_tuple
+from hybridflow.simulator.dataflow import SCORES_BEFORE_LOGPROBS, build_dataflow, call_order, lanes_tuple
 from hybridflow.simulator.schedule import makespan, schedule
 
 
@@ -48,8 +48,10 @@ def test_ppo_split_placement_overlaps_critic_work_with_the_actor():
              for n in g}
     secs = {n: 1.0 for n in g}
     t = schedule(g, lanes, secs)
-    # values+reward (B) run while actor_logprob+ref_logprob (A) run; the updates overlap too
-    assert t["values"][0] == t["actor_logprob"][0] == 2.0
+    # values (B) run while actor_logprob+ref_logprob (A) run — after the reward (B), which the
+    # runtime's driver waits for first (SCORES_BEFORE_LOGPROBS) — and the updates overlap too
+    first = 3.0 if SCORES_BEFORE_LOGPROBS else 2.0
+    assert t["values"][0] == t["actor_logprob"][0] == first
     assert t["critic_update"][0] == t["actor_update"][0]
     colocated = schedule(g, {n: "driver" if g.nodes[n]["driver"] else "A" for n in g}, secs)
     assert makespan(t) < makespan(colocated) == len(g)
@@ -160,13 +162,16 @@ def test_a_slower_cost_model_gives_a_slower_timeline():
     assert slow.iteration_seconds() > fast.iteration_seconds()
 
 
-def test_grpo_rule_reward_on_the_driver_overlaps_the_devices():
+def test_grpo_rule_reward_runs_on_the_driver():
     from hybridflow.simulator.schedule import simulate
 
     tl = simulate(load("grpo-llama2-7b-1x8"))
     reward = next(e for e in tl.events if e.op == "reward")
     logprob = next(e for e in tl.events if e.op == "actor_logprob")
-    assert reward.group == "driver" and reward.start == pytest.approx(logprob.start)
+    # the runtime's driver scores first and then issues the log-probs (SCORES_BEFORE_LOGPROBS);
+    # otherwise the driver's scoring overlaps the devices' log-prob pass
+    assert reward.group == "driver"
+    assert logprob.start == pytest.approx(reward.end if SCORES_BEFORE_LOGPROBS else reward.start)
     assert {e.op for e in tl.events} >= {"generate", "ref_logprob", "actor_update"}
     assert "values" not in {e.op for e in tl.events}
 

@@ -8,12 +8,16 @@ iteration seconds and the error; per op kind the errors over all plans; and whet
 planner's pick is the fastest measured (or within 5 %). Targets: median iteration error ≤ 10 %,
 each op kind ≤ 25 %.
 
-    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--profile cpu-2core] [--json]
+    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--rounds 2] [--profile cpu-2core] [--json]
 
 Measured iteration seconds are the span of the iteration's ops in the runtime's Timeline (first
-op start to last op end, as `hflow-plan run` reports them); the first iteration (start-up,
-first-call costs) is left out. The reward model is the warmed policy's backbone with a scalar
-head (zero-initialised): it costs what a reward model of that shape costs.
+op start to last op end, as `hflow-plan run` reports them); the first iteration of each plan
+(start-up, first-call costs) is left out. The plans run one at a time on one Ray cluster, all of
+them in turn for `--rounds` rounds (A B C … A B C …), so a stretch of load on the shared machine
+does not fall on one plan only; each plan's spread (median absolute deviation of its iteration
+seconds) is printed, and the pick is compared with the fastest plan round by round too. The reward
+model is the warmed policy's backbone with a scalar head (zero-initialised): it costs what a
+reward model of that shape costs.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from hybridflow.simulator.plan import Plan
 from hybridflow.tools.outputs import run_main
 
 TINY = "tiny"
-# The runtime's PolicyWorker switches layouts by gathering the full weights on every rank (one
-# all-gather of the model: the DS-Chat transition), so the plans say so and are priced that way.
-RESHARD = "ds-chat"
+# The runtime's PolicyWorker switches layouts with the plan's reshard mode (engines/hybrid.py); under
+# FSDP it first all-gathers each tensor-parallel shard over dp, in every mode. The plans use the
+# 3D-HybridEngine's own grouping, and the profiled cost model prices what the engines do.
+RESHARD = "hybridflow"
 # prompt_len: the longest "sort NNNNNN:" prompt with its BOS (the runtime pads to the batch's longest);
 # response_len: up to 6 sorted digits and EOS, so most rollouts run (nearly) all 8 steps.
 WORKLOAD = {"prompts": 16, "prompt_len": 13, "response_len": 8, "micro_batch_size": 8, "mini_batches": 2}
@@ -81,22 +86,67 @@ def same_layout(a: Plan, b: Plan) -> bool:
     return key(a) == key(b)
 
 
-def measure(plan: Plan, iterations: int) -> tuple[float, dict[str, float]]:
-    """(median iteration seconds, median seconds per op) over iterations 2..N of a real run."""
-    from hybridflow.runtime.run_config import RunConfig
+def _with_reward_path(plan: Plan) -> Plan:
     from hybridflow.runtime.tasks.warmup import WarmupConfig, warm_policy
-    from hybridflow.runtime.trainer import Trainer
 
     policy = str(warm_policy(plan.roles["actor"].model, WarmupConfig(task="sort", seed=0)))
     roles = {r: rp.model_copy(update={"path": policy}) if r == "reward" else rp for r, rp in plan.roles.items()}
-    plan = plan.model_copy(update={"roles": roles})
-    with Trainer(plan, RunConfig(seed=0)) as trainer:
-        trainer.run(iterations)
-        tl = trainer.timeline
-    its = tl.iterations()[1:] or tl.iterations()
-    ops = sorted({e.op for e in tl.events})
-    return (statistics.median(tl.iteration_seconds(i) for i in its),
-            {op: statistics.median(tl.op_seconds(i).get(op, 0.0) for i in its) for op in ops})
+    return plan.model_copy(update={"roles": roles})
+
+
+def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 2, on_run=None) -> dict[str, dict]:
+    """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
+    `rounds` times over (A B C … A B C …), so a stretch of load on the shared machine does not fall
+    on one plan only. Per plan: the median iteration seconds over every round's iterations 2..N (the
+    first of each run is start-up), its spread (median absolute deviation), the per-round medians,
+    and the median seconds per op."""
+    import ray
+
+    from hybridflow.runtime.resource_pool import init_ray
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    devices = max(sum(len(g.devices) for g in p.groups) for p in plans.values())
+    owns = not ray.is_initialized()
+    init_ray(num_cpus=devices)
+    secs: dict[str, list[float]] = {n: [] for n in plans}
+    per_round: dict[str, list[float]] = {n: [] for n in plans}
+    ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
+    try:
+        for r in range(rounds):
+            for name, plan in plans.items():
+                if on_run:
+                    on_run(name, r)
+                with Trainer(_with_reward_path(plan), RunConfig(seed=0)) as trainer:
+                    trainer.run(iterations)
+                    tl = trainer.timeline
+                its = tl.iterations()[1:] or tl.iterations()
+                these = [tl.iteration_seconds(i) for i in its]
+                secs[name] += these
+                per_round[name].append(statistics.median(these))
+                for i in its:
+                    for op, v in tl.op_seconds(i).items():
+                        ops[name].setdefault(op, []).append(v)
+    finally:
+        if owns:
+            ray.shutdown()
+    out = {}
+    for name in plans:
+        med = statistics.median(secs[name])
+        out[name] = {"seconds": med, "spread": statistics.median(abs(x - med) for x in secs[name]),
+                     "samples": per_round[name], "ops": {op: statistics.median(v) for op, v in ops[name].items()}}
+    return out
+
+
+def pick_vs_fastest(picked: dict, fastest: dict) -> dict:
+    """How far the pick is from the fastest plan, and whether that is more than noise: the ratio of
+    medians, the median of the per-round ratios (round k of both ran minutes apart at most), and
+    the gap in units of the two plans' summed spreads."""
+    a, b = picked["iteration"]["measured"], fastest["iteration"]["measured"]
+    paired = [x / y for x, y in zip(picked["samples"], fastest["samples"], strict=False) if y > 0]
+    noise = picked["spread"] + fastest["spread"]
+    return {"pick_over_fastest": a / b, "paired_ratio": statistics.median(paired) if paired else a / b,
+            "gap_in_spreads": (a - b) / noise if noise > 0 else float("inf")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +158,16 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
-    ap.add_argument("--iterations", type=int, default=4, help="iterations per plan (the first is left out)")
+    ap.add_argument("--iterations", type=int, default=4, help="iterations per plan and round (the first is left out)")
+    ap.add_argument("--rounds", type=int, default=2, help="times every plan runs, in turn (default 2)")
     ap.add_argument("--only", type=int, help="run only the first N plans (a quick look)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.iterations < 1 or args.rounds < 1:
+        from hybridflow.simulator.errors import HflowError
+
+        raise HflowError(f"--iterations {args.iterations} --rounds {args.rounds}: give at least 1 of each "
+                         "(the first iteration of every run is start-up and is left out when there are more)")
 
     cal = calibrate_file(args.profile)
     cluster = cal.cluster(nodes=1, devices_per_node=2)
@@ -124,13 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         plans[pick_name] = pick
     if args.only:
         plans = dict(list(plans.items())[:args.only])
-    rows = []
     console = Console(file=sys.stderr)
+    measured = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
+        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"))
+    rows = []
     for name, plan in plans.items():
-        console.print(f"[dim]running {name} for {args.iterations} iterations…[/]")
         p_it, p_ops = predict_plan(plan, cm)
-        m_it, m_ops = measure(plan, args.iterations)
-        rows.append({"plan": name, "placement": plan.placement(), **compare(p_it, p_ops, m_it, m_ops)})
+        m = measured[name]
+        rows.append({"plan": name, "placement": plan.placement(), "spread": m["spread"], "samples": m["samples"],
+                     **compare(p_it, p_ops, m["seconds"], m["ops"])})
     it_errors = [abs(r["iteration"]["error"]) for r in rows]
     by_op: dict[str, list[float]] = {}
     for r in rows:
@@ -142,18 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     pick_ok = picked is not None and picked["iteration"]["measured"] <= 1.05 * fastest["iteration"]["measured"]
     summary = {"median_iteration_error": statistics.median(it_errors),
                "op_errors": {op: statistics.median(e) for op, e in by_op.items()},
-               "planner_pick": pick_name, "fastest_measured": fastest["plan"], "pick_within_5pct": pick_ok}
+               "planner_pick": pick_name, "fastest_measured": fastest["plan"], "pick_within_5pct": pick_ok,
+               **(pick_vs_fastest(picked, fastest) if picked is not None else {})}
     if args.json:
         print(json.dumps({"profile": cal.profile, "plans": rows, "summary": summary}))
         return 0
     out = Console(file=sys.stdout, width=max(Console().width, 120))
     t = Table(title=f"simulator accuracy: PPO, tiny model, {WORKLOAD['prompts']} prompts, profile '{cal.profile}'")
-    for col in ("plan", "predicted s", "measured s", "error"):
+    for col in ("plan", "predicted s", "measured s", "± spread", "error"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in rows:
         mark = " ★" if r["plan"] == pick_name else ""
         t.add_row(r["plan"] + mark, f"{r['iteration']['predicted']:.3f}", f"{r['iteration']['measured']:.3f}",
-                  f"{r['iteration']['error']:+.1%}")
+                  f"{r['spread']:.3f}", f"{r['iteration']['error']:+.1%}")
     out.print(t)
     ops = Table(title="per op kind: median |error| over the plans")
     for col in ("op", "median |error|", "plans"):
@@ -161,10 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     for op, e in by_op.items():
         ops.add_row(op, f"{statistics.median(e):.1%}", str(len(e)))
     out.print(ops)
+    verdict = ("not run (--only)" if picked is None else "fastest measured or within 5 %" if pick_ok
+               else "NOT within 5 % of the fastest measured")
     out.print(f"median iteration error {summary['median_iteration_error']:.1%} (target ≤ 10 %); worst op kind "
-              f"{max(summary['op_errors'].values()):.1%} (target ≤ 25 %); planner's pick ★ {pick_name}: "
-              f"{'fastest measured or within 5 %' if pick_ok else 'NOT the fastest measured'} "
+              f"{max(summary['op_errors'].values()):.1%} (target ≤ 25 %); planner's pick ★ {pick_name}: {verdict} "
               f"(fastest: {fastest['plan']})")
+    if picked is not None and picked is not fastest:
+        out.print(f"pick / fastest: {summary['pick_over_fastest']:.3f} by medians, {summary['paired_ratio']:.3f} "
+                  f"by the median of per-round ratios; the gap is {summary['gap_in_spreads']:.1f}× their spreads")
     return 0
 
 
