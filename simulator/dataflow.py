@@ -41,10 +41,6 @@ from .errors import HflowError
 
 ALGORITHMS = ("ppo", "grpo", "remax", "safe-rlhf", "rloo")
 DRIVER = "driver"  # the lane and role of controller-side work
-# The runtime's driver waits for the scores (runtime/dataflow.Dataflow.score) before it issues the
-# log-prob and value calls, so they run after the reward (and cost) op, not beside it. Set False
-# when the runtime gathers the scores together with them.
-SCORES_BEFORE_LOGPROBS = True
 CRITIC_ALGORITHMS = ("ppo", "safe-rlhf")
 MODEL_ROLES = ("actor", "critic", "ref", "reward", "cost")
 
@@ -101,33 +97,27 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     scored = ["generate"]
     if algorithm == "remax":
         _add(g, "generate_baseline", "generate_baseline", "actor", after=[sync], baseline=True)
+    # The runtime issues the log-prob and value calls first, then scores (runtime/algorithms/loops.py):
+    # the insertion order is the call order, so a reward model sharing a group queues behind them.
     inputs = []
-
-    def add_scores():
-        _add(g, "reward", "reward", "reward", after=scored, driver=not reward_model)
-        inputs.append("reward")
-        if algorithm == "remax":
-            _add(g, "reward_baseline", "reward", "reward", after=["generate_baseline"], driver=not reward_model,
-                 baseline=True)
-            inputs.append("reward_baseline")
-        if algorithm == "safe-rlhf":
-            _add(g, "cost", "cost", "cost", after=scored, driver=not cost_model)
-            inputs.append("cost")
-
-    if SCORES_BEFORE_LOGPROBS:  # called first, and waited for
-        add_scores()
-    after = scored + [s for s in ("reward", "cost") if SCORES_BEFORE_LOGPROBS and s in g]
     if old_logprob_pass:
-        _add(g, "actor_logprob", "actor_logprob", "actor", after=after)
+        _add(g, "actor_logprob", "actor_logprob", "actor", after=scored)
         inputs.append("actor_logprob")
     if "ref" in roles:
-        _add(g, "ref_logprob", "ref_logprob", "ref", after=after)
+        _add(g, "ref_logprob", "ref_logprob", "ref", after=scored)
         inputs.append("ref_logprob")
     if with_critic:
-        _add(g, "values", "values", "critic", after=after)
+        _add(g, "values", "values", "critic", after=scored)
         inputs.append("values")
-    if not SCORES_BEFORE_LOGPROBS:
-        add_scores()
+    _add(g, "reward", "reward", "reward", after=scored, driver=not reward_model)
+    inputs.append("reward")
+    if algorithm == "remax":
+        _add(g, "reward_baseline", "reward", "reward", after=["generate_baseline"], driver=not reward_model,
+             baseline=True)
+        inputs.append("reward_baseline")
+    if algorithm == "safe-rlhf":
+        _add(g, "cost", "cost", "cost", after=scored, driver=not cost_model)
+        inputs.append("cost")
     _add(g, "advantage", "advantage", DRIVER, after=inputs, driver=True)
     if with_critic:
         _add(g, "critic_update", "critic_update", "critic", after=["advantage", "values"])

@@ -4,7 +4,6 @@ import pytest
 from hybridflow.simulator import OPS, HflowError
 from hybridflow.simulator.dataflow import (
     ALGORITHMS,
-    SCORES_BEFORE_LOGPROBS,
     add_offload_ops,
     build_dataflow,
     call_order,
@@ -92,9 +91,9 @@ def test_offload_wraps_each_stretch_of_a_model_in_its_group():
     for role in ("ref", "reward"):
         i = ops.index(("onload", role))
         assert ops[i + 2] == ("offload", role)
-    # values and critic_update: one stretch when the scores come first (the driver's advantage between
-    # them is no model's), two when the reward runs after the values (see SCORES_BEFORE_LOGPROBS)
-    assert ops.count(("onload", "critic")) == (1 if SCORES_BEFORE_LOGPROBS else 2)
+    # values and critic_update: two stretches, the reward model runs between them (the runtime
+    # issues the log-prob and value calls before scoring)
+    assert ops.count(("onload", "critic")) == 2
     assert nx.is_directed_acyclic_graph(g)
     on = [n for n in g if g.nodes[n]["op"] == "onload" and g.nodes[n]["role"] == "ref"][0]
     assert any(g.nodes[p]["op"] == "offload" for p in g.predecessors(on))

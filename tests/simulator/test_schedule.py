@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.simulator.dataflow import SCORES_BEFORE_LOGPROBS, build_dataflow, call_order, lanes_tuple
+from hybridflow.simulator.dataflow import build_dataflow, call_order, lanes_tuple
 from hybridflow.simulator.schedule import makespan, schedule
 
 
@@ -48,10 +48,10 @@ def test_ppo_split_placement_overlaps_critic_work_with_the_actor():
              for n in g}
     secs = {n: 1.0 for n in g}
     t = schedule(g, lanes, secs)
-    # values (B) run while actor_logprob+ref_logprob (A) run — after the reward (B), which the
-    # runtime's driver waits for first (SCORES_BEFORE_LOGPROBS) — and the updates overlap too
-    first = 3.0 if SCORES_BEFORE_LOGPROBS else 2.0
-    assert t["values"][0] == t["actor_logprob"][0] == first
+    # values (B) run while actor_logprob+ref_logprob (A) run, right after generation; the reward
+    # model (B) after the values; and the updates overlap too
+    assert t["values"][0] == t["actor_logprob"][0] == 2.0
+    assert t["reward"][0] == 3.0
     assert t["critic_update"][0] == t["actor_update"][0]
     colocated = schedule(g, {n: "driver" if g.nodes[n]["driver"] else "A" for n in g}, secs)
     assert makespan(t) < makespan(colocated) == len(g)
@@ -168,10 +168,9 @@ def test_grpo_rule_reward_runs_on_the_driver():
     tl = simulate(load("grpo-llama2-7b-1x8"))
     reward = next(e for e in tl.events if e.op == "reward")
     logprob = next(e for e in tl.events if e.op == "actor_logprob")
-    # the runtime's driver scores first and then issues the log-probs (SCORES_BEFORE_LOGPROBS);
-    # otherwise the driver's scoring overlaps the devices' log-prob pass
+    # the runtime issues the log-prob calls, then scores on the driver: the two overlap
     assert reward.group == "driver"
-    assert logprob.start == pytest.approx(reward.end if SCORES_BEFORE_LOGPROBS else reward.start)
+    assert logprob.start == pytest.approx(reward.start)
     assert {e.op for e in tl.events} >= {"generate", "ref_logprob", "actor_update"}
     assert "values" not in {e.op for e in tl.events}
 
