@@ -80,18 +80,13 @@ def export_timeline(timeline: Timeline, trace: str | None, png: str | None, titl
     import json
 
     from hybridflow.simulator.export import chrome_trace, gantt_png
-    from hybridflow.simulator.io import write_atomic
+    from hybridflow.tools.outputs import write_outputs
 
     outputs: list[tuple[str, str | bytes]] = []
     if trace:
         outputs.append((trace, json.dumps(chrome_trace(timeline)) + "\n"))
     if png:
         outputs.append((png, gantt_png(timeline, title=title)))
-    for path, data in outputs:
-        try:
-            write_atomic(path, data)
-        except OSError as e:
-            raise HflowError(f"{path}: cannot write ({e.strerror}); pick a writable location") from None
-    return [p for p, _ in outputs]
+    return write_outputs(outputs)
 
 

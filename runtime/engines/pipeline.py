@@ -232,14 +232,7 @@ class PipelineRunner:
         sums, finite = box[0]
         if not finite:
             raise HflowError(f"loss is not finite at step {eng.step}; lower the learning rate or check the batch")
-        grad_norm = self.clip_grad_norm_(eng.optim_config.grad_clip)
-        lr = eng._set_lr()
-        eng.optimizer.step()
-        eng.step += 1
-        keys = list(sums)
-        metrics = dict(zip(keys, eng._dp_mean([sums[k] for k in keys]), strict=True))
-        metrics.update(grad_norm=grad_norm, lr=lr, step=eng.step)
-        return metrics
+        return eng._finish_step(sums, self.clip_grad_norm_(eng.optim_config.grad_clip))
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the 2-norm over every stage's gradients (each stage's norm is whole over its dp/tp)."""

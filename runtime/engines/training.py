@@ -290,7 +290,10 @@ class TrainingEngine:
                 sums[k] += float(v) * weight
         if hasattr(self.model, "set_reshard_after_forward"):
             self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
-        grad_norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
+        return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
+
+    def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
+        """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp."""
         lr = self._set_lr()
         self.optimizer.step()
         self.step += 1
