@@ -29,6 +29,7 @@ from .algorithms.functional import masked_mean
 from .algorithms.losses import LagrangeMultiplier, kl_in_reward, scores_to_token_rewards
 from .batch import Batch
 from .calls import CallFuture
+from .engines.packing import inverse_order
 from .protocols import join, shard
 from .run_config import RunConfig
 from .tasks.rewards import score_responses
@@ -102,9 +103,7 @@ class Dataflow:
         order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp)
         if order is None:
             return self._call(role, method, batch)
-        back = torch.empty_like(order)
-        back[order] = torch.arange(order.numel())
-        return Pending(role, self.groups[role].call_async(role, method, batch[order]), back)
+        return Pending(role, self.groups[role].call_async(role, method, batch[order]), inverse_order(order))
 
     # ---- rollout ------------------------------------------------------------------------------
     def generate(self, batch: Batch, greedy: bool = False) -> Batch:
