@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.plan import TRAINED_ROLES
-from hybridflow.simulator.schedule import makespan, schedule
+from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 
 from .configs import generate_configs
 from .placement import allocations, set_partitions
@@ -74,6 +74,7 @@ def all_plans(req: SearchRequest, cost_model) -> Iterator[Scored]:
                            old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles))
     rp = RolePricer(req, graph, cost_model)
     driver = rp.driver_seconds()
+    gaps = call_gaps(graph, getattr(cost_model, "overheads", None))  # as the search and simulate
     for placement in set_partitions(req.roles):
         set_of = {r: i for i, s in enumerate(placement) for r in s}
         lane_of = {x: DRIVER if a["driver"] else f"g{set_of[a['role']]}" for x, a in graph.nodes(data=True)}
@@ -88,7 +89,7 @@ def all_plans(req: SearchRequest, cost_model) -> Iterator[Scored]:
                 for members, (secs, cands) in zip(placement, pick, strict=False):
                     seconds.update(secs)
                     choice.update(zip(members, cands, strict=False))
-                t = makespan(schedule(graph, lane_of, seconds))
+                t = makespan(schedule(graph, lane_of, seconds, gaps))
                 yield Scored(t, placement, counts, tuple((r, choice[r]) for r in req.roles))
 
 

@@ -9,8 +9,9 @@ fast without losing exactness:
   Pareto front is kept (pricing.py); a colocated set's feasible combinations once per (set,
   device count), again as a front over its ops' seconds;
 - bound: ops of one set run one after another, so an allocation takes at least the busiest
-  set's least total seconds; allocations (and partial allocations, in a branch-and-bound over
-  the sets) whose bound is no better than the k-th best plan so far are skipped;
+  set's least total seconds (a profiled model's controller gaps only add to it); allocations
+  (and partial allocations, in a branch-and-bound over the sets) whose bound is no better than
+  the k-th best plan so far are skipped;
 - order: few-set placements first (one set of all devices gives a good first incumbent) and the
   actor's set sized first, where the bound bites hardest.
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
-from hybridflow.simulator.schedule import makespan, schedule
+from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 
 from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
 from .pricing import Candidate, RolePricer, SetPricer
@@ -98,6 +99,8 @@ class Planner:
         self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard)
         self.sets = SetPricer(self.pricer)
         self.driver_seconds = self.pricer.driver_seconds()
+        # A profiled cost model's controller gaps, as `simulate` leaves them: ranking and simulate agree.
+        self.gaps = call_gaps(self.graph, getattr(self.cm, "overheads", None))
         self.opts = size_options(req.cluster)
         self.plans_priced = 0
 
@@ -123,7 +126,7 @@ class Planner:
             for sc in combo:
                 seconds.update(sc.node_seconds)
             self.plans_priced += 1
-            t = makespan(schedule(self.graph, lane_of, seconds))
+            t = makespan(schedule(self.graph, lane_of, seconds, self.gaps))
             if t < best:
                 best, best_combo = t, combo
         if best_combo is not None and best < top.threshold:  # the top k lists distinct allocations

@@ -8,7 +8,7 @@ Sorting by `order` gives a topological order: the order in which the single cont
 the calls (verl's ray_trainer loop), which is also the order ops of one colocation group run in.
 
 Algorithms (roles as in plan.ALGORITHM_ROLES):
-  ppo        [reshard] → generate → {actor_logprob, ref_logprob, values, reward} → advantage
+  ppo        [reshard] → generate → {ref_logprob, actor_logprob, values, reward} → advantage
              → {critic_update, actor_update}
   grpo/rloo  as PPO without a critic (group-relative / leave-one-out baselines are driver math
              over `samples_per_prompt` responses per prompt)
@@ -99,13 +99,14 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
         _add(g, "generate_baseline", "generate_baseline", "actor", after=[sync], baseline=True)
     # The runtime issues the log-prob and value calls first, then scores (runtime/algorithms/loops.py):
     # the insertion order is the call order, so a reward model sharing a group queues behind them.
+    # ref first, then the actor's old log-probs, then the values: loops.py's `pending = ref, actor, values`.
     inputs = []
-    if old_logprob_pass:
-        _add(g, "actor_logprob", "actor_logprob", "actor", after=scored)
-        inputs.append("actor_logprob")
     if "ref" in roles:
         _add(g, "ref_logprob", "ref_logprob", "ref", after=scored)
         inputs.append("ref_logprob")
+    if old_logprob_pass:
+        _add(g, "actor_logprob", "actor_logprob", "actor", after=scored)
+        inputs.append("actor_logprob")
     if with_critic:
         _add(g, "values", "values", "critic", after=scored)
         inputs.append("values")

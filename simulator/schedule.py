@@ -8,7 +8,8 @@ order, O(ops + edges) — so the planner can call `schedule` for every candidate
 
 With a profiled cost model, `simulate` also leaves the single controller's gaps between calls
 (simulator/profiled_cost.py: after an input the call waited for, after the previous call on the
-same group), as a measured run's worker-timed ops show them. The planner ranks plans without them.
+same group), as a measured run's worker-timed ops show them; the planner's search and brute force
+leave the same gaps (call_gaps), so a plan ranks at the seconds `simulate` gives it.
 """
 
 from __future__ import annotations

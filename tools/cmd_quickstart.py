@@ -112,7 +112,7 @@ def run(args) -> int:
     console.print(comparison_table(predicted, trainer.timeline))
     secs, _, label = measured_view(trainer.timeline)
     # the simulated timeline (with the controller's measured call gaps), as in the table above; the
-    # planner ranks plans without those gaps, so its figure in the plans table is a little lower
+    # planner ranks plans with the same gaps, so it matches the plans table's figure
     pred = predicted.iteration_seconds() if predicted else summary["iteration_seconds"]
     console.print(f"measured {secs:.3f} s per iteration ({label}); predicted {pred:.3f} s")
     return 0

@@ -86,12 +86,28 @@ class FusedLlama:
         shape = (batch * self.kv_heads, max_len, d)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.keys_t = [k.transpose(1, 2) for k in self.keys]  # [B·Hkv, d, max_len] views
-        # [B, Hkv, max_len, d] views, to write a step's k/v without reshaping (copying) them first
-        self.keys_4d = [k.view(batch, self.kv_heads, max_len, d) for k in self.keys]
-        self.values_4d = [v.view(batch, self.kv_heads, max_len, d) for v in self.values]
         self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
         self.length = 0
+        self._cache_views()
+
+    def _cache_views(self) -> None:
+        batch = self.keys[0].shape[0] // self.kv_heads
+        self.keys_t = [k.transpose(1, 2) for k in self.keys]  # [B·Hkv, d, max_len] views
+        # [B, Hkv, max_len, d] views, to write a step's k/v without reshaping (copying) them first
+        self.keys_4d = [k.view(batch, self.kv_heads, *k.shape[1:]) for k in self.keys]
+        self.values_4d = [v.view(batch, self.kv_heads, *v.shape[1:]) for v in self.values]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` (indices into the current batch) in the KV cache: finished
+        sequences leave the batch, so later steps compute (and read the cache of) live rows only.
+        Copies the filled slots of the kept rows once."""
+        n = self.length
+        for cache, cache_4d in ((self.keys, self.keys_4d), (self.values, self.values_4d)):
+            for i, old in enumerate(cache_4d):
+                new = old.new_empty((len(rows), *old.shape[1:]))
+                new[:, :, :n] = old[rows, :, :n]
+                cache[i] = new.view(-1, *old.shape[2:])
+        self._cache_views()
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
         """RoPE of integer positions [..., S] as unit complex numbers [..., S, 1, head_dim/2]

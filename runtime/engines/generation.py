@@ -1,14 +1,17 @@
 """Native batched generation with a preallocated KV cache (runs on CPU and GPU, any tp size).
 
 One prefill over the left-padded prompts, then one token per step for the whole batch; the
-prefix is never recomputed. Sampling: greedy, temperature, top-k, top-p (nucleus), stop on EOS,
+prefix is never recomputed. On the fused path (fast_decode.py) rows that have emitted EOS leave
+the batch (a quarter at a time, one copy of the live rows' cache), so a rollout whose responses
+end at different lengths computes only the live ones. Sampling: greedy, temperature, top-k, top-p (nucleus), stop on EOS,
 at most `max_new_tokens`. Returns the response tokens, the log-probability of each sampled token
 and a mask of the real (pre-EOS, EOS included) positions.
 
 Log-probs are taken from `log_softmax(logits / temperature)` (temperature 1 when greedy), before
 top-k / top-p truncation: the distribution a trainer recomputes from the same logits.
 
-Determinism: all randomness comes from the `generator` passed in. Tensor-parallel ranks see the
+Determinism: all randomness comes from the `generator` passed in, drawn for the full batch at
+every step (so dropping finished rows changes no other row's draw). Tensor-parallel ranks see the
 same (replicated) logits, so with the same seeded generator every rank draws the same tokens.
 """
 
@@ -83,22 +86,26 @@ class Rollout:
 # ---- sampling ---------------------------------------------------------------------------------
 
 
-def _draw(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
+          batch: int = 0) -> torch.Tensor:
     """One index per row from softmax(logits): [B]. Exponential race: argmax p_i / E_i with
-    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial."""
+    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial.
+    `rows` (of a full batch of `batch`): the noise is drawn for the full batch and these rows
+    taken, so a row's draw does not depend on which other rows are still generating."""
     probs = torch.softmax(logits, dim=-1)
-    if generator is not None and generator.device != probs.device:
-        # Draw on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
-        race = torch.empty(probs.shape, device=generator.device).exponential_(generator=generator)
-        race = race.to(probs.device)
-    else:
-        race = torch.empty_like(probs).exponential_(generator=generator)
-    return probs.div_(race).argmax(-1)
+    shape = probs.shape if rows is None else (batch, *probs.shape[1:])
+    # Drawn on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
+    device = probs.device if generator is None else generator.device
+    race = torch.empty(shape, dtype=probs.dtype, device=device).exponential_(generator=generator)
+    if rows is not None:
+        race = race[rows.to(device)]
+    return probs.div_(race.to(probs.device)).argmax(-1)
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens [B] and their log-probs [B] from fp32 logits [B, V]."""
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+                  rows: torch.Tensor | None = None, batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens [B] and their log-probs [B] from fp32 logits [B, V]; `rows`/`batch`: these are
+    rows `rows` of a batch of `batch` (see `_draw`)."""
     if params.is_greedy:
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
@@ -117,9 +124,9 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams,
         drop = probs.cumsum(-1) - probs > params.top_p
         vals = vals.masked_fill(drop, float("-inf"))
     if vals is None:
-        tokens = _draw(logits, generator)
+        tokens = _draw(logits, generator, rows, batch)
     else:
-        tokens = idx.gather(1, _draw(vals, generator)[:, None]).squeeze(1)
+        tokens = idx.gather(1, _draw(vals, generator, rows, batch)[:, None]).squeeze(1)
     return tokens, logp_all.gather(1, tokens[:, None]).squeeze(1)
 
 
@@ -140,9 +147,14 @@ class GenerationEngine:
     """Generates with any model shaped like `LlamaForCausalLM`: `model(ids, attention_mask,
     position_ids, cache, last_only=True) -> logits [B, 1, V]` and `model.config.num_hidden_layers`."""
 
-    def __init__(self, model: torch.nn.Module, fast_decode: bool = True):
+    def __init__(self, model: torch.nn.Module, fast_decode: bool = True, drop_finished: bool = True):
         self.model = model
         self.fast_decode = fast_decode  # fused module-free path where the model allows it (fast_decode.py)
+        # On the fused path, rows that have emitted EOS leave the batch once a quarter of it has:
+        # the rest of the rollout computes live rows only (Hugging Face `generate` computes every
+        # row until the last one ends). Outputs are the same either way.
+        self.drop_finished = drop_finished
+        self.last_batch_sizes: list[int] = []  # rows computed at each decode step of the last call
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -159,34 +171,45 @@ class GenerationEngine:
         key_mask = torch.ones(b, p + r, dtype=torch.bool, device=device)
         key_mask[:, :p] = mask.bool()
         positions = positions_from_mask(mask)
-        if self.fast_decode and supports(self.model):
+        # Finished rows leave the batch on the fused path (its cache can drop rows; the module path's
+        # cache, possibly tensor-parallel, keeps every row to the end).
+        fused = self.fast_decode and supports(self.model)
+        compact = fused and self.drop_finished
+        if fused:
             step = _fused_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
         else:
             step = _module_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
         logits = next(step)
+        self.last_batch_sizes = []
 
-        tokens_out, logps_out = [], []
-        resp_mask = torch.ones(b, r, dtype=torch.long, device=device)
-        finished = torch.zeros(b, dtype=torch.bool, device=device)
-        eos = torch.tensor(params.eos_token_id or [], dtype=torch.long, device=device)
-        for t in range(r):
-            tokens, logp = sample_tokens(logits.float(), params, generator)
-            tokens_out.append(tokens)
-            logps_out.append(logp)
-            if eos.numel():  # rows that had finished before this step get masked out below
-                resp_mask[:, t] = ~finished
-                finished |= torch.isin(tokens, eos)
-                if bool(finished.all()):  # the rest stays padding (the one host sync per step)
-                    resp_mask[:, t + 1:] = 0
-                    break
-            if t + 1 < r:
-                logits = step.send(tokens)
-        step.close()
         response = torch.full((b, r), params.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(b, r, dtype=torch.float32, device=device)
-        n = len(tokens_out)
-        response[:, :n] = torch.stack(tokens_out, dim=1)
-        logprobs[:, :n] = torch.stack(logps_out, dim=1)
+        eos = torch.tensor(params.eos_token_id or [], dtype=torch.long, device=device)
+        resp_mask = torch.zeros(b, r, dtype=torch.long, device=device) if eos.numel() else \
+            torch.ones(b, r, dtype=torch.long, device=device)
+        finished = torch.zeros(b, dtype=torch.bool, device=device)
+        alive = None  # the rows still in the batch (their original indices); None: all of them
+        for t in range(r):
+            tokens, logp = sample_tokens(logits.float(), params, generator, alive, b)
+            rows = slice(None) if alive is None else alive
+            response[rows, t] = tokens
+            logprobs[rows, t] = logp
+            keep = None
+            if eos.numel():  # rows that had finished before this step stay masked out
+                done = finished[rows]
+                resp_mask[rows, t] = (~done).long()
+                done |= torch.isin(tokens, eos)
+                finished[rows] = done
+                n_done = int(done.sum())  # the one host sync per step
+                if n_done == done.numel():  # every row has finished: the rest stays padding
+                    break
+                if compact and n_done * 4 >= done.numel():  # a quarter finished: drop them (one KV copy)
+                    keep = (~done).nonzero().squeeze(1)
+                    alive = keep if alive is None else alive[keep]
+            if t + 1 < r:
+                logits = step.send((tokens, keep))
+                self.last_batch_sizes.append(logits.shape[0])
+        step.close()
         if eos.numel():
             response.masked_fill_(resp_mask == 0, params.pad_token_id)
             logprobs.masked_fill_(resp_mask == 0, 0.0)
@@ -198,10 +221,10 @@ def _module_steps(model, prompt_ids, key_mask, positions, r):
     """Logits [B, V] of the prompt, then of each token sent in: through the model's modules."""
     b, p = prompt_ids.shape
     cache = KVCache(model.config.num_hidden_layers, p + r)
-    tokens = yield model(prompt_ids, key_mask, positions, cache, last_only=True)[:, -1]
+    tokens, _ = yield model(prompt_ids, key_mask, positions, cache, last_only=True)[:, -1]
     next_pos = positions[:, -1:] + 1
-    while True:
-        tokens = yield model(tokens[:, None], key_mask, next_pos, cache, last_only=True)[:, -1]
+    while True:  # every row to the end: the caller never asks to drop rows here
+        tokens, _ = yield model(tokens[:, None], key_mask, next_pos, cache, last_only=True)[:, -1]
         next_pos = next_pos + 1
 
 
@@ -220,9 +243,14 @@ def _fused_steps(model, prompt_ids, key_mask, positions, r):
         step_mask = step_mask.repeat_interleave(fused.kv_heads, dim=0)  # [B·Hkv, 1, P+R]
     step_positions = positions[:, -1] + torch.arange(1, r + 1, device=positions.device)[:, None]  # [R, B]
     rotations = fused.rotations(step_positions)  # [R, B, 1, head_dim/2]
-    tokens = yield fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
+    tokens, keep = yield fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
     for t in range(r):
-        tokens = yield fused.decode(tokens, rotations[t], step_mask)
+        if keep is not None:  # rows `keep` of the current batch go on; the others have finished
+            fused.keep_rows(keep)
+            tokens, rotations = tokens[keep], rotations[:, keep]
+            if step_mask is not None:
+                step_mask = step_mask.unflatten(0, (-1, fused.kv_heads))[keep].flatten(0, 1)
+        tokens, keep = yield fused.decode(tokens, rotations[t], step_mask)
 
 
 def left_pad(sequences: list[list[int]], pad_token_id: int = 0,

@@ -98,6 +98,35 @@ def test_eos_stops_a_row_and_pads_after_it():
     assert all_stop.response.shape == (1, 8) and all_stop.response_mask.sum() == n0  # stopped early, padded
 
 
+def test_finished_rows_leave_the_batch_with_the_same_outputs():
+    """Rows that emitted EOS are dropped from the fused path's batch (a quarter at a time); every
+    output (tokens, log-probs, masks) equals a run that computes all rows to the end, greedy and
+    sampled (the noise is drawn per full batch, so no row's draw depends on the others)."""
+    model = _model()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 64, (int(n),), generator=g).tolist() for n in torch.randint(2, 9, (8,), generator=g)]
+    ids, mask = left_pad(prompts)
+    greedy = GenerationEngine(model).generate(ids, mask, SamplingParams(max_new_tokens=16, greedy=True))
+    eos = int(greedy.response[0, 1])  # row 0 ends at its second token; others later or never
+    cases = [SamplingParams(max_new_tokens=16, greedy=True, eos_token_id=eos),
+             SamplingParams(max_new_tokens=16, temperature=1.0, eos_token_id=[3, 7, 11, 50]),
+             SamplingParams(max_new_tokens=16, temperature=0.8, top_k=20, top_p=0.9, eos_token_id=[3, 7, 11, 50])]
+    for params in cases:
+        dropping, keeping = GenerationEngine(model), GenerationEngine(model, drop_finished=False)
+        a = dropping.generate(ids, mask, params, torch.Generator().manual_seed(5))
+        b = keeping.generate(ids, mask, params, torch.Generator().manual_seed(5))
+        for field in ("response", "response_mask", "response_logprobs"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), (params, field)
+        lengths = a.response_lengths
+        assert lengths.min() < lengths.max() and lengths.max() > 2  # rows end at different steps
+        assert set(keeping.last_batch_sizes) == {8}
+        assert dropping.last_batch_sizes[-1] < 8 and sorted(dropping.last_batch_sizes, reverse=True) == \
+            dropping.last_batch_sizes  # rows left the batch, and none came back
+        # each step computed at least the rows still generating at that step
+        live = (a.response_mask[:, 1:len(dropping.last_batch_sizes) + 1] == 1).sum(0)
+        assert all(n >= int(k) for n, k in zip(dropping.last_batch_sizes, live, strict=True))
+
+
 def test_seeded_generation_is_deterministic():
     model = _model()
     ids, mask = left_pad(PROMPTS)

@@ -206,10 +206,10 @@ def test_dispatch_gaps_are_measured_and_the_schedule_leaves_them(exact_fit):
     tl = simulate(moved, cm)
     by_op = {e.op: e for e in tl.events}
     assert by_op["generate"].start == pytest.approx(by_op["reshard"].end)  # one call: reshard, then generate
-    assert by_op["actor_logprob"].start - by_op["generate"].end == pytest.approx(2 * dep)  # waited for its input
-    # on the one lane, in the runtime's call order, each queued behind the one before
-    assert by_op["ref_logprob"].start - by_op["actor_logprob"].end == pytest.approx(queued)
-    assert by_op["values"].start - by_op["ref_logprob"].end == pytest.approx(queued)
+    assert by_op["ref_logprob"].start - by_op["generate"].end == pytest.approx(2 * dep)  # waited for its input
+    # on the one lane, in the runtime's call order (loops.py: ref, actor, values), each queued behind the one before
+    assert by_op["actor_logprob"].start - by_op["ref_logprob"].end == pytest.approx(queued)
+    assert by_op["values"].start - by_op["actor_logprob"].end == pytest.approx(queued)
     assert by_op["reward"].start - by_op["values"].end == pytest.approx(queued)
     assert by_op["advantage"].start == pytest.approx(by_op["reward"].end)  # the driver's own op: no gap
     no_gap, _, _ = plan_on_profile(plan, exact_fit)

@@ -48,9 +48,10 @@ def test_ppo_split_placement_overlaps_critic_work_with_the_actor():
              for n in g}
     secs = {n: 1.0 for n in g}
     t = schedule(g, lanes, secs)
-    # values (B) run while actor_logprob+ref_logprob (A) run, right after generation; the reward
-    # model (B) after the values; and the updates overlap too
-    assert t["values"][0] == t["actor_logprob"][0] == 2.0
+    # values (B) run while ref_logprob then actor_logprob (A, the runtime's call order) run, right
+    # after generation; the reward model (B) after the values; and the updates overlap too
+    assert t["values"][0] == t["ref_logprob"][0] == 2.0
+    assert t["actor_logprob"][0] == 3.0
     assert t["reward"][0] == 3.0
     assert t["critic_update"][0] == t["actor_update"][0]
     colocated = schedule(g, {n: "driver" if g.nodes[n]["driver"] else "A" for n in g}, secs)
@@ -167,8 +168,8 @@ def test_grpo_rule_reward_runs_on_the_driver():
 
     tl = simulate(load("grpo-llama2-7b-1x8"))
     reward = next(e for e in tl.events if e.op == "reward")
-    logprob = next(e for e in tl.events if e.op == "actor_logprob")
-    # the runtime issues the log-prob calls, then scores on the driver: the two overlap
+    logprob = next(e for e in tl.events if e.op == "ref_logprob")
+    # the runtime issues the log-prob calls (ref first), then scores on the driver: the two overlap
     assert reward.group == "driver"
     assert logprob.start == pytest.approx(reward.start)
     assert {e.op for e in tl.events} >= {"generate", "ref_logprob", "actor_update"}

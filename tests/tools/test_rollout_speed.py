@@ -17,9 +17,21 @@ def test_bench_rows_and_greedy_agreement(tmp_path, capsys):
     assert rollout_speed.main(["--batch", "2", "--prompt-len", "6", "--new-tokens", "4", "--repeats", "1",
                                "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["batch"] for r in rows] == [2, 2] and rows[0]["same_tokens"] is True
-    assert all(r["tokens"] == 8 and r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0 for r in rows)
+    assert [r["batch"] for r in rows] == [2, 2, 2] and rows[0]["same_tokens"] is True
+    assert all(r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0 for r in rows)
+    assert rows[0]["tokens"] == rows[1]["tokens"] == 8
+    # EOS mode: rows end early (real tokens only, at most half on average) with the same tokens as HF
+    assert rows[2]["mode"].startswith("greedy, EOS") and 2 <= rows[2]["tokens"] <= 4
+    assert rows[2]["same_tokens"] is True
     assert "HF tok/s" in capsys.readouterr().out
+
+
+def test_eos_set_ends_greedy_rows_at_half_length_on_average():
+    import torch
+
+    response = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    mask = rollout_speed._response_mask(response, [7, 14])
+    assert mask.tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
 
 
 def test_bad_batch_list_is_a_one_line_error():

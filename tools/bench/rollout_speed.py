@@ -4,8 +4,14 @@
         [--new-tokens 64] [--repeats 5] [--threads 1] [--device cpu] [--json out.json]
 
 Both sides run the same weights (ours saved in HF format and loaded by transformers), the same
-left-padded prompts and the same number of new tokens (no EOS stop), one after the other in this
-process. Greedy outputs are compared token by token as a correctness check. Goal: ours ≥ 2×.
+left-padded prompts, one after the other in this process. Greedy outputs are compared token by
+token as a correctness check. Goal: ours ≥ 2×. Three modes per batch size:
+
+- greedy and sampled, `--new-tokens` each (no EOS stop): every row as long as the others;
+- greedy with EOS (batch > 1): token ids picked (from the greedy output, the same on both sides) so that rows
+  end at different steps, half the length on average — a rollout's shape. Tokens counted are the
+  real ones (up to and including EOS), the same number on both sides. Ours drops finished rows
+  from the batch; HF `generate` computes every row until the last one ends.
 
 Where the ratio comes from: per decode step both sides do the same matmuls (fp32, same thread
 count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weights concatenated per
@@ -89,13 +95,17 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
     from hybridflow.runtime.engines.generation import SamplingParams
 
     batch, rows = ids.shape[0], []
-    modes = {"greedy": dict(do_sample=False), "sample T=.8 k=20 p=.9":
-             dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)}
-    for mode, kw in modes.items():
+    greedy = dict(do_sample=False)
+    modes = {"greedy": (greedy, None), "sample T=.8 k=20 p=.9":
+             (dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9), None),
+             "greedy, EOS (lengths vary)": (greedy, _eos_for_varied_lengths(engine, ids, mask, new_tokens))}
+    if batch == 1:  # one row has no lengths to vary
+        del modes["greedy, EOS (lengths vary)"]
+    for mode, (kw, eos) in modes.items():
         params = SamplingParams(max_new_tokens=new_tokens, greedy=not kw["do_sample"],
                                 temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0),
-                                top_p=kw.get("top_p", 1.0), eos_token_id=None, pad_token_id=0)
-        gen_cfg = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0,
+                                top_p=kw.get("top_p", 1.0), eos_token_id=eos, pad_token_id=0)
+        gen_cfg = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=0,
                                    bos_token_id=None, **kw)
 
         def run_ours(params=params):
@@ -114,9 +124,12 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
             t_ours = min(t_ours, t)
             t, out_hf = _timed(run_hf, device)
             t_hf = min(t_hf, t)
+        # HF stops when every row has ended, so its output may be shorter: compare on ours' width, padded
+        out_hf = torch.nn.functional.pad(out_hf, (0, out_ours.shape[1] - out_hf.shape[1]), value=0)
         if out_hf.shape != out_ours.shape:
             raise RuntimeError(f"HF generated {tuple(out_hf.shape)} tokens, ours {tuple(out_ours.shape)}")
-        n = batch * new_tokens
+        # tokens: the real ones (up to and including EOS): the same on both sides when greedy
+        n = batch * new_tokens if eos is None else int(_response_mask(out_ours, eos).sum())
         row = dict(batch=batch, mode=mode, tokens=n, ours_tok_s=n / t_ours, hf_tok_s=n / t_hf, ratio=t_hf / t_ours,
                    same_tokens=bool(torch.equal(out_ours, out_hf)) if not kw["do_sample"] else None)
         if rollout is not None:
@@ -128,6 +141,29 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
             row["vllm_tok_s"] = n / t_vllm
         rows.append(row)
     return rows
+
+
+def _response_mask(response: torch.Tensor, eos: list[int]) -> torch.Tensor:
+    """1 up to and including each row's first EOS token, 0 after."""
+    hit = torch.isin(response, torch.tensor(eos)).long()
+    return (hit.cumsum(1) - hit == 0).long()
+
+
+def _eos_for_varied_lengths(engine, ids, mask, new_tokens: int) -> list[int]:
+    """EOS token ids that end the greedy responses (the same on both sides) after about half of
+    `new_tokens` on average, at different steps — a rollout whose lengths vary, as in RL. Tokens
+    are added in a seeded random order until the mean length is at most half."""
+    from hybridflow.runtime.engines.generation import SamplingParams
+
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=new_tokens, greedy=True)).response
+    eos: list[int] = []
+    for token in torch.randperm(int(out.max()) + 1, generator=torch.Generator().manual_seed(0)).tolist():
+        if token == 0 or not bool((out == token).any()):
+            continue  # 0 pads; a token no row emits changes nothing
+        eos.append(token)
+        if _response_mask(out, eos).sum(1).float().mean() <= new_tokens / 2:
+            break
+    return eos
 
 
 def main(argv: list[str] | None = None) -> int:

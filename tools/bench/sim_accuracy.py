@@ -8,14 +8,15 @@ iteration seconds and the error; per op kind the errors over all plans; and whet
 planner's pick is the fastest measured (or within 5 %). Targets: median iteration error ≤ 10 %,
 each op kind ≤ 25 %.
 
-    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--rounds 2] [--profile cpu-2core] [--json]
+    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--rounds 3] [--profile cpu-2core] [--json]
 
 Measured iteration seconds are the span of the iteration's ops in the runtime's Timeline (first
 op start to last op end, as `hflow-plan run` reports them); the first iteration of each plan
 (start-up, first-call costs) is left out. The plans run one at a time on one Ray cluster, all of
-them in turn for `--rounds` rounds (A B C … A B C …), so a stretch of load on the shared machine
-does not fall on one plan only; each plan's spread (median absolute deviation of its iteration
-seconds) is printed, and the pick is compared with the fastest plan round by round too. The reward
+them in turn for `--rounds` rounds, each round in its own order (rows of a Williams Latin square),
+so a stretch of load on the shared machine, or a slot in the round, does not fall on one plan
+only; each plan's spread (median absolute deviation of its iteration seconds) is printed, and the
+pick is compared with the fastest plan round by round too. The reward
 model is the warmed policy's backbone with a scalar head (zero-initialised): it costs what a
 reward model of that shape costs.
 """
@@ -94,10 +95,19 @@ def _with_reward_path(plan: Plan) -> Plan:
     return plan.model_copy(update={"roles": roles})
 
 
-def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 2, on_run=None) -> dict[str, dict]:
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The plans' order in round `round_index`: row `round_index` of a Williams Latin square (offsets 0,
+    1, −1, 2, −2, … from the round's first plan), so over the rounds every plan runs in every slot and
+    after different plans — no plan always runs first, last, or right after the same one."""
+    n = len(names)
+    offsets = [0] + [(j + 1) // 2 if j % 2 else -(j // 2) for j in range(1, n)]
+    return [names[(round_index + o) % n] for o in offsets] if n else []
+
+
+def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None) -> dict[str, dict]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
-    `rounds` times over (A B C … A B C …), so a stretch of load on the shared machine does not fall
-    on one plan only. Per plan: the median iteration seconds over every round's iterations 2..N (the
+    `rounds` times over, each round in its own order (round_order), so a stretch of load on the
+    shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median iteration seconds over every round's iterations 2..N (the
     first of each run is start-up), its spread (median absolute deviation), the per-round medians,
     and the median seconds per op."""
     import ray
@@ -114,7 +124,8 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 2, on_
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
     try:
         for r in range(rounds):
-            for name, plan in plans.items():
+            for name in round_order(list(plans), r):
+                plan = plans[name]
                 if on_run:
                     on_run(name, r)
                 with Trainer(_with_reward_path(plan), RunConfig(seed=0)) as trainer:
@@ -159,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per plan and round (the first is left out)")
-    ap.add_argument("--rounds", type=int, default=2, help="times every plan runs, in turn (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="times every plan runs, in turn (default 3)")
     ap.add_argument("--only", type=int, help="run only the first N plans (a quick look)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

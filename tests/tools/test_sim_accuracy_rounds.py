@@ -1,0 +1,28 @@
+"""The accuracy bench's round order and its pick-vs-fastest figures (no runs: pure helpers)."""
+
+from hybridflow.tools.bench.sim_accuracy import pick_vs_fastest, round_order
+
+
+def test_rounds_put_every_plan_in_every_slot_and_after_different_plans():
+    names = ["a", "b", "c", "d", "pick"]
+    orders = [round_order(names, r) for r in range(len(names))]
+    assert orders[0] == ["a", "b", "pick", "c", "d"]  # offsets 0, 1, -1, 2, -2
+    for order in orders:
+        assert sorted(order) == sorted(names)
+    for slot in range(len(names)):
+        assert {o[slot] for o in orders} == set(names)
+    before_pick = {o[o.index("pick") - 1] for o in orders if o.index("pick") > 0}
+    assert len(before_pick) >= 2  # (odd n: a Williams square balances predecessors over 2n rounds)
+    assert round_order(names, 7) == round_order(names, 2) and round_order([], 3) == []
+    four = [round_order(list("abcd"), r) for r in range(4)]  # even n: every ordered pair adjacent once
+    pairs = [(o[i], o[i + 1]) for o in four for i in range(3)]
+    assert len(pairs) == len(set(pairs)) == 12
+
+
+def test_pick_vs_fastest_pairs_rounds():
+    picked = {"iteration": {"measured": 0.30}, "samples": [0.30, 0.40, 0.29], "spread": 0.01}
+    fastest = {"iteration": {"measured": 0.29}, "samples": [0.31, 0.29, 0.29], "spread": 0.01}
+    out = pick_vs_fastest(picked, fastest)
+    assert abs(out["pick_over_fastest"] - 0.30 / 0.29) < 1e-12
+    assert abs(out["paired_ratio"] - 1.0) < 1e-12  # ratios 0.968, 1.379, 1.0: the median
+    assert abs(out["gap_in_spreads"] - 0.5) < 1e-9
