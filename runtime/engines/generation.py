@@ -1,11 +1,11 @@
 """Native batched generation with a preallocated KV cache (runs on CPU and GPU, any tp size).
 
 One prefill over the left-padded prompts, then one token per step for the whole batch; the
-prefix is never recomputed. On the fused path (fast_decode.py) rows that have emitted EOS leave
-the batch (a quarter at a time, one copy of the live rows' cache), so a rollout whose responses
-end at different lengths computes only the live ones. Sampling: greedy, temperature, top-k, top-p (nucleus), stop on EOS,
+prefix is never recomputed. Sampling: greedy, temperature, top-k, top-p (nucleus), stop on EOS,
 at most `max_new_tokens`. Returns the response tokens, the log-probability of each sampled token
-and a mask of the real (pre-EOS, EOS included) positions.
+and a mask of the real (pre-EOS, EOS included) positions. On the fused path (fast_decode.py)
+rows that have emitted EOS leave the batch (a quarter at a time, one copy of the live rows'
+cache), so a rollout whose responses end at different lengths computes only the live ones.
 
 Log-probs are taken from `log_softmax(logits / temperature)` (temperature 1 when greedy), before
 top-k / top-p truncation: the distribution a trainer recomputes from the same logits.
