@@ -8,8 +8,8 @@ left-padded prompts, one after the other in this process. Greedy outputs are com
 token as a correctness check. Goal: ours ≥ 2×. Three modes per batch size:
 
 - greedy and sampled, `--new-tokens` each (no EOS stop): every row as long as the others;
-- greedy with EOS (batch > 1): token ids picked (from the greedy output, the same on both sides) so that rows
-  end at different steps, half the length on average — a rollout's shape. Tokens counted are the
+- greedy with EOS (batch > 1): token ids picked (from the greedy output, the same on both sides)
+  so that rows end at different steps, half the length on average — a rollout's shape. Tokens counted are the
   real ones (up to and including EOS), the same number on both sides. Ours drops finished rows
   from the batch; HF `generate` computes every row until the last one ends.
 
@@ -97,10 +97,9 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
     batch, rows = ids.shape[0], []
     greedy = dict(do_sample=False)
     modes = {"greedy": (greedy, None), "sample T=.8 k=20 p=.9":
-             (dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9), None),
-             "greedy, EOS (lengths vary)": (greedy, _eos_for_varied_lengths(engine, ids, mask, new_tokens))}
-    if batch == 1:  # one row has no lengths to vary
-        del modes["greedy, EOS (lengths vary)"]
+             (dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9), None)}
+    if batch > 1:  # one row has no lengths to vary
+        modes["greedy, EOS (lengths vary)"] = (greedy, _eos_for_varied_lengths(engine, ids, mask, new_tokens))
     for mode, (kw, eos) in modes.items():
         params = SamplingParams(max_new_tokens=new_tokens, greedy=not kw["do_sample"],
                                 temperature=kw.get("temperature", 1.0), top_k=kw.get("top_k", 0),

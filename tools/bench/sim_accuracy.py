@@ -16,9 +16,9 @@ op start to last op end, as `hflow-plan run` reports them); the first iteration 
 them in turn for `--rounds` rounds, each round in its own order (rows of a Williams Latin square),
 so a stretch of load on the shared machine, or a slot in the round, does not fall on one plan
 only; each plan's spread (median absolute deviation of its iteration seconds) is printed, and the
-pick is compared with the fastest plan round by round too. The reward
-model is the warmed policy's backbone with a scalar head (zero-initialised): it costs what a
-reward model of that shape costs.
+pick is compared with the fastest plan round by round too. The reward model is the warmed
+policy's backbone with a scalar head (zero-initialised): it costs what a reward model of that
+shape costs.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None) -> dict[str, dict]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
-    shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median iteration seconds over every round's iterations 2..N (the
-    first of each run is start-up), its spread (median absolute deviation), the per-round medians,
-    and the median seconds per op."""
+    shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
+    iteration seconds over every round's iterations 2..N (the first of each run is start-up), its
+    spread (median absolute deviation), the per-round medians, and the median seconds per op."""
     import ray
 
     from hybridflow.runtime.resource_pool import init_ray
