@@ -198,19 +198,17 @@ def _job_generate(rank, par, job, warmup, repeats):
 
 
 def _job_reshard(rank, par, job, warmup, repeats):
-    from hybridflow.runtime.engines.reshard import Resharder
+    from hybridflow.runtime.engines.hybrid import HybridEngine
+    from hybridflow.runtime.models.llama import LlamaForCausalLM
 
     spec = ModelSpec.model_validate(job["model"])
-    gen = ParallelConfig(**job["gen"])
     eng = _engine(spec, "lm", par, None)
-    rs = Resharder(t=par.tp, t_g=gen.tp, d=par.dp, mode=job["mode"])
-    dims = eng.tp_shard_dims()
+    # the actor's switch as the runtime makes it: dp gather, regroup, copy into the generation model
+    hybrid = HybridEngine(eng, LlamaForCausalLM(eng.model.config), ParallelConfig(**job["gen"]), mode=job["mode"])
     stats = {}
 
     def run():
-        shards = eng.tp_shards()
-        _, st = rs.to_generation(shards, dims)
-        stats["bytes"] = st.bytes_received
+        stats["bytes"] = hybrid.to_generation().bytes_received
 
     s, sd = timed_repeats(run, warmup, repeats)
     return s, sd, {"bytes": float(stats.get("bytes", 0))}

@@ -298,7 +298,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "4"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "5"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

@@ -56,7 +56,7 @@ class EngineOverheads(BaseModel):
     reshard_layer_seconds: float = Field(0.0, ge=0, description="per layer of a reshard's gather between "
                                          "layouts: one gather per parameter tensor, each with its own setup")
     dp_gather_layer_seconds: float = Field(0.0, ge=0, description="per layer of the FSDP gather over dp before "
-                                           "a reshard: one DTensor redistribute per parameter tensor")
+                                           "a reshard: the layer's unshard and reading its tensors out")
     call_seconds: float = Field(0.0, ge=0, description="per op call on a device: batching, gathering results")
     step_seconds: float = Field(0.0, ge=0, description="per optimizer step: zeroing, clipping, the step's launch")
     dispatch_seconds: float = Field(0.0, ge=0, description="the single controller's gap between a call's "
@@ -144,9 +144,14 @@ class ProfiledCostModel(CostModel):
         """The switch as the engines run it. The analytic price is paper Table 2, whose training
         weights are whole on every data-parallel replica (Megatron); the training engine shards them
         over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
-        the dp ranks ((d-1)/d · M/(t·p) per device, one collective per parameter tensor). Then the
-        generation weights are written into the generation model (a local copy of M/(t_g·p_g))."""
+        the dp ranks ((d-1)/d · M/(t·p) per device, one all-gather per FSDP unit: each decoder layer
+        and the root, TrainingEngine.gathered_tp_shards). Then the
+        generation weights are written into the generation model (a local copy of M/(t_g·p_g)).
+        DS-Chat's gather over every device is that dp gather when nothing is tensor- or pipeline-
+        parallel (t·p = 1): the engines then move no more bytes, and neither does this price."""
         cost = super().reshard(model, train, gen, mode)
+        if mode == "ds-chat" and train.tp * train.pp == 1:
+            cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})
         if mode == "broadcast":
             return self._with(cost, model.layers * self.overheads.reshard_layer_seconds)
         m_bytes = BF16 * model.num_params("lm")

@@ -68,13 +68,13 @@ class HybridEngine:
             raise HflowError(f"mode '{self.resharder.layout.mode}' cannot rebuild the training weights from the "
                              "generation weights; release_training needs mode 'hybridflow'")
         target = {n: _local(p) for n, p in self.model.named_parameters()}
-        shards = self.trainer.tp_shards()  # under FSDP: all-gather over dp first
-        if self.staged is None:
-            _, stats = self.resharder.to_generation(shards, self.dims, out=target)
-        else:
-            stats = self.resharder.to_generation_staged(shards, *self.staged, out=target)
-        d = self.trainer.parallel.dp
-        stats.dp_gather_bytes = sum(v.numel() * v.element_size() for v in shards.values()) * (d - 1) // d
+        with self.trainer.gathered_tp_shards() as shards:  # under FSDP: all-gather over dp first
+            if self.staged is None:
+                _, stats = self.resharder.to_generation(shards, self.dims, out=target)
+            else:
+                stats = self.resharder.to_generation_staged(shards, *self.staged, out=target)
+            d = self.trainer.parallel.dp
+            stats.dp_gather_bytes = sum(v.numel() * v.element_size() for v in shards.values()) * (d - 1) // d
         if release_training:
             for n, p in self.trainer.model.named_parameters():
                 if n in self.resharder.own_views:  # a slice of the generation weights

@@ -48,6 +48,9 @@ def _child(rank, world_size, port, fn, args, queue):
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size)
         out = fn(rank, world_size, *args)
+        # Nobody leaves before everyone is done: rank 0 hosts the store and its gloo pairs, and a
+        # rank still setting up a group (new_group) when it exits fails with "Broken pipe".
+        dist.barrier()
         # Plain bytes: tensors sent through a torch queue live in shared memory owned by the sender,
         # which is gone by the time the parent reads them.
         buf = io.BytesIO()

@@ -141,3 +141,29 @@ def _save_load_sharded(rank, world, path):
 def test_sharded_save_load(tmp_path):
     for expect, got in run_distributed(_save_load_sharded, 4, str(tmp_path / "ckpt")):
         assert got == expect
+
+
+def _gather_between_steps(rank, world, tp, dp):
+    from hybridflow.runtime.engines.parallelize import tp_local
+
+    engine = TrainingEngine(tiny_model(), ParallelConfig(tp=tp, dp=dp), optim=OPTIM, micro_batch_size=2)
+    batch = _local_batch(engine.dp_rank, dp)
+    losses, same, resharded = [], [], []
+    for _ in range(STEPS):
+        per_param = {n: tp_local(p.detach()) for n, p in engine.model.named_parameters()}  # a collective each
+        local = {n: p.to_local().numel() for n, p in engine.model.named_parameters()}
+        with engine.gathered_tp_shards() as shards:
+            same.append(shards.keys() == per_param.keys() and all(torch.equal(shards[n], v) for n, v in per_param.items()))
+        resharded.append(all(p.to_local().numel() == local[n] for n, p in engine.model.named_parameters()))
+        losses.append(engine.train_step(batch, nll_loss)["loss"])
+    return losses, same, resharded, len(engine._fsdp_units)
+
+
+def test_batched_dp_gather_equals_per_parameter_and_training_goes_on():
+    """gathered_tp_shards (one all-gather per FSDP unit) gives each rank exactly the per-parameter
+    gather's tensors, leaves the weights sharded again, and the steps after it are unchanged."""
+    ref_loss = _reference()[0]
+    for losses, same, resharded, units in run_distributed(_gather_between_steps, 4, 2, 2):
+        assert units == tiny_model().config.num_hidden_layers + 1  # each decoder layer and the root
+        assert all(same) and all(resharded)
+        assert losses == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)

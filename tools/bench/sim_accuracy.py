@@ -17,16 +17,19 @@ them in turn for `--rounds` rounds, each round in its own order (rows of a Willi
 so a stretch of load on the shared machine, or a slot in the round, does not fall on one plan
 only; each plan's spread (median absolute deviation of its iteration seconds) is printed, and the
 pick is compared with the fastest plan round by round too. The reward model is the warmed
-policy's backbone with a scalar head (zero-initialised): it costs what a reward model of that
-shape costs.
+policy's backbone with a seeded random scalar head (scoring_reward_model), so the run learns as a
+real one does: its updates have real gradients.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
+from pathlib import Path
 
 from hybridflow.simulator.plan import Plan
 from hybridflow.tools.outputs import run_main
@@ -87,11 +90,31 @@ def same_layout(a: Plan, b: Plan) -> bool:
     return key(a) == key(b)
 
 
-def _with_reward_path(plan: Plan) -> Plan:
+def scoring_reward_model(policy: Path, out: Path, seed: int = 0) -> Path:
+    """A reward model that scores: the policy's backbone with a seeded random scalar head (std
+    1/sqrt(hidden), so scores spread about ±1), saved to `out`. Not the critic's zero head: that
+    scores every response 0, so advantages, returns and every gradient are 0, nothing is learned,
+    and the updates are not the ones a real run makes (on CPU, AdamW's sqrt over all-zero second
+    moments alone makes each update ~10 % slower)."""
+    import torch
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.workers.common import load_score_model
+
+    model = load_score_model(policy)
+    head = model.score.weight
+    with torch.no_grad():
+        head.copy_(torch.randn(head.shape, generator=torch.Generator().manual_seed(seed)) * head.shape[-1] ** -0.5)
+    return save_pretrained(model, out)
+
+
+def _with_reward_model(plan: Plan, reward_dir: Path) -> Plan:
     from hybridflow.runtime.tasks.warmup import WarmupConfig, warm_policy
 
-    policy = str(warm_policy(plan.roles["actor"].model, WarmupConfig(task="sort", seed=0)))
-    roles = {r: rp.model_copy(update={"path": policy}) if r == "reward" else rp for r, rp in plan.roles.items()}
+    policy = warm_policy(plan.roles["actor"].model, WarmupConfig(task="sort", seed=0))
+    if not (reward_dir / "config.json").is_file():
+        scoring_reward_model(policy, reward_dir)
+    roles = {r: rp.model_copy(update={"path": str(reward_dir)}) if r == "reward" else rp for r, rp in plan.roles.items()}
     return plan.model_copy(update={"roles": roles})
 
 
@@ -119,6 +142,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     devices = max(sum(len(g.devices) for g in p.groups) for p in plans.values())
     owns = not ray.is_initialized()
     init_ray(num_cpus=devices)
+    reward_dir = Path(tempfile.mkdtemp(prefix="hflow-reward-")) / "model"
     secs: dict[str, list[float]] = {n: [] for n in plans}
     per_round: dict[str, list[float]] = {n: [] for n in plans}
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
@@ -128,7 +152,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
                 plan = plans[name]
                 if on_run:
                     on_run(name, r)
-                with Trainer(_with_reward_path(plan), RunConfig(seed=0)) as trainer:
+                with Trainer(_with_reward_model(plan, reward_dir), RunConfig(seed=0)) as trainer:
                     trainer.run(iterations)
                     tl = trainer.timeline
                 its = tl.iterations()[1:] or tl.iterations()
@@ -139,6 +163,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
                     for op, v in tl.op_seconds(i).items():
                         ops[name].setdefault(op, []).append(v)
     finally:
+        shutil.rmtree(reward_dir.parent, ignore_errors=True)
         if owns:
             ray.shutdown()
     out = {}
