@@ -26,3 +26,58 @@ def test_pick_vs_fastest_pairs_rounds():
     assert abs(out["pick_over_fastest"] - 0.30 / 0.29) < 1e-12
     assert abs(out["paired_ratio"] - 1.0) < 1e-12  # ratios 0.968, 1.379, 1.0: the median
     assert abs(out["gap_in_spreads"] - 0.5) < 1e-9
+
+
+def test_reference_jobs_are_the_profiles_one_device_points_of_the_model():
+    from hybridflow.simulator.profile import ProfilePoint, resolve_profile
+    from hybridflow.tools.bench.sim_accuracy import reference_jobs
+
+    profile = resolve_profile("cpu-2core")
+    jobs = reference_jobs(profile)
+    assert len(jobs) == 14 and {j["op"] for j in jobs} == {"train", "forward", "generate"}
+    for job in jobs:
+        point = ProfilePoint.model_validate({**{k: v for k, v in job.items() if k != "_seconds"}, "seconds": 1.0})
+        assert point.model.name == "tiny" and point.parallel.world_size == 1
+        recorded = [p.seconds for p in profile.points if p.model_copy(update={"seconds": 1.0, "std": 0.0,
+                    "repeats": 1, "bytes": 0.0, "flops": 0.0}) == point.model_copy(update={"std": 0.0})]
+        assert recorded == [job["_seconds"]]
+
+
+def test_speed_check_times_the_jobs_on_the_profiler():
+    from hybridflow.tools.bench.sim_accuracy import speed_check
+
+    p64 = {"name": "p64", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 256, "vocab": 64}
+    job = {"op": "forward", "head": "lm", "batch": 2, "micro_batch": 2, "steps": 1, "prompt_len": 4, "response_len": 4,
+           "model": p64, "parallel": {}, "_seconds": 10.0}
+    (ratio,) = speed_check([job], devices=2)
+    assert 0 < ratio < 0.1  # a p64 forward of 2 × 8 tokens takes well under a second
+
+
+def test_accuracy_takes_medians_and_leaves_out_driver_ops():
+    from hybridflow.tools.bench.sim_accuracy import accuracy
+
+    def row(it, gen, adv):
+        return {"iteration": {"error": it}, "ops": {"generate": {"error": gen, "measured": 0.04},
+                                                     "advantage": {"error": adv, "measured": 0.002}}}
+    out = accuracy([row(-0.1, 0.3, 5.0), row(0.05, -0.1, 5.0), row(0.2, 0.2, 5.0)])
+    assert abs(out["median_iteration_error"] - 0.1) < 1e-12
+    assert out["op_errors"] == {"generate": 0.2} and out["op_plans"] == {"generate": 3}
+
+
+def test_scoring_reward_model_scores_and_the_critic_head_does_not(tmp_path):
+    import torch
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+    from hybridflow.runtime.workers.common import load_score_model
+    from hybridflow.simulator.model import model_preset
+    from hybridflow.tools.bench.sim_accuracy import scoring_reward_model
+
+    torch.manual_seed(0)
+    policy = save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"))), tmp_path / "policy")
+    ids = torch.randint(4, 64, (6, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        scores = load_score_model(scoring_reward_model(policy, tmp_path / "rm"))(input_ids=ids)[:, -1]
+        zero = load_score_model(policy)(input_ids=ids)[:, -1]
+    assert not zero.any()  # the critic's initialisation: every response scores 0, nothing to learn from
+    assert scores.std() > 0.1 and len(set(scores.tolist())) == 6

@@ -8,7 +8,15 @@ iteration seconds and the error; per op kind the errors over all plans; and whet
 planner's pick is the fastest measured (or within 5 %). Targets: median iteration error ≤ 10 %,
 each op kind ≤ 25 %.
 
-    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--rounds 3] [--profile cpu-2core] [--json]
+    python -m hybridflow.tools.bench.sim_accuracy [--iterations 4] [--rounds 3] [--profile cpu-2core]
+        [--no-speed-check] [--json]
+
+The machine's speed drifts (a shared VM: the same profile jobs run up to 1.2× slower within the
+hour), and a profile records it at one moment. So each round first re-times a few of the shipped
+profile's own points (speed_check: the tiny model's one-device train, forward and generate jobs,
+on the same profiler), and the table also prints the predictions scaled by the median ratio measured /
+profiled, with their error: the model's error apart from the machine's drift. `--no-speed-check`
+skips it.
 
 Measured iteration seconds are the span of the iteration's ops in the runtime's Timeline (first
 op start to last op end, as `hflow-plan run` reports them); the first iteration of each plan
@@ -118,6 +126,23 @@ def _with_reward_model(plan: Plan, reward_dir: Path) -> Plan:
     return plan.model_copy(update={"roles": roles})
 
 
+def reference_jobs(profile, model: str = TINY) -> list[dict]:
+    """The profile's one-device train, forward and generate points of `model` (14 for the default
+    grid's tiny model), as profiler jobs with the recorded seconds."""
+    keys = ("op", "head", "batch", "micro_batch", "steps", "prompt_len", "response_len")
+    return [{**{k: getattr(p, k) for k in keys}, "model": p.model.model_dump(), "parallel": {}, "_seconds": p.seconds}
+            for p in profile.points if p.op in ("train", "forward", "generate") and p.model is not None
+            and p.model.name == model and p.parallel.world_size == 1]
+
+
+def speed_check(jobs: list[dict], devices: int) -> list[float]:
+    """Per reference job: seconds now / seconds in the profile, timed by the same profiler."""
+    from hybridflow.runtime.profiling import profile_machine
+
+    _, points = profile_machine([{k: v for k, v in j.items() if k != "_seconds"} for j in jobs], devices)
+    return [p.seconds / j["_seconds"] for p, j in zip(points[-len(jobs):], jobs, strict=True)]
+
+
 def round_order(names: list[str], round_index: int) -> list[str]:
     """The plans' order in round `round_index`: row `round_index` of a Williams Latin square (offsets 0,
     1, −1, 2, −2, … from the round's first plan), so over the rounds every plan runs in every slot and
@@ -127,12 +152,14 @@ def round_order(names: list[str], round_index: int) -> list[str]:
     return [names[(round_index + o) % n] for o in offsets] if n else []
 
 
-def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None) -> dict[str, dict]:
+def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None,
+                   speed_jobs: list[dict] | None = None, speed: list[list[float]] | None = None) -> dict[str, dict]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
     shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
     iteration seconds over every round's iterations 2..N (the first of each run is start-up), its
-    spread (median absolute deviation), the per-round medians, and the median seconds per op."""
+    spread (median absolute deviation), the per-round medians, and the median seconds per op. With
+    `speed_jobs`, each round first runs speed_check and appends its ratios to `speed`."""
     import ray
 
     from hybridflow.runtime.resource_pool import init_ray
@@ -148,6 +175,8 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
     try:
         for r in range(rounds):
+            if speed_jobs:
+                speed.append(speed_check(speed_jobs, devices))
             for name in round_order(list(plans), r):
                 plan = plans[name]
                 if on_run:
@@ -190,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from hybridflow.simulator.calibration import calibrate_file
+    from hybridflow.simulator.profile import resolve_profile
     from hybridflow.tools.cmd_replay import compare, predict_plan
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -197,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=4, help="iterations per plan and round (the first is left out)")
     ap.add_argument("--rounds", type=int, default=3, help="times every plan runs, in turn (default 3)")
     ap.add_argument("--only", type=int, help="run only the first N plans (a quick look)")
+    ap.add_argument("--no-speed-check", action="store_true", help="skip re-timing the profile's reference jobs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.rounds < 1:
@@ -217,54 +248,73 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         plans = dict(list(plans.items())[:args.only])
     console = Console(file=sys.stderr)
+    speed_jobs = [] if args.no_speed_check else reference_jobs(resolve_profile(args.profile))
+    speed: list[list[float]] = []
     measured = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
-        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"))
+        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_jobs=speed_jobs, speed=speed)
+    index = statistics.median(x for ratios in speed for x in ratios) if speed else 1.0
     rows = []
     for name, plan in plans.items():
         p_it, p_ops = predict_plan(plan, cm)
         m = measured[name]
         rows.append({"plan": name, "placement": plan.placement(), "spread": m["spread"], "samples": m["samples"],
-                     **compare(p_it, p_ops, m["seconds"], m["ops"])})
-    it_errors = [abs(r["iteration"]["error"]) for r in rows]
-    by_op: dict[str, list[float]] = {}
-    for r in rows:
-        for op, v in r["ops"].items():
-            if v["error"] is not None and v["measured"] > 0.005:  # driver-side ops of a few ms: noise only
-                by_op.setdefault(op, []).append(abs(v["error"]))
+                     **compare(p_it, p_ops, m["seconds"], m["ops"]),
+                     "at_speed": compare(p_it * index, {k: v * index for k, v in p_ops.items()}, m["seconds"], m["ops"])})
     fastest = min(rows, key=lambda r: r["iteration"]["measured"])
     picked = next((r for r in rows if r["plan"] == pick_name), None)
     pick_ok = picked is not None and picked["iteration"]["measured"] <= 1.05 * fastest["iteration"]["measured"]
-    summary = {"median_iteration_error": statistics.median(it_errors),
-               "op_errors": {op: statistics.median(e) for op, e in by_op.items()},
-               "planner_pick": pick_name, "fastest_measured": fastest["plan"], "pick_within_5pct": pick_ok,
-               **(pick_vs_fastest(picked, fastest) if picked is not None else {})}
+    raw, adjusted = accuracy(rows), accuracy([r["at_speed"] for r in rows])
+    summary = {**raw, "planner_pick": pick_name, "fastest_measured": fastest["plan"], "pick_within_5pct": pick_ok,
+               **(pick_vs_fastest(picked, fastest) if picked is not None else {}),
+               "speed_index": index if speed else None, "speed_by_round": [statistics.median(x) for x in speed],
+               "at_speed": adjusted if speed else None}
     if args.json:
         print(json.dumps({"profile": cal.profile, "plans": rows, "summary": summary}))
         return 0
     out = Console(file=sys.stdout, width=max(Console().width, 120))
     t = Table(title=f"simulator accuracy: PPO, tiny model, {WORKLOAD['prompts']} prompts, profile '{cal.profile}'")
-    for col in ("plan", "predicted s", "measured s", "± spread", "error"):
+    cols = ["plan", "predicted s", "measured s", "± spread", "error"] + (["× speed", "error at speed"] if speed else [])
+    for col in cols:
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in rows:
         mark = " ★" if r["plan"] == pick_name else ""
-        t.add_row(r["plan"] + mark, f"{r['iteration']['predicted']:.3f}", f"{r['iteration']['measured']:.3f}",
-                  f"{r['spread']:.3f}", f"{r['iteration']['error']:+.1%}")
+        it, at = r["iteration"], r["at_speed"]["iteration"]
+        t.add_row(r["plan"] + mark, f"{it['predicted']:.3f}", f"{it['measured']:.3f}", f"{r['spread']:.3f}",
+                  f"{it['error']:+.1%}", *([f"{at['predicted']:.3f}", f"{at['error']:+.1%}"] if speed else []))
     out.print(t)
     ops = Table(title="per op kind: median |error| over the plans")
-    for col in ("op", "median |error|", "plans"):
+    for col in ["op", "median |error|"] + (["at speed"] if speed else []) + ["plans"]:
         ops.add_column(col, justify="left" if col == "op" else "right")
-    for op, e in by_op.items():
-        ops.add_row(op, f"{statistics.median(e):.1%}", str(len(e)))
+    for op, e in raw["op_errors"].items():
+        ops.add_row(op, f"{e:.1%}", *([f"{adjusted['op_errors'][op]:.1%}"] if speed else []), str(raw["op_plans"][op]))
     out.print(ops)
     verdict = ("not run (--only)" if picked is None else "fastest measured or within 5 %" if pick_ok
                else "NOT within 5 % of the fastest measured")
-    out.print(f"median iteration error {summary['median_iteration_error']:.1%} (target ≤ 10 %); worst op kind "
-              f"{max(summary['op_errors'].values()):.1%} (target ≤ 25 %); planner's pick ★ {pick_name}: {verdict} "
+    out.print(f"median iteration error {raw['median_iteration_error']:.1%} (target ≤ 10 %); worst op kind "
+              f"{max(raw['op_errors'].values()):.1%} (target ≤ 25 %); planner's pick ★ {pick_name}: {verdict} "
               f"(fastest: {fastest['plan']})")
+    if speed:
+        out.print(f"machine speed: the profile's reference jobs ran {index:.2f}× their profiled time (per round: "
+                  f"{', '.join(f'{x:.2f}' for x in summary['speed_by_round'])}); predictions × {index:.2f}: median "
+                  f"iteration error {adjusted['median_iteration_error']:.1%}, worst op kind "
+                  f"{max(adjusted['op_errors'].values()):.1%}")
     if picked is not None and picked is not fastest:
         out.print(f"pick / fastest: {summary['pick_over_fastest']:.3f} by medians, {summary['paired_ratio']:.3f} "
                   f"by the median of per-round ratios; the gap is {summary['gap_in_spreads']:.1f}× their spreads")
     return 0
+
+
+def accuracy(rows: list[dict]) -> dict:
+    """Median |error| of the iteration over the plans, and per op kind (driver-side ops of a few ms,
+    noise only, left out)."""
+    by_op: dict[str, list[float]] = {}
+    for r in rows:
+        for op, v in r["ops"].items():
+            if v["error"] is not None and v["measured"] > 0.005:
+                by_op.setdefault(op, []).append(abs(v["error"]))
+    return {"median_iteration_error": statistics.median(abs(r["iteration"]["error"]) for r in rows),
+            "op_errors": {op: statistics.median(e) for op, e in by_op.items()},
+            "op_plans": {op: len(e) for op, e in by_op.items()}}
 
 
 if __name__ == "__main__":
