@@ -145,10 +145,10 @@ class ProfiledCostModel(CostModel):
         weights are whole on every data-parallel replica (Megatron); the training engine shards them
         over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
         the dp ranks ((d-1)/d · M/(t·p) per device, one all-gather per FSDP unit: each decoder layer
-        and the root, TrainingEngine.gathered_tp_shards). Then the
-        generation weights are written into the generation model (a local copy of M/(t_g·p_g)).
-        DS-Chat's gather over every device is that dp gather when nothing is tensor- or pipeline-
-        parallel (t·p = 1): the engines then move no more bytes, and neither does this price."""
+        and the root, TrainingEngine.gathered_tp_shards). Then the generation weights are written
+        into the generation model (a local copy of M/(t_g·p_g)). DS-Chat's gather over every device
+        is that dp gather when nothing is tensor- or pipeline-parallel (t·p = 1): the engines then
+        move no more bytes, and neither does this price."""
         cost = super().reshard(model, train, gen, mode)
         if mode == "ds-chat" and train.tp * train.pp == 1:
             cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})

@@ -12,11 +12,11 @@ each op kind ≤ 25 %.
         [--no-speed-check] [--json]
 
 The machine's speed drifts (a shared VM: the same profile jobs run up to 1.2× slower within the
-hour), and a profile records it at one moment. So each round first re-times a few of the shipped
+hour), and a profile records it at one moment. So each round first re-times some of the shipped
 profile's own points (speed_check: the tiny model's one-device train, forward and generate jobs,
-on the same profiler), and the table also prints the predictions scaled by the median ratio measured /
-profiled, with their error: the model's error apart from the machine's drift. `--no-speed-check`
-skips it.
+on the same profiler), and the table also prints the predictions scaled by the median ratio
+measured / profiled, with their error: the model's error apart from the machine's drift.
+`--no-speed-check` skips it.
 
 Measured iteration seconds are the span of the iteration's ops in the runtime's Timeline (first
 op start to last op end, as `hflow-plan run` reports them); the first iteration of each plan
@@ -117,10 +117,11 @@ def scoring_reward_model(policy: Path, out: Path, seed: int = 0) -> Path:
 
 
 def _with_reward_model(plan: Plan, reward_dir: Path) -> Plan:
+    from hybridflow.runtime.models.hf_format import CONFIG_FILE
     from hybridflow.runtime.tasks.warmup import WarmupConfig, warm_policy
 
     policy = warm_policy(plan.roles["actor"].model, WarmupConfig(task="sort", seed=0))
-    if not (reward_dir / "config.json").is_file():
+    if not (reward_dir / CONFIG_FILE).is_file():
         scoring_reward_model(policy, reward_dir)
     roles = {r: rp.model_copy(update={"path": str(reward_dir)}) if r == "reward" else rp for r, rp in plan.roles.items()}
     return plan.model_copy(update={"roles": roles})
@@ -153,13 +154,13 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 
 
 def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None,
-                   speed_jobs: list[dict] | None = None, speed: list[list[float]] | None = None) -> dict[str, dict]:
+                   speed_jobs: list[dict] | None = None) -> tuple[dict[str, dict], list[list[float]]]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
     shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
     iteration seconds over every round's iterations 2..N (the first of each run is start-up), its
-    spread (median absolute deviation), the per-round medians, and the median seconds per op. With
-    `speed_jobs`, each round first runs speed_check and appends its ratios to `speed`."""
+    spread (median absolute deviation), the per-round medians, and the median seconds per op; and,
+    with `speed_jobs`, each round's speed_check ratios (run first in the round)."""
     import ray
 
     from hybridflow.runtime.resource_pool import init_ray
@@ -173,6 +174,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     secs: dict[str, list[float]] = {n: [] for n in plans}
     per_round: dict[str, list[float]] = {n: [] for n in plans}
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
+    speed: list[list[float]] = []
     try:
         for r in range(rounds):
             if speed_jobs:
@@ -200,7 +202,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
         med = statistics.median(secs[name])
         out[name] = {"seconds": med, "spread": statistics.median(abs(x - med) for x in secs[name]),
                      "samples": per_round[name], "ops": {op: statistics.median(v) for op, v in ops[name].items()}}
-    return out
+    return out, speed
 
 
 def pick_vs_fastest(picked: dict, fastest: dict) -> dict:
@@ -249,9 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         plans = dict(list(plans.items())[:args.only])
     console = Console(file=sys.stderr)
     speed_jobs = [] if args.no_speed_check else reference_jobs(resolve_profile(args.profile))
-    speed: list[list[float]] = []
-    measured = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
-        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_jobs=speed_jobs, speed=speed)
+    measured, speed = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
+        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_jobs=speed_jobs)
     index = statistics.median(x for ratios in speed for x in ratios) if speed else 1.0
     rows = []
     for name, plan in plans.items():
