@@ -104,6 +104,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype |
     return model
 
 
+def resolve_mixed_precision(mesh: DeviceMesh, requested: bool | None) -> bool:
+    """bf16 compute with fp32 master weights: as requested, by default on CUDA only."""
+    return mesh.device_type == "cuda" if requested is None else requested
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixed_precision: bool | None = None,
                 reshard_after_forward: bool = True) -> nn.Module:
     """Shard `model` (fp32, on its device; under pp > 1 this rank's stage, see pipeline.py) as
@@ -112,8 +117,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixe
     `mixed_precision`: bf16 parameters in compute with fp32 master weights and gradient reduction
     (FSDP2's MixedPrecisionPolicy); default on for CUDA, off (pure fp32) on CPU.
     """
-    if mixed_precision is None:
-        mixed_precision = mesh.device_type == "cuda"
+    mixed_precision = resolve_mixed_precision(mesh, mixed_precision)
     if cfg.tp > 1:
         apply_tp(model, mesh["tp"])
     if cfg.dp > 1 or mixed_precision:

@@ -41,6 +41,7 @@ from hybridflow.simulator.errors import HflowError
 
 from ..models.llama import positions_from_mask
 from .packing import bucket_order, inverse_order
+from .parallelize import resolve_mixed_precision
 from .training import as_tensordict, clip_grad_norm_, token_entropy, token_log_probs
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -124,9 +125,7 @@ class PipelineRunner:
         self.last_rank = dist.get_global_rank(self.group, self.num_stages - 1)
         cfg = engine.model.config
         self.hidden, self.vocab = cfg.hidden_size, cfg.vocab_size
-        if mixed_precision is None:
-            mixed_precision = engine.mesh.device_type == "cuda"
-        self.act_dtype = torch.bfloat16 if mixed_precision else torch.float32
+        self.act_dtype = torch.bfloat16 if resolve_mixed_precision(engine.mesh, mixed_precision) else torch.float32
         self._schedules: dict[tuple, object] = {}
         self._job: _Job | None = None
 

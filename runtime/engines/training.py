@@ -49,7 +49,14 @@ from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.parallel import ParallelConfig
 
 from .packing import bucket_order, inverse_order, pack
-from .parallelize import build_mesh, load_tp_local, parallelize, tp_local, tp_shard_dim
+from .parallelize import (
+    build_mesh,
+    load_tp_local,
+    parallelize,
+    resolve_mixed_precision,
+    tp_local,
+    tp_shard_dim,
+)
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
@@ -156,7 +163,7 @@ class TrainingEngine:
         self.model = model
         # FSDP units whose unshard gathers the fp32 weights themselves (not bf16 compute copies):
         # gathered_tp_shards then moves each unit's weights in one collective.
-        mixed = self.distributed and (self.mesh.device_type == "cuda" if mixed_precision is None else mixed_precision)
+        mixed = self.distributed and resolve_mixed_precision(self.mesh, mixed_precision)
         self._fsdp_units = [] if mixed else [m for m in model.modules() if isinstance(m, FSDPModule)]
         self.is_lm = hasattr(model, "lm_head")
         oc = self.optim_config

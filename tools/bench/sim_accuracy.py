@@ -116,14 +116,16 @@ def scoring_reward_model(policy: Path, out: Path, seed: int = 0) -> Path:
     return save_pretrained(model, out)
 
 
-def _with_reward_model(plan: Plan, reward_dir: Path) -> Plan:
+def _with_reward_model(plan: Plan, root: Path) -> Plan:
+    """The plan with a scoring reward model built on its actor's warmed policy (one per policy, under `root`)."""
     from hybridflow.runtime.models.hf_format import CONFIG_FILE
     from hybridflow.runtime.tasks.warmup import WarmupConfig, warm_policy
 
     policy = warm_policy(plan.roles["actor"].model, WarmupConfig(task="sort", seed=0))
-    if not (reward_dir / CONFIG_FILE).is_file():
-        scoring_reward_model(policy, reward_dir)
-    roles = {r: rp.model_copy(update={"path": str(reward_dir)}) if r == "reward" else rp for r, rp in plan.roles.items()}
+    reward = root / f"reward-{policy.name}"
+    if not (reward / CONFIG_FILE).is_file():
+        scoring_reward_model(policy, reward)
+    roles = {r: rp.model_copy(update={"path": str(reward)}) if r == "reward" else rp for r, rp in plan.roles.items()}
     return plan.model_copy(update={"roles": roles})
 
 
@@ -137,11 +139,12 @@ def reference_jobs(profile, model: str = TINY) -> list[dict]:
 
 
 def speed_check(jobs: list[dict], devices: int) -> list[float]:
-    """Per reference job: seconds now / seconds in the profile, timed by the same profiler."""
-    from hybridflow.runtime.profiling import profile_machine
+    """Per reference job: seconds now / seconds in the profile, timed by the same profiler (its jobs
+    only: no hardware probe)."""
+    from hybridflow.runtime.profiling import measure_jobs, run_group
 
-    _, points = profile_machine([{k: v for k, v in j.items() if k != "_seconds"} for j in jobs], devices)
-    return [p.seconds / j["_seconds"] for p, j in zip(points[-len(jobs):], jobs, strict=True)]
+    rows = run_group(measure_jobs, devices, [{k: v for k, v in j.items() if k != "_seconds"} for j in jobs], 1, 3)[0]
+    return [row["seconds"] / j["_seconds"] for row, j in zip(rows, jobs, strict=True)]
 
 
 def round_order(names: list[str], round_index: int) -> list[str]:
@@ -170,7 +173,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     devices = max(sum(len(g.devices) for g in p.groups) for p in plans.values())
     owns = not ray.is_initialized()
     init_ray(num_cpus=devices)
-    reward_dir = Path(tempfile.mkdtemp(prefix="hflow-reward-")) / "model"
+    reward_root = Path(tempfile.mkdtemp(prefix="hflow-reward-"))
     secs: dict[str, list[float]] = {n: [] for n in plans}
     per_round: dict[str, list[float]] = {n: [] for n in plans}
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
@@ -183,7 +186,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
                 plan = plans[name]
                 if on_run:
                     on_run(name, r)
-                with Trainer(_with_reward_model(plan, reward_dir), RunConfig(seed=0)) as trainer:
+                with Trainer(_with_reward_model(plan, reward_root), RunConfig(seed=0)) as trainer:
                     trainer.run(iterations)
                     tl = trainer.timeline
                 its = tl.iterations()[1:] or tl.iterations()
@@ -194,7 +197,7 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
                     for op, v in tl.op_seconds(i).items():
                         ops[name].setdefault(op, []).append(v)
     finally:
-        shutil.rmtree(reward_dir.parent, ignore_errors=True)
+        shutil.rmtree(reward_root, ignore_errors=True)
         if owns:
             ray.shutdown()
     out = {}
