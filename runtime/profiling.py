@@ -128,7 +128,8 @@ def _local_rows(batch: int, par: ParallelConfig, rank: int) -> slice:
     return slice(dp * per, min(batch, (dp + 1) * per))
 
 
-def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int) -> list[dict]:
+def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int,
+                 progress_offset: int = 0) -> list[dict]:
     """Run every job (a dict: op, model, head, parallel, gen, batch, lengths…) in this group; rank 0
     returns the ProfilePoints as dicts. Jobs run in order on every rank (collectives stay matched)."""
     out = []
@@ -144,7 +145,7 @@ def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: 
         seconds, std, extra = _JOBS[job["op"]](rank, par, job, warmup, repeats)
         dist.barrier()
         if rank == 0:
-            report_progress(len(out) + 1)
+            report_progress(progress_offset + len(out) + 1)
             out.append({**{k: v for k, v in job.items() if k != "_"}, "seconds": max(seconds, 1e-9), "std": std,
                         "repeats": _LAST_REPEATS[0], **extra})
     _ENGINES.clear()
@@ -263,23 +264,49 @@ def measure(jobs: list[dict], devices: int, warmup: int = 1, repeats: int = 3, t
     return [ProfilePoint.model_validate(r) for r in rows]
 
 
-def _profile_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int) -> tuple[dict, list[dict]]:
+def _profile_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int,
+                  passes: int) -> list[tuple[list[dict], list[dict]]]:
+    """Per pass: every rank's hardware-probe figures, and the jobs' rows (rank 0's)."""
     from .hardware_probe import _probe_rank
 
-    raws = [None] * world
-    raw = _probe_rank(rank, world, max(repeats, 3))
-    dist.all_gather_object(raws, raw)
-    return raws, measure_jobs(rank, world, jobs, warmup, repeats)
+    out = []
+    for p in range(passes):
+        raws = [None] * world
+        raw = _probe_rank(rank, world, max(repeats, 3))
+        dist.all_gather_object(raws, raw)
+        out.append((raws, measure_jobs(rank, world, jobs, warmup, repeats, progress_offset=p * len(jobs))))
+    return out
+
+
+def merge_passes(passes: list[list[dict]]) -> list[dict]:
+    """One row per job from its rows of several passes over the grid: the median of the passes'
+    seconds (each a median over its repeats); the spread counts both the repeats' and the passes'
+    (std = sqrt(mean within-pass variance + variance between passes)); repeats add up."""
+    if len(passes) == 1:
+        return passes[0]
+    merged = []
+    for rows in zip(*passes, strict=True):
+        secs = [r["seconds"] for r in rows]
+        within = statistics.fmean(r["std"] ** 2 for r in rows)
+        merged.append({**rows[0], "seconds": statistics.median(secs),
+                       "std": (within + statistics.pvariance(secs)) ** 0.5, "repeats": sum(r["repeats"] for r in rows)})
+    return merged
 
 
 def profile_machine(jobs: list[dict], devices: int, warmup: int = 1, repeats: int = 3, timeout: float = 3600.0,
-                    on_progress: Callable[[int], None] | None = None):
-    """The hardware probe and then every job, in one process group: (HardwareSpec, probe points +
-    measured points)."""
+                    on_progress: Callable[[int], None] | None = None, passes: int = 1):
+    """The hardware probe and then every job, in one process group, `passes` times over (a shared
+    machine's speed drifts from minute to minute: several passes minutes apart, merged by median,
+    record its usual speed rather than one moment's): (HardwareSpec, probe points + measured points)."""
     from .hardware_probe import probe_points, spec_from_probe
 
-    raws, rows = run_group(_profile_rank, devices, jobs, warmup, repeats, timeout=timeout,
-                           on_progress=on_progress)[0]
-    raw = {k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]}
+    if passes < 1:
+        raise HflowError(f"passes={passes}: give at least 1")
+    runs = run_group(_profile_rank, devices, jobs, warmup, repeats, passes, timeout=timeout * passes,
+                     on_progress=on_progress)[0]
+    # per pass, the slowest rank's probe figures (every rank computes at once); then the passes' median
+    per_pass = [{k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]} for raws, _ in runs]
+    raw = {k: statistics.median(r[k] for r in per_pass) if k.endswith("_s") else per_pass[0][k] for k in per_pass[0]}
+    rows = merge_passes([rows for _, rows in runs])
     points = probe_points(raw, devices) + [ProfilePoint.model_validate(r) for r in rows]
     return spec_from_probe(raw, devices), points

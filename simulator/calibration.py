@@ -40,9 +40,9 @@ from .workload import Workload
 BF16 = 2
 UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran whole, as measured
 _START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, backward_layer_seconds=2e-4, decode_layer_seconds=1e-4,
-                                   tp_layer_seconds=1e-3, tp_decode_layer_seconds=1e-3, dp_layer_seconds=1e-3,
-                                   reshard_layer_seconds=1e-3, dp_gather_layer_seconds=1e-3, call_seconds=1e-3,
-                                   step_seconds=1e-3)
+                                   tp_layer_seconds=1e-3, tp_backward_layer_seconds=1e-3, tp_decode_layer_seconds=1e-3,
+                                   dp_layer_seconds=1e-3, reshard_layer_seconds=1e-3, dp_gather_layer_seconds=1e-3,
+                                   call_seconds=1e-3, step_seconds=1e-3)
 FIT_OPS = ("train", "forward", "generate", "reshard", "allreduce", "allgather")
 
 
@@ -73,6 +73,7 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("overheads", "backward_layer_seconds", 1e-8, 1.0),
     Term("overheads", "decode_layer_seconds", 1e-8, 1.0),
     Term("overheads", "tp_layer_seconds", 1e-8, 10.0),
+    Term("overheads", "tp_backward_layer_seconds", 1e-8, 10.0),
     Term("overheads", "tp_decode_layer_seconds", 1e-8, 10.0),
     Term("overheads", "dp_layer_seconds", 1e-8, 10.0),
     Term("overheads", "reshard_layer_seconds", 1e-8, 10.0),
@@ -268,6 +269,7 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "backward_ratio": "train" in ops,
         "decode_layer_seconds": "generate" in ops,
         "tp_layer_seconds": any(p.op in ("train", "forward") and p.parallel.tp > 1 for p in points),
+        "tp_backward_layer_seconds": any(p.op == "train" and p.parallel.tp > 1 for p in points),
         "tp_decode_layer_seconds": any(p.op == "generate" and p.parallel.tp > 1 for p in points),
         "dp_layer_seconds": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
         "reshard_layer_seconds": any(p.op == "reshard" and p.parallel.tp * p.parallel.pp > p.gen.tp * p.gen.pp
@@ -298,7 +300,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "5"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "6"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

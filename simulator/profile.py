@@ -92,7 +92,7 @@ class ProfilePoint(BaseModel):
     response_len: NonNegativeInt = 0
     size_bytes: NonNegativeFloat = 0.0
     group_size: PositiveInt = 1
-    seconds: float = Field(gt=0, description="median over the repeats")
+    seconds: float = Field(gt=0, description="median over the repeats (of the passes' medians, when several)")
     std: NonNegativeFloat = 0.0
     repeats: PositiveInt = 1
     bytes: NonNegativeFloat = 0.0  # bytes moved per device (network for collectives/reshard), as measured

@@ -46,8 +46,12 @@ class EngineOverheads(BaseModel):
                                           "micro-batch: autograd's dispatch and gradient hooks")
     decode_layer_seconds: float = Field(0.0, ge=0, description="per decoder layer per generation pass (the "
                                         "prefill or one decode step): dispatch, KV-cache append")
-    tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per training/forward pass when tp > 1: "
-                                    "DTensor dispatch and the synchronisation of the layer's two collectives")
+    tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per forward pass when tp > 1 (forward "
+                                    "ops and a training step's forward half): DTensor dispatch and the "
+                                    "synchronisation of the layer's two all-reduces")
+    tp_backward_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per backward pass when tp > 1: "
+                                             "autograd through DTensor and the backward's own all-reduces "
+                                             "(a shared forward/backward term over-prices tp forwards by 20–40 %)")
     tp_decode_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per generation pass when "
                                            "tp > 1: the same, paid per decode step for a few tokens")
     dp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per FSDP collective when dp > 1 (one "
@@ -87,7 +91,7 @@ class ProfiledCostModel(CostModel):
         backward pass runs FSDP's two collectives per layer (gather, reduce-scatter) to the forward's one."""
         o = self.overheads
         return ((o.backward_layer_seconds if backward else o.layer_seconds)
-                + (o.tp_layer_seconds if par.tp > 1 else 0.0)
+                + ((o.tp_backward_layer_seconds if backward else o.tp_layer_seconds) if par.tp > 1 else 0.0)
                 + ((2.0 if backward else 1.0) * o.dp_layer_seconds if par.dp > 1 else 0.0))
 
     @staticmethod

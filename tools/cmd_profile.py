@@ -93,16 +93,26 @@ def add_parser(subparsers) -> None:
                     "engines on this machine's devices (GPUs, else one gloo process per core) over a bounded "
                     "grid of tiny models and layouts; write a profile that `simulate/search --profile` and "
                     "`replay` use. The default grid takes a few minutes on 2 cores.")
-    p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the profile (atomically)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", metavar="FILE.json", help="where to write the profile (atomically)")
+    what.add_argument("--check", metavar="PROFILE",
+                      help="re-time a profile's own one-device points of the tiny model on this machine and print "
+                           "seconds now / then (is it still this machine's speed?); writes nothing")
     p.add_argument("--quick", action="store_true", help="a seconds-long grid (one tiny model, no repeats)")
     p.add_argument("--devices", type=int, metavar="N", help="device processes (default: GPUs, else the cores, >= 2)")
     p.add_argument("--repeats", type=int, metavar="N", help="timed runs per point (default 3; 1 with --quick)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed runs first (default 1)")
+    p.add_argument("--passes", type=int, default=1, metavar="N",
+                   help="measure the whole grid N times over, minutes apart, and keep each point's median: a "
+                        "shared machine's speed drifts, and one pass records one moment's (default 1; the "
+                        "shipped profile used 3)")
     p.add_argument("--name", help="the profile's name (default: the file's stem)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.check:
+        return check(args.check)
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
@@ -125,14 +135,14 @@ def run(args) -> int:
         raise HflowError(f"--devices {devices}: give at least 1 device")
     repeats = args.repeats or (1 if args.quick else 3)
     warmup = args.warmup if args.warmup is not None else 1
-    if repeats < 1 or warmup < 0:
-        raise HflowError("--repeats must be >= 1 and --warmup >= 0")
+    if repeats < 1 or warmup < 0 or args.passes < 1:
+        raise HflowError("--repeats and --passes must be >= 1 and --warmup >= 0")
     jobs = grid(devices, args.quick)
     console = Console(file=sys.stderr)
     with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
-        task = bar.add_task("profile", total=len(jobs))
-        hw, points = profile_machine(jobs, devices, warmup, repeats,
+        task = bar.add_task("profile", total=len(jobs) * args.passes)
+        hw, points = profile_machine(jobs, devices, warmup, repeats, passes=args.passes,
                                      on_progress=lambda done: bar.update(task, completed=done))
     if not args.quick and devices > 1:  # the controller's gap between calls: Ray, a few seconds
         from hybridflow.runtime.dispatch_probe import measure_dispatch
@@ -140,10 +150,44 @@ def run(args) -> int:
         points.extend(measure_dispatch(devices))
     profile = Profile(name=args.name or out.stem, fingerprint=fingerprint(devices), hardware=hw, points=points,
                       notes=f"hflow-plan profile{' --quick' if args.quick else ''}: {len(jobs)} jobs, "
-                            f"warmup {warmup}, repeats {repeats}")
+                            f"warmup {warmup}, repeats {repeats}, passes {args.passes}")
     cal = calibrate(profile)  # before writing: a profile that cannot be fitted is not written
     profile.save(out)
     print_fit(cal, Console(file=sys.stdout), title=f"{out}: {len(points)} points on {devices} {hw.name} devices")
+    return 0
+
+
+def check(name: str) -> int:
+    """`--check PROFILE`: the profile's reference points re-timed now, per point and the median."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hybridflow.simulator.profile import resolve_profile
+
+    profile = resolve_profile(name)
+    try:
+        from hybridflow.runtime.hardware_probe import fingerprint
+        from hybridflow.runtime.profile_check import check_speed
+    except ModuleNotFoundError:
+        raise HflowError("checking a profile runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
+    here = fingerprint(profile.fingerprint.devices)
+    if not profile.fingerprint.same_machine(here):
+        raise HflowError(f"profile '{profile.name}' was measured on {profile.fingerprint.device_name} "
+                         f"({profile.fingerprint.cpu_count} cores), this is {here.device_name} ({here.cpu_count} "
+                         "cores); --check compares a machine with its own profile: measure one here with --out")
+    result = check_speed(profile)
+    t = Table(title=f"profile '{profile.name}' ({profile.fingerprint.created}) re-timed now")
+    for col in ("op", "head", "batch", "tokens", "then ms", "now ms", "now / then"):
+        t.add_column(col, justify="left" if col in ("op", "head") else "right")
+    for job, then, now in zip(result.jobs, result.profiled, result.now, strict=True):
+        t.add_row(job["op"], job["head"], str(job["batch"]), f"{job['prompt_len']}+{job['response_len']}",
+                  f"{then * 1e3:.1f}", f"{now * 1e3:.1f}", f"{now / then:.2f}")
+    console = Console(file=sys.stdout)
+    console.print(t)
+    console.print(f"median now / then: {result.index:.2f} over {len(result.now)} points (per point "
+                  f"{min(result.ratios):.2f}–{max(result.ratios):.2f}); above ~1.1 or below ~0.9 the machine runs at "
+                  "another speed than when profiled: predictions scale by about that much (re-profile, or use "
+                  "`--passes` for a profile of its usual speed)")
     return 0
 
 

@@ -28,7 +28,8 @@ TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_byt
 TRUE_PARAMS = EfficiencyParams().model_copy(update={**PINNED, "tokens_half": 64.0, "width_half": 32.0,
                                                     "decode_step_overhead": 2e-3, "adam_bytes_per_param": 6.0})
 TRUE_OVERHEADS = EngineOverheads(layer_seconds=3e-4, backward_layer_seconds=8e-4, decode_layer_seconds=2e-4,
-                                 tp_layer_seconds=4e-3, tp_decode_layer_seconds=9e-3, dp_layer_seconds=2e-3,
+                                 tp_layer_seconds=4e-3, tp_backward_layer_seconds=1.2e-2, tp_decode_layer_seconds=9e-3,
+                                 dp_layer_seconds=2e-3,
                                  reshard_layer_seconds=1e-3, dp_gather_layer_seconds=3e-3, call_seconds=2e-3,
                                  step_seconds=5e-3, backward_ratio=1.5)
 # The probe's guess the fit starts from: every figure off by 2.5-10x.
@@ -39,10 +40,10 @@ MODELS = [ModelSpec(name=f"m{h}", layers=layers, hidden=h, heads=4, kv_heads=4, 
 RECOVERED = ("hardware.peak_flops", "hardware.hbm_bandwidth", "hardware.intra_node_bandwidth",
              "hardware.intra_node_latency", "params.tokens_half", "params.width_half", "params.decode_step_overhead",
              "params.adam_bytes_per_param", "overheads.layer_seconds", "overheads.backward_layer_seconds",
-             "overheads.decode_layer_seconds", "overheads.tp_layer_seconds", "overheads.tp_decode_layer_seconds",
-             "overheads.dp_layer_seconds", "overheads.reshard_layer_seconds", "overheads.dp_gather_layer_seconds",
-             "overheads.call_seconds",
-             "overheads.step_seconds", "overheads.backward_ratio")
+             "overheads.decode_layer_seconds", "overheads.tp_layer_seconds", "overheads.tp_backward_layer_seconds",
+             "overheads.tp_decode_layer_seconds", "overheads.dp_layer_seconds", "overheads.reshard_layer_seconds",
+             "overheads.dp_gather_layer_seconds", "overheads.call_seconds", "overheads.step_seconds",
+             "overheads.backward_ratio")
 
 
 def synthetic_points(noise: float = 0.0) -> list[ProfilePoint]:

@@ -21,11 +21,11 @@ HW = HardwareSpec(name="cpu-t", peak_flops=5e9, hbm_bandwidth=1e9, hbm_bytes=8e9
 
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory):
-    """One real `hflow-plan profile --quick` run (gloo processes), shared by the tests below."""
+    """One real `hflow-plan profile --quick --passes 2` run (gloo processes), shared by the tests below."""
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("prof") / "quick.json"
-    proc = subprocess.run([sys.executable, "-m", "hybridflow.tools.cli", "profile", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "hybridflow.tools.cli", "profile", "--quick", "--passes", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, proc.stdout
 
@@ -37,6 +37,9 @@ def test_quick_profile_measures_every_op_kind(quick_profile):
     ops = p.by_op()
     assert set(ops) == {"matmul", "memory", "forward", "train", "generate", "reshard", "allreduce", "allgather"}
     assert all(pt.seconds > 0 for pt in p.points)
+    # two passes over the grid, merged: every job's point counts both passes' timed runs (1 each)
+    assert all(pt.repeats >= 2 for pt in p.points if pt.op in ("forward", "train", "generate", "reshard"))
+    assert "passes 2" in p.notes
     assert p.fingerprint.device_kind == "cpu" and p.fingerprint.devices == 2 and p.fingerprint.dtype == "float32"
     assert {pt.parallel.tp for pt in ops["generate"]} == {1, 2}
     # decoding more tokens takes longer than the prefill alone, at the same layout and batch
@@ -63,7 +66,22 @@ def test_profile_rejects_bad_output_names(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ending in .json" in err[0]
     assert main(["profile", "--quick", "--out", str(tmp_path)]) == 2
+    assert main(["profile", "--quick", "--passes", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--passes" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_passes_merge_by_median_and_pool_their_spread():
+    pytest.importorskip("torch")
+    from hybridflow.runtime.profiling import merge_passes
+
+    job = {"op": "train", "batch": 8}
+    passes = [[{**job, "seconds": s, "std": 0.01, "repeats": 3}] for s in (0.10, 0.13, 0.11)]
+    (row,) = merge_passes(passes)
+    assert row["seconds"] == 0.11 and row["repeats"] == 9 and row["op"] == "train"
+    between = ((0.10 - 0.1133) ** 2 + (0.13 - 0.1133) ** 2 + (0.11 - 0.1133) ** 2) / 3
+    assert row["std"] == pytest.approx((0.01**2 + between) ** 0.5, rel=1e-2)
+    assert merge_passes(passes[:1]) == passes[0]  # one pass: its rows as they are
 
 
 # ---- replay on a hand-made profile (no torch) ------------------------------------------------------

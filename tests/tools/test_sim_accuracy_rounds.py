@@ -28,31 +28,6 @@ def test_pick_vs_fastest_pairs_rounds():
     assert abs(out["gap_in_spreads"] - 0.5) < 1e-9
 
 
-def test_reference_jobs_are_the_profiles_one_device_points_of_the_model():
-    from hybridflow.simulator.profile import ProfilePoint, resolve_profile
-    from hybridflow.tools.bench.sim_accuracy import reference_jobs
-
-    profile = resolve_profile("cpu-2core")
-    jobs = reference_jobs(profile)
-    assert len(jobs) == 14 and {j["op"] for j in jobs} == {"train", "forward", "generate"}
-    for job in jobs:
-        point = ProfilePoint.model_validate({**{k: v for k, v in job.items() if k != "_seconds"}, "seconds": 1.0})
-        assert point.model.name == "tiny" and point.parallel.world_size == 1
-        recorded = [p.seconds for p in profile.points if p.model_copy(update={"seconds": 1.0, "std": 0.0,
-                    "repeats": 1, "bytes": 0.0, "flops": 0.0}) == point.model_copy(update={"std": 0.0})]
-        assert recorded == [job["_seconds"]]
-
-
-def test_speed_check_times_the_jobs_on_the_profiler():
-    from hybridflow.tools.bench.sim_accuracy import speed_check
-
-    p64 = {"name": "p64", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 256, "vocab": 64}
-    job = {"op": "forward", "head": "lm", "batch": 2, "micro_batch": 2, "steps": 1, "prompt_len": 4, "response_len": 4,
-           "model": p64, "parallel": {}, "_seconds": 10.0}
-    (ratio,) = speed_check([job], devices=2)
-    assert 0 < ratio < 0.1  # a p64 forward of 2 × 8 tokens takes well under a second
-
-
 def test_accuracy_takes_medians_and_leaves_out_driver_ops():
     from hybridflow.tools.bench.sim_accuracy import accuracy
 

@@ -13,10 +13,10 @@ each op kind ≤ 25 %.
 
 The machine's speed drifts (a shared VM: the same profile jobs run up to 1.2× slower within the
 hour), and a profile records it at one moment. So each round first re-times some of the shipped
-profile's own points (speed_check: the tiny model's one-device train, forward and generate jobs,
-on the same profiler), and the table also prints the predictions scaled by the median ratio
-measured / profiled, with their error: the model's error apart from the machine's drift.
-`--no-speed-check` skips it.
+profile's own points (runtime/profile_check.py: the tiny model's one-device train, forward and
+generate jobs, on the same profiler), and the table also prints the predictions scaled by the
+median ratio measured / profiled, with their error: the model's error apart from the machine's
+drift. `--no-speed-check` skips it.
 
 Measured iteration seconds are the span of the iteration's ops in the runtime's Timeline (first
 op start to last op end, as `hflow-plan run` reports them); the first iteration of each plan
@@ -129,24 +129,6 @@ def _with_reward_model(plan: Plan, root: Path) -> Plan:
     return plan.model_copy(update={"roles": roles})
 
 
-def reference_jobs(profile, model: str = TINY) -> list[dict]:
-    """The profile's one-device train, forward and generate points of `model` (14 for the default
-    grid's tiny model), as profiler jobs with the recorded seconds."""
-    keys = ("op", "head", "batch", "micro_batch", "steps", "prompt_len", "response_len")
-    return [{**{k: getattr(p, k) for k in keys}, "model": p.model.model_dump(), "parallel": {}, "_seconds": p.seconds}
-            for p in profile.points if p.op in ("train", "forward", "generate") and p.model is not None
-            and p.model.name == model and p.parallel.world_size == 1]
-
-
-def speed_check(jobs: list[dict], devices: int) -> list[float]:
-    """Per reference job: seconds now / seconds in the profile, timed by the same profiler (its jobs
-    only: no hardware probe)."""
-    from hybridflow.runtime.profiling import measure_jobs, run_group
-
-    rows = run_group(measure_jobs, devices, [{k: v for k, v in j.items() if k != "_seconds"} for j in jobs], 1, 3)[0]
-    return [row["seconds"] / j["_seconds"] for row, j in zip(rows, jobs, strict=True)]
-
-
 def round_order(names: list[str], round_index: int) -> list[str]:
     """The plans' order in round `round_index`: row `round_index` of a Williams Latin square (offsets 0,
     1, −1, 2, −2, … from the round's first plan), so over the rounds every plan runs in every slot and
@@ -157,15 +139,16 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 
 
 def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None,
-                   speed_jobs: list[dict] | None = None) -> tuple[dict[str, dict], list[list[float]]]:
+                   speed_profile=None) -> tuple[dict[str, dict], list[list[float]]]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
     shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
     iteration seconds over every round's iterations 2..N (the first of each run is start-up), its
     spread (median absolute deviation), the per-round medians, and the median seconds per op; and,
-    with `speed_jobs`, each round's speed_check ratios (run first in the round)."""
+    with `speed_profile`, each round's speed-check ratios (check_speed, run first in the round)."""
     import ray
 
+    from hybridflow.runtime.profile_check import check_speed
     from hybridflow.runtime.resource_pool import init_ray
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
@@ -180,8 +163,8 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     speed: list[list[float]] = []
     try:
         for r in range(rounds):
-            if speed_jobs:
-                speed.append(speed_check(speed_jobs, devices))
+            if speed_profile is not None:
+                speed.append(check_speed(speed_profile, devices).ratios)
             for name in round_order(list(plans), r):
                 plan = plans[name]
                 if on_run:
@@ -253,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         plans = dict(list(plans.items())[:args.only])
     console = Console(file=sys.stderr)
-    speed_jobs = [] if args.no_speed_check else reference_jobs(resolve_profile(args.profile))
+    speed_profile = None if args.no_speed_check else resolve_profile(args.profile)
     measured, speed = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
-        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_jobs=speed_jobs)
+        f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_profile=speed_profile)
     index = statistics.median(x for ratios in speed for x in ratios) if speed else 1.0
     rows = []
     for name, plan in plans.items():
