@@ -8,7 +8,10 @@ devices (GPUs when there are, else one gloo process per core). Writes a versione
 (simulator/profile.py, documented in profiles/README.md) atomically, then fits the cost model to
 it and prints the fit's error per op kind. Before writing, on a local Ray cluster, it measures the
 single controller's dispatch gap between dependent calls (runtime/dispatch_probe.py). `--quick`
-is a seconds-long grid for tests (no Ray).
+is a seconds-long grid for tests (no Ray). `--passes N` measures the grid N times over in the same
+processes and keeps each point's median (a shared machine's speed drifts between stretches of
+minutes). `--check PROFILE` re-times a profile's own one-device points and prints now / then
+(runtime/profile_check.py): whether the machine still runs at the profile's speed.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--passes", type=int, default=1, metavar="N",
                    help="measure the whole grid N times over, minutes apart, and keep each point's median: a "
                         "shared machine's speed drifts, and one pass records one moment's (default 1; the "
-                        "shipped profile used 3)")
+                        "shipped profile used 5)")
     p.add_argument("--name", help="the profile's name (default: the file's stem)")
     p.set_defaults(func=run)
 
