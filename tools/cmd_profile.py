@@ -113,6 +113,13 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _require_torch(action: str) -> None:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        raise HflowError(f"{action} runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
+
+
 def run(args) -> int:
     if args.check:
         return check(args.check)
@@ -121,10 +128,7 @@ def run(args) -> int:
         raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
     if out.is_dir():
         raise HflowError(f"{out}: is a folder; give a file name")
-    try:
-        import torch  # noqa: F401
-    except ModuleNotFoundError:
-        raise HflowError("profiling runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
+    _require_torch("profiling")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -168,11 +172,10 @@ def check(name: str) -> int:
     from hybridflow.simulator.profile import resolve_profile
 
     profile = resolve_profile(name)
-    try:
-        from hybridflow.runtime.hardware_probe import fingerprint
-        from hybridflow.runtime.profile_check import check_speed
-    except ModuleNotFoundError:
-        raise HflowError("checking a profile runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
+    _require_torch("checking a profile")
+    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.runtime.profile_check import check_speed
+
     here = fingerprint(profile.fingerprint.devices)
     if not profile.fingerprint.same_machine(here):
         raise HflowError(f"profile '{profile.name}' was measured on {profile.fingerprint.device_name} "

@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.profile import Profile
 from hybridflow.tools.outputs import run_main
 
 TINY = "tiny"
@@ -139,7 +140,7 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 
 
 def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None,
-                   speed_profile=None) -> tuple[dict[str, dict], list[list[float]]]:
+                   speed_profile: Profile | None = None) -> tuple[dict[str, dict], list[list[float]]]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
     shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
