@@ -39,6 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hybridflow.runtime.profile_check import SpeedCheck, check_speed
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.profile import Profile
 from hybridflow.tools.outputs import run_main
@@ -140,16 +141,15 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 
 
 def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_run=None,
-                   speed_profile: Profile | None = None) -> tuple[dict[str, dict], list[list[float]]]:
+                   speed_profile: Profile | None = None) -> tuple[dict[str, dict], list[SpeedCheck]]:
     """Run every plan alone on one Ray cluster for `iterations` iterations, and all of them again
     `rounds` times over, each round in its own order (round_order), so a stretch of load on the
     shared machine, or a slot in the round, does not fall on one plan only. Per plan: the median
     iteration seconds over every round's iterations 2..N (the first of each run is start-up), its
     spread (median absolute deviation), the per-round medians, and the median seconds per op; and,
-    with `speed_profile`, each round's speed-check ratios (check_speed, run first in the round)."""
+    with `speed_profile`, each round's speed check (check_speed, run first in the round)."""
     import ray
 
-    from hybridflow.runtime.profile_check import check_speed
     from hybridflow.runtime.resource_pool import init_ray
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
@@ -161,11 +161,11 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     secs: dict[str, list[float]] = {n: [] for n in plans}
     per_round: dict[str, list[float]] = {n: [] for n in plans}
     ops: dict[str, dict[str, list[float]]] = {n: {} for n in plans}
-    speed: list[list[float]] = []
+    speed: list[SpeedCheck] = []
     try:
         for r in range(rounds):
             if speed_profile is not None:
-                speed.append(check_speed(speed_profile, devices).ratios)
+                speed.append(check_speed(speed_profile, devices))
             for name in round_order(list(plans), r):
                 plan = plans[name]
                 if on_run:
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     speed_profile = None if args.no_speed_check else resolve_profile(args.profile)
     measured, speed = measure_rounds(plans, args.iterations, args.rounds, on_run=lambda name, r: console.print(
         f"[dim]round {r + 1}/{args.rounds}: {name}, {args.iterations} iterations…[/]"), speed_profile=speed_profile)
-    index = statistics.median(x for ratios in speed for x in ratios) if speed else 1.0
+    index = statistics.median(x for check in speed for x in check.ratios) if speed else 1.0
     rows = []
     for name, plan in plans.items():
         p_it, p_ops = predict_plan(plan, cm)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     raw, adjusted = accuracy(rows), accuracy([r["at_speed"] for r in rows])
     summary = {**raw, "planner_pick": pick_name, "fastest_measured": fastest["plan"], "pick_within_5pct": pick_ok,
                **(pick_vs_fastest(picked, fastest) if picked is not None else {}),
-               "speed_index": index if speed else None, "speed_by_round": [statistics.median(x) for x in speed],
+               "speed_index": index if speed else None, "speed_by_round": [check.index for check in speed],
                "at_speed": adjusted if speed else None}
     if args.json:
         print(json.dumps({"profile": cal.profile, "plans": rows, "summary": summary}))
