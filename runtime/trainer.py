@@ -7,10 +7,13 @@
 
 One WorkerGroup per device group of the plan, hosting the roles the plan puts there (colocated
 roles share a process per device). The algorithm's loop (algorithms/loops.py) calls the ops of
-runtime/dataflow.py. Per iteration the trainer appends one JSON line of metrics (reward, KL,
-losses, tokens/s, seconds per op) and, with a checkpoint dir, saves the trained models, the
-optimizer and the driver's state (data order, Lagrange multiplier); `latest` is rewritten only
-after a checkpoint is complete, so a crash mid-save leaves the previous one intact and resumable.
+runtime/dataflow.py. Prompts are encoded and responses decoded with the actor folder's own
+tokenizer (tasks/model_tokenizer.py). Per iteration the trainer appends one JSON line of metrics
+(reward, KL, losses, tokens/s, seconds per op; every `sample_log_every` iterations a few sampled
+responses), hands it to its loggers (runtime/loggers.py) and, with a checkpoint dir, saves the
+trained models, the optimizer and the driver's state (data order, Lagrange multiplier); `latest`
+is rewritten only after a checkpoint is complete, so a crash mid-save leaves the previous one
+intact and resumable. An iteration that fails (a reward that raises, a NaN score) writes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from .algorithms.loops import ALGORITHMS
 from .algorithms.losses import LagrangeMultiplier
 from .batch import Batch
 from .dataflow import Dataflow
+from .loggers import MetricsLogger
 from .resource_pool import ResourcePool, init_ray
 from .run_config import RunConfig
 from .tasks.data import PromptDataset, PromptSampler
@@ -51,13 +55,14 @@ TRAINED = ("actor", "critic")
 
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
-                 checkpoint_dir: str | Path | None = None, address: str | None = None, loggers: Sequence = ()):
+                 checkpoint_dir: str | Path | None = None, address: str | None = None,
+                 loggers: Sequence[MetricsLogger] = ()):
         self.plan = plan.validate_parallel()
         self.config = config or RunConfig()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
-        self.loggers = list(loggers)  # MetricsLogger (runtime/loggers.py): each iteration's metrics go to them too
+        self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         if any(rp.generate_group for rp in plan.roles.values()):
             raise HflowError("the plan puts generation on separate devices (generate_group); the runtime runs the "
                              "actor's rollout on its own devices through the hybrid engine: drop generate_group")
