@@ -101,7 +101,7 @@ class Trainer:
         checking that every model the warm-up would build has its vocabulary (before anything starts)."""
         actor = self.plan.roles["actor"]
         for role, rp in self.plan.roles.items():
-            if not rp.path and (role == "actor" or role in ("critic", "ref") and rp.model != actor.model):
+            if not rp.path and (role == "actor" or (role in ("critic", "ref") and rp.model != actor.model)):
                 check_warmup_shape(rp.model)
         if actor.path:
             return load_tokenizer(actor.path, model_vocab=ModelSpec.from_hf_config(actor.path).vocab)
