@@ -32,8 +32,8 @@ from .calls import CallFuture
 from .engines.packing import inverse_order
 from .protocols import join, shard
 from .run_config import RunConfig
-from .tasks.rewards import score_responses
-from .tasks.tokenizer import CharTokenizer
+from .tasks.rewards import check_finite_scores, score_responses
+from .tasks.tokenizer import Tokenizer
 from .worker_group import WorkerGroup
 
 SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -61,7 +61,7 @@ def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | N
 
 
 class Dataflow:
-    def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], config: RunConfig, tokenizer: CharTokenizer,
+    def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], config: RunConfig, tokenizer: Tokenizer,
                  reward_fn=None, cost_fn=None, lagrange: LagrangeMultiplier | None = None,
                  origin: float | None = None):
         self.plan, self.groups, self.config, self.tok = plan, groups, config, tokenizer
@@ -125,24 +125,37 @@ class Dataflow:
         return batch.union(join([outs[r] for _, r in readers], pad))
 
     def responses_text(self, batch: Batch) -> list[str]:
-        return self.tok.decode_responses(batch["responses"])
+        return self.tok.decode_responses(batch["responses"], batch["response_mask"])
 
     # ---- scores -------------------------------------------------------------------------------
+    @staticmethod
+    def _origin(batch: Batch) -> dict:
+        """The data rows and source of the samples, for errors that name them (see Trainer.prompt_batch)."""
+        rows = batch["data_row"].tolist() if "data_row" in batch else None
+        return {"rows": rows, "source": batch.meta.get("data_source", "")}
+
     def _rule_scores(self, batch: Batch, fn, role: str) -> torch.Tensor:
         with self._on_driver(role, role):
             prompts = list(batch["prompt"])
             fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
-            return score_responses(fn, prompts, self.responses_text(batch), fields, name=f"{role} function")
+            ref = self.plan.reward_function if role == "reward" else self.plan.cost_function
+            return score_responses(fn, prompts, self.responses_text(batch), fields, name=f"{role} function '{ref}'",
+                                   **self._origin(batch))
 
     def score(self, batch: Batch) -> Batch:
-        """`reward_scores` (and `cost_scores` for Safe-RLHF): from a score model or a rule-based function."""
-        pending = [self._call(r, "compute_scores", batch.select(*SEQ_FIELDS, meta=False))
-                   for r in ("reward", "cost") if self.has(r)]
+        """`reward_scores` (and `cost_scores` for Safe-RLHF): from a score model or a rule-based function;
+        a score that is not a finite number ends the run with a one-line error."""
+        models = [r for r in ("reward", "cost") if self.has(r)]
+        pending = [self._call(r, "compute_scores", batch.select(*SEQ_FIELDS, meta=False)) for r in models]
         if not self.has("reward"):
             batch["reward_scores"] = self._rule_scores(batch, self.reward_fn, "reward")
         if self.plan.algorithm == "safe-rlhf" and not self.has("cost"):
             batch["cost_scores"] = self._rule_scores(batch, self.cost_fn, "cost")
-        return self.gather(batch, *pending)
+        batch = self.gather(batch, *pending)
+        for r in models:
+            check_finite_scores(batch[f"{r}_scores"], f"{r} model {self.plan.roles[r].path}", list(batch["prompt"]),
+                                **self._origin(batch))
+        return batch
 
     # ---- log-probs and values -----------------------------------------------------------------
     def ref_logprob(self, batch: Batch) -> Pending | None:

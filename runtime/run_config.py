@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+)
 
 
 class RunConfig(BaseModel):
@@ -18,8 +26,12 @@ class RunConfig(BaseModel):
     seed: int = 0
     # ---- data ----------------------------------------------------------------------------------
     task: str = "sort"  # built-in task: prompts, reward and the warm-up policy
-    prompts_file: str | None = None  # JSONL or Parquet with a 'prompt' column (replaces the task's prompts)
+    # JSONL, Parquet or a `datasets` save_to_disk folder with a 'prompt' column (replaces the task's prompts)
+    prompts_file: str | None = None
     dataset_size: PositiveInt = 4096  # prompts drawn from the built-in task
+    # Chat-message prompts always go through the tokenizer's chat template; this also sends plain-text
+    # prompts through it, as one user message (with the generation prompt added)
+    chat_template: bool = False
     # ---- sampling ------------------------------------------------------------------------------
     temperature: NonNegativeFloat = 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -44,8 +56,12 @@ class RunConfig(BaseModel):
     lagrange_init: PositiveFloat = 1.0
     lagrange_lr: NonNegativeFloat = 0.05
     lagrange_max: PositiveFloat | None = 10.0
-    # ---- checkpoints ---------------------------------------------------------------------------
+    # ---- checkpoints and outputs ---------------------------------------------------------------
     save_every: PositiveInt = 1  # iterations between checkpoints (with a checkpoint dir)
+    # a few sampled prompts, responses and rewards go to the metrics and the console on the first
+    # iteration and every `sample_log_every` after it (0: never)
+    sample_log_every: NonNegativeInt = 10
+    sample_log_count: PositiveInt = 3
 
     @property
     def kl_in_reward(self) -> bool:

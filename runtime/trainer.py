@@ -7,10 +7,13 @@
 
 One WorkerGroup per device group of the plan, hosting the roles the plan puts there (colocated
 roles share a process per device). The algorithm's loop (algorithms/loops.py) calls the ops of
-runtime/dataflow.py. Per iteration the trainer appends one JSON line of metrics (reward, KL,
-losses, tokens/s, seconds per op) and, with a checkpoint dir, saves the trained models, the
-optimizer and the driver's state (data order, Lagrange multiplier); `latest` is rewritten only
-after a checkpoint is complete, so a crash mid-save leaves the previous one intact and resumable.
+runtime/dataflow.py. Prompts are encoded and responses decoded with the actor folder's own
+tokenizer (tasks/model_tokenizer.py). Per iteration the trainer appends one JSON line of metrics
+(reward, KL, losses, tokens/s, seconds per op; every `sample_log_every` iterations a few sampled
+responses), hands it to its loggers (runtime/loggers.py) and, with a checkpoint dir, saves the
+trained models, the optimizer and the driver's state (data order, Lagrange multiplier); `latest`
+is rewritten only after a checkpoint is complete, so a crash mid-save leaves the previous one
+intact and resumable. An iteration that fails (a reward that raises, a NaN score) writes nothing.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import ray
+import torch
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic, write_json_atomic
+from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
 
@@ -32,12 +38,14 @@ from .algorithms.loops import ALGORITHMS
 from .algorithms.losses import LagrangeMultiplier
 from .batch import Batch
 from .dataflow import Dataflow
+from .loggers import MetricsLogger
 from .resource_pool import ResourcePool, init_ray
 from .run_config import RunConfig
 from .tasks.data import PromptDataset, PromptSampler
+from .tasks.model_tokenizer import load_tokenizer
 from .tasks.rewards import load_function
-from .tasks.tokenizer import CharTokenizer
-from .tasks.warmup import WarmupConfig, warm_policy
+from .tasks.tokenizer import CharTokenizer, Tokenizer
+from .tasks.warmup import WarmupConfig, check_warmup_shape, warm_policy
 from .worker_group import RoleSpec, WorkerGroup
 from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker
@@ -47,22 +55,26 @@ TRAINED = ("actor", "critic")
 
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
-                 checkpoint_dir: str | Path | None = None, address: str | None = None):
+                 checkpoint_dir: str | Path | None = None, address: str | None = None,
+                 loggers: Sequence[MetricsLogger] = ()):
         self.plan = plan.validate_parallel()
         self.config = config or RunConfig()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
+        self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         if any(rp.generate_group for rp in plan.roles.values()):
             raise HflowError("the plan puts generation on separate devices (generate_group); the runtime runs the "
                              "actor's rollout on its own devices through the hybrid engine: drop generate_group")
         if plan.reshard == "broadcast":
             raise HflowError("reshard 'broadcast' is for generation on separate devices, which the runtime does not "
                              "run; use hybridflow, hybridflow-v or ds-chat")
-        self.tok = CharTokenizer()
+        self.tok = self._tokenizer()
         cfg = self.config
         self.dataset = (PromptDataset.from_file(cfg.prompts_file) if cfg.prompts_file
                         else PromptDataset.from_task(cfg.task, cfg.dataset_size, cfg.seed))
+        if cfg.chat_template or self.dataset.has_chat():
+            self.tok.require_chat_template()
         self.sampler = PromptSampler(len(self.dataset), plan.workload.prompts, cfg.seed)
         self.reward_fn = self._function(plan.reward_function, "reward") if "reward" not in plan.roles else None
         self.cost_fn = (self._function(plan.cost_function, "cost")
@@ -83,6 +95,17 @@ class Trainer:
         if ref is None:  # Plan validation makes this unreachable for a plan that passed it
             raise HflowError(f"the plan has neither a '{what}' model nor a {what}_function ('module:function')")
         return load_function(ref, f"{what} function")
+
+    def _tokenizer(self) -> Tokenizer:
+        """The actor folder's tokenizer; the character tokenizer for the built-in warmed-up policy, after
+        checking that every model the warm-up would build has its vocabulary (before anything starts)."""
+        actor = self.plan.roles["actor"]
+        for role, rp in self.plan.roles.items():
+            if not rp.path and (role == "actor" or (role in ("critic", "ref") and rp.model != actor.model)):
+                check_warmup_shape(rp.model)
+        if actor.path:
+            return load_tokenizer(actor.path, model_vocab=ModelSpec.from_hf_config(actor.path).vocab)
+        return CharTokenizer()
 
     # ---- placement ----------------------------------------------------------------------------
     def _model_path(self, role: str) -> str:
@@ -109,7 +132,7 @@ class Trainer:
                     optim={"lr": cfg.actor_lr, "grad_clip": cfg.grad_clip},
                     generate_parallel=gen.model_dump(),
                     sampling={"max_new_tokens": w.response_len, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                              "top_k": cfg.top_k, "eos_token_id": self.tok.eos_id, "pad_token_id": self.tok.pad_id},
+                              "top_k": cfg.top_k, "eos_token_id": self.tok.eos_ids, "pad_token_id": self.tok.pad_id},
                     loss={"policy_loss": cfg.policy_loss, "clip_ratio": cfg.clip_ratio,
                           "clip_ratio_high": cfg.clip_ratio_high, "entropy_coef": cfg.entropy_coef,
                           "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0, "kl_kind": cfg.kl_kind})
@@ -150,23 +173,38 @@ class Trainer:
 
     # ---- one iteration ------------------------------------------------------------------------
     def prompt_batch(self) -> Batch:
-        prompts, cols = self.dataset.take(self.sampler.next_indices())
-        ids, mask = self.tok.encode_prompts(prompts, max_len=None)
-        if ids.shape[1] > self.plan.workload.prompt_len:
-            raise HflowError(f"a prompt has {ids.shape[1]} tokens but the plan's prompt_len is "
-                             f"{self.plan.workload.prompt_len}; raise workload.prompt_len")
-        batch = Batch({"prompt_ids": ids, "prompt_mask": mask}, non_tensors={"prompt": prompts, **cols})
+        rows = self.sampler.next_indices()
+        prompts, cols = self.dataset.take(rows)
+        ids, mask = self.tok.encode_prompts(prompts, self.config.chat_template, max_len=self.plan.workload.prompt_len)
+        batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "data_row": torch.tensor(rows)},
+                      non_tensors={"prompt": prompts, **cols}, meta={"data_source": self.dataset.source})
         return batch.repeat_interleave(self.plan.workload.samples_per_prompt)
 
+    def samples(self, batch: Batch) -> list[dict]:
+        """A few of the iteration's samples (spread over the batch): prompt, response and scores."""
+        n, k = len(batch), self.config.sample_log_count
+        idx = sorted({i * n // k for i in range(min(k, n))})
+        texts = self.tok.decode_responses(batch["responses"][idx], batch["response_mask"][idx])
+        out = []
+        for i, text in zip(idx, texts, strict=True):
+            prompt = batch["prompt"][i]
+            row = {"prompt": prompt if isinstance(prompt, str) else list(prompt), "response": text,
+                   "reward": batch["reward_scores"][i].item()}
+            if "cost_scores" in batch:
+                row["cost"] = batch["cost_scores"][i].item()
+            out.append(row)
+        return out
+
     def step(self) -> dict:
+        """One iteration; `iteration` counts only those that finished (a failing one writes nothing)."""
         self.start()
-        self.iteration += 1
         df = self.df
-        df.iteration, df.stats = self.iteration, {}
+        df.iteration, df.stats = self.iteration + 1, {}
         start = time.time()
         first_event = len(df.events)
         metrics, batch = ALGORITHMS[self.plan.algorithm](df, self.prompt_batch())
         seconds = time.time() - start
+        self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
         rewards = batch["reward_scores"].float()
@@ -183,10 +221,15 @@ class Trainer:
                "tokens_per_second": tokens / seconds if seconds > 0 else 0.0, "op_seconds": ops}
         if "cost_scores" in batch:
             out["cost_mean"] = batch["cost_scores"].float().mean().item()
+        every = self.config.sample_log_every
+        if every and (self.iteration - 1) % every == 0:
+            out["samples"] = self.samples(batch)
         if self.metrics_path:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(out) + "\n")
+                f.write(json.dumps(out) + "\n")  # one write of a whole line
+        for logger in self.loggers:
+            logger.log(out)
         if self.checkpoint_dir and self.iteration % self.config.save_every == 0:
             self.save_checkpoint()
         return out

@@ -1,4 +1,4 @@
-"""Reading specs from YAML/JSON files and writing outputs atomically.
+"""Reading specs from YAML/JSON (and JSON Lines) files and writing outputs atomically.
 
 Every output file is written to a temporary file beside it and renamed into place, so a failed
 command never leaves a half-written file and never clobbers what the user had.
@@ -39,6 +39,27 @@ def read_mapping(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HflowError(f"{p}: expected a mapping of fields at the top level, got {type(data).__name__}")
     return data
+
+
+def read_jsonl(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file (one per line, blank lines skipped). `what` describes the
+    file the caller expects ("a prompt file", "the metrics a run wrote"), for the one-line errors."""
+    p = Path(path)
+    if not p.is_file():
+        raise HflowError(f"{p}: no such file; pass {what}")
+    rows = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise HflowError(f"{p}: line {n} is not JSON; {what} has one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise HflowError(f"{p}: line {n} is a JSON {type(row).__name__}, not an object; {what} has one "
+                             "JSON object per line")
+        rows.append(row)
+    return rows
 
 
 def load_model_file(cls: type[M], path: str | os.PathLike) -> M:

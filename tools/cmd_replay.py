@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import read_jsonl
 
 
 def add_parser(subparsers) -> None:
@@ -39,19 +40,10 @@ def add_parser(subparsers) -> None:
 def read_metrics(path: str | Path, skip: int = 1) -> list[dict]:
     """The iterations of a run's metrics file after the first `skip` (one-line errors)."""
     p = Path(path)
-    if not p.is_file():
-        raise HflowError(f"{p}: no such file; pass the metrics JSONL a `hflow-plan run --metrics FILE` wrote")
-    rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise HflowError(f"{p}: line {n} is not JSON; a metrics file has one JSON object per line") from None
-        if not isinstance(row, dict) or "op_seconds" not in row or "seconds" not in row:
-            raise HflowError(f"{p}: line {n} has no 'seconds'/'op_seconds'; is this a `hflow-plan run` metrics file?")
-        rows.append(row)
+    rows = read_jsonl(p, "the metrics JSONL a `hflow-plan run --metrics FILE` wrote")
+    for n, row in enumerate(rows, 1):
+        if "op_seconds" not in row or "seconds" not in row:
+            raise HflowError(f"{p}: record {n} has no 'seconds'/'op_seconds'; is this a `hflow-plan run` metrics file?")
     if skip < 0:
         raise HflowError(f"--skip {skip}: give 0 or more iterations to leave out")
     if len(rows) <= skip:

@@ -2,7 +2,8 @@
 
 Local Ray by default (`--address` joins a cluster). Per iteration: a progress bar with reward,
 KL and tokens/s; a JSON line in `--metrics`; the measured timeline (`--trace`, `--timeline`).
-At the end: predicted (simulator) vs measured seconds per op and per iteration.
+At the end: predicted (simulator) vs measured seconds per op and per iteration. Sampled responses
+go to the console and the metrics; `--tensorboard` / `--logger` send the metrics to those loggers too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.outputs import positive_int
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
@@ -30,11 +32,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: lr, kl_coef, task, ...)")
     p.add_argument("--task", help="built-in task for prompts and the warm-up policy (sort, add)")
-    p.add_argument("--prompts", metavar="FILE", help="prompts from a .jsonl or .parquet file with a 'prompt' column")
+    p.add_argument("--prompts", metavar="PATH", help="prompts from a .jsonl or .parquet file or a `datasets` folder "
+                                                    "(save_to_disk) with a 'prompt' column: text or chat messages")
     p.add_argument("--seed", type=int, help="random seed (data order, sampling, initialisation)")
     p.add_argument("--trace", metavar="FILE", help="write the measured timeline as a Chrome trace")
     p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard events in DIR")
+    p.add_argument("--logger", metavar="NAMES", help="also log the metrics to tensorboard, wandb (offline) and/or "
+                                                     "mlflow (local file store), comma-separated")
     add_profile_arg(p)
     p.set_defaults(func=run)
 
@@ -74,13 +80,17 @@ def run(args) -> int:
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     plan = Plan.load(args.plan)
     cfg = run_config(args)
+    logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
     predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
+    trainer.loggers = open_loggers(logger_names, run_name=Path(args.plan).stem, tensorboard_dir=args.tensorboard,
+                                   params={"plan": args.plan, "algorithm": plan.algorithm, **cfg.model_dump()})
     try:
         metrics = run_with_progress(trainer, args.iterations, args.resume, console, quiet=args.json)
     finally:
         trainer.shutdown()
+        close_loggers(trainer.loggers)
     written = export_timeline(trainer.timeline, args.trace, args.timeline, f"{Path(args.plan).stem} (measured)")
     if args.json:
         from hybridflow.tools.run_report import measured_view

@@ -56,6 +56,19 @@ def comparison_table(predicted: Timeline | None, measured: Timeline) -> Table:
     return t
 
 
+def samples_table(iteration: int, samples: list[dict]) -> Table:
+    """An iteration's sampled prompts and responses with their scores (prompts and responses cut short)."""
+    from hybridflow.runtime.tasks.data import prompt_preview
+
+    t = Table(title=f"samples of iteration {iteration}", title_justify="left")
+    scores = [k for k in samples[0] if k not in ("prompt", "response")]
+    for col in ("prompt", "response", *scores):
+        t.add_column(col, justify="right" if col in scores else "left", overflow="fold")
+    for s in samples:
+        t.add_row(prompt_preview(s["prompt"]), prompt_preview(s["response"], 80), *(f"{s[k]:.3f}" for k in scores))
+    return t
+
+
 def run_with_progress(trainer, iterations: int, resume: bool, console, quiet: bool = False) -> list[dict]:
     """trainer.run with a rich progress bar showing the latest reward, KL and tokens/s."""
     from hybridflow.runtime.calls import WorkerCallError, WorkerDiedError
@@ -69,6 +82,8 @@ def run_with_progress(trainer, iterations: int, resume: bool, console, quiet: bo
             kl = f" kl {m['kl']:+.4f}" if "kl" in m else ""
             progress.update(task, advance=1, description=f"it {m['iteration']}: reward {m['reward_mean']:.3f}{kl} "
                                                          f"{m['tokens_per_second']:,.0f} tok/s")
+            if m.get("samples"):
+                progress.console.print(samples_table(m["iteration"], m["samples"]))
 
         try:
             return trainer.run(iterations, resume=resume, on_iteration=on_iteration)

@@ -1,23 +1,53 @@
 """Prompt datasets and a resumable sampler.
 
-A dataset is a list of rows, each a dict with a string `prompt` and any other columns (`answer`,
-`data_source`, …) that are passed on to the reward function. Rows come from a built-in task
-(deterministic for a seed) or from the user's JSONL / Parquet file. The sampler draws batches in
-a per-epoch permutation fixed by (seed, epoch); its state is two integers, so a resumed run sees
-exactly the prompts a straight run would.
+A dataset is a list of rows, each a dict with a `prompt` and any other columns (`answer`,
+`data_source`, …) that are passed on to the reward function. A prompt is text or a list of chat
+messages (`[{"role": "user", "content": …}]`, rendered by the tokenizer's chat template). Rows come
+from a built-in task (deterministic for a seed) or from the user's data: a JSONL file, a Parquet
+file, or a folder written by `datasets`' `save_to_disk` — one reader per format. The sampler draws
+batches in a per-epoch permutation fixed by (seed, epoch); its state is two integers, so a resumed
+run sees exactly the prompts a straight run would.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import read_jsonl
 
 from .builtin import get_task
+
+Message = dict[str, str]
+Prompt = str | list[Message]
+FORMATS = "a .jsonl or .parquet file or a `datasets` folder (save_to_disk)"
+
+
+def is_chat(prompt: Prompt) -> bool:
+    return not isinstance(prompt, str)
+
+
+def prompt_preview(prompt: Prompt, width: int = 60) -> str:
+    """One short line for messages and logs: the text, or the last chat message's content."""
+    text = prompt if isinstance(prompt, str) else (prompt[-1]["content"] if prompt else "")
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def check_prompt(value: Any, where: str) -> Prompt:
+    """`value` as a Prompt (chat messages keep their non-null fields); one-line error otherwise."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        messages = [{k: v for k, v in m.items() if v is not None} for m in value]
+        if all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+            return messages
+    raise HflowError(f"{where}: 'prompt' must be text or a non-empty list of chat messages "
+                     f"({{\"role\": ..., \"content\": ...}}), not {str(value)[:60]!r}")
 
 
 class PromptDataset:
@@ -36,7 +66,10 @@ class PromptDataset:
     def columns(self) -> list[str]:
         return sorted({k for r in self.rows for k in r})
 
-    def take(self, indices: list[int]) -> tuple[list[str], dict[str, list]]:
+    def has_chat(self) -> bool:
+        return any(is_chat(r["prompt"]) for r in self.rows)
+
+    def take(self, indices: list[int]) -> tuple[list[Prompt], dict[str, list]]:
         """(prompts, other columns as lists aligned with the prompts; missing values are None)."""
         rows = [self.rows[i] for i in indices]
         cols = [c for c in self.columns() if c != "prompt"]
@@ -50,34 +83,24 @@ class PromptDataset:
 
     @classmethod
     def from_file(cls, path: str | Path) -> PromptDataset:
+        """The user's prompts: a JSONL or Parquet file, or a folder written by `Dataset.save_to_disk`."""
         p = Path(path)
-        if not p.is_file():
-            raise HflowError(f"{p}: no such prompt file; give a .jsonl or .parquet file with a 'prompt' column")
-        if p.suffix in (".jsonl", ".json"):
-            rows = _read_jsonl(p)
+        if p.is_dir():
+            rows = _read_saved_dataset(p)
+        elif not p.is_file():
+            raise HflowError(f"{p}: no such prompt file or folder; give {FORMATS} with a 'prompt' column")
+        elif p.suffix in (".jsonl", ".json"):
+            rows = read_jsonl(p, "a prompt file")
         elif p.suffix == ".parquet":
             rows = _read_parquet(p)
         else:
-            raise HflowError(f"{p}: unknown prompt file type '{p.suffix}'; use .jsonl or .parquet")
+            raise HflowError(f"{p}: unknown prompt file type '{p.suffix}'; give {FORMATS}")
         for i, r in enumerate(rows):
-            if not isinstance(r.get("prompt"), str):
-                raise HflowError(f"{p}: row {i + 1} has no string 'prompt' field; every row needs one")
+            if "prompt" not in r:
+                raise HflowError(f"{p}: row {i + 1} has no 'prompt' field; every row needs one "
+                                 f"(columns: {', '.join(r) or 'none'})")
+            r["prompt"] = check_prompt(r["prompt"], f"{p}: row {i + 1}")
         return cls(rows, source=str(p))
-
-
-def _read_jsonl(p: Path) -> list[dict]:
-    rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise HflowError(f"{p}: line {n} is not valid JSON; write one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise HflowError(f"{p}: line {n} is a {type(row).__name__}, not an object with a 'prompt' field")
-        rows.append(row)
-    return rows
 
 
 def _read_parquet(p: Path) -> list[dict]:
@@ -92,6 +115,29 @@ def _read_parquet(p: Path) -> list[dict]:
     if "prompt" not in table.column_names:
         raise HflowError(f"{p}: no 'prompt' column (columns: {', '.join(table.column_names)})")
     return table.to_pylist()
+
+
+def _read_saved_dataset(p: Path) -> list[dict]:
+    """A `Dataset` (or the `train` split, or the only split, of a `DatasetDict`) saved with save_to_disk."""
+    try:
+        import datasets
+    except ImportError:
+        raise HflowError(f"{p}: reading a `datasets` folder needs the datasets library; "
+                         "`pip install datasets` or give a .jsonl / .parquet file") from None
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:  # FileNotFoundError for a folder save_to_disk did not write, or a damaged one
+        raise HflowError(f"{p}: not a folder written by datasets' save_to_disk "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        if len(splits) != 1 and "train" not in splits:
+            raise HflowError(f"{p}: a DatasetDict with splits {', '.join(splits)}; give the folder of one "
+                             f"split ({p}/{splits[0]}) or name one 'train'")
+        ds = ds["train" if "train" in splits else splits[0]]
+    if "prompt" not in ds.column_names:
+        raise HflowError(f"{p}: no 'prompt' column (columns: {', '.join(ds.column_names)})")
+    return ds.to_list()
 
 
 class PromptSampler:

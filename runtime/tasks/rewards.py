@@ -1,4 +1,5 @@
-"""Rule-based rewards named as `module:function` (or `path/to/file.py:function`), applied to a batch."""
+"""Rule-based rewards named as `module:function` (or `path/to/file.py:function`), applied to a batch, and
+the checks that every score, from a function or a score model, is a finite number."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import torch
 
 from hybridflow.simulator.errors import HflowError
+
+from .data import Prompt, prompt_preview
 
 RewardFn = Callable[..., float]
 
@@ -45,19 +48,47 @@ def load_function(ref: str, what: str = "reward function") -> RewardFn:
     return fn
 
 
-def score_responses(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
-                    fields: dict[str, Sequence] | None = None, name: str = "reward function") -> torch.Tensor:
-    """fn(prompt, response, **row_fields) for every sample → float32 scores [B]."""
+def describe_sample(i: int, prompt: Prompt, row: int | None = None, source: str = "") -> str:
+    """Where a score came from, for one-line errors: the sample, its data row and its prompt."""
+    at = f"row {row + 1} of {source or 'the prompts'}, " if row is not None else ""
+    return f"sample {i} ({at}prompt {prompt_preview(prompt)!r})"
+
+
+def score_responses(fn: RewardFn, prompts: Sequence[Prompt], responses: Sequence[str],
+                    fields: dict[str, Sequence] | None = None, name: str = "reward function",
+                    rows: Sequence[int] | None = None, source: str = "") -> torch.Tensor:
+    """fn(prompt, response, **row_fields) for every sample → float32 scores [B]. A function that
+    raises, or returns a non-number, NaN or inf, is a one-line error naming it, the sample (its data
+    row of `source` when `rows` are given) and the value."""
     fields = fields or {}
     out = []
     for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         extra = {k: v[i] for k, v in fields.items() if v[i] is not None}
-        value = fn(p, r, **extra)
+        where = describe_sample(i, p, None if rows is None else rows[i], source)
         try:
-            value = float(value)
+            value = fn(p, r, **extra)
+        except Exception as e:
+            raise HflowError(f"{name} raised {type(e).__name__} ({str(e).splitlines()[0] if str(e) else ''}) on "
+                             f"{where}, response {prompt_preview(r)!r}; fix the function") from None
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            number = float(value)
         except (TypeError, ValueError):
-            raise HflowError(f"{name} returned {value!r} for sample {i}; it must return a float") from None
-        if not math.isfinite(value):
-            raise HflowError(f"{name} returned {value} for sample {i}; it must return a finite float")
-        out.append(value)
+            raise HflowError(f"{name} returned {str(value)[:40]!r} for {where}; it must return a number") from None
+        if not math.isfinite(number):
+            raise HflowError(f"{name} returned {number} for {where}; it must return a finite number")
+        out.append(number)
     return torch.tensor(out, dtype=torch.float32)
+
+
+def check_finite_scores(scores: torch.Tensor, name: str, prompts: Sequence[Prompt],
+                        rows: Sequence[int] | None = None, source: str = "") -> None:
+    """A score model's scores must be finite: a one-line error naming the model, the first bad sample
+    and its value otherwise."""
+    bad = (~torch.isfinite(scores.float())).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        where = describe_sample(i, prompts[i], None if rows is None else rows[i], source)
+        raise HflowError(f"{name} scored {scores[i].item()} for {where}; a score model must give finite scores: "
+                         "check its weights (NaN or inf in the checkpoint?)")

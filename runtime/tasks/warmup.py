@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.model import ModelSpec, model_preset
 
@@ -114,6 +115,16 @@ def greedy_accuracy(model, batch) -> float:
     return exact.float().mean().item()
 
 
+def check_warmup_shape(spec: ModelSpec) -> None:
+    """The warm-up trains character-vocabulary models only: any other vocabulary would sample ids the
+    character tokenizer cannot read, and a real model's weights come from its folder, not from here."""
+    chars = CharTokenizer().vocab_size
+    if spec.vocab != chars:
+        raise HflowError(f"model '{spec.name}' has a vocabulary of {spec.vocab}: the built-in warm-up only builds "
+                         f"models with the character tokenizer's {chars}; set the role's `path` in the plan to "
+                         "the model's Hugging Face folder (weights and tokenizer)")
+
+
 def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig(),
                 root: str | Path | None = None) -> Path:
     """The folder of the warmed-up policy for (spec, cfg), building it the first time."""
@@ -121,11 +132,8 @@ def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig
     from hybridflow.runtime.models.hf_format import save_pretrained
 
     spec = model_preset(spec) if isinstance(spec, str) else spec
+    check_warmup_shape(spec)
     tok = CharTokenizer()
-    if spec.vocab < tok.vocab_size:
-        from hybridflow.simulator.errors import HflowError
-
-        raise HflowError(f"model vocab {spec.vocab} is smaller than the character tokenizer's {tok.vocab_size}")
     root = Path(root) if root is not None else cache_dir()
     folder = root / f"policy-{cfg.task}-{spec.name}-{_key(spec, cfg)}"
     if (folder / "warmup.json").is_file():

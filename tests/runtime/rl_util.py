@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.model import ModelSpec, model_preset
 
 TINY = model_preset("tiny")
 
 
 def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, devices: list[int] | None = None,
               train: dict[str, ParallelConfig] | None = None, generate: ParallelConfig | None = None,
-              workload: Workload | None = None, paths: dict[str, str] | None = None, **plan_fields) -> Plan:
-    """Groups g0, g1, … holding the roles of `placement`, with `devices[i]` devices each (default 1)."""
+              workload: Workload | None = None, paths: dict[str, str] | None = None, model: ModelSpec = TINY,
+              **plan_fields) -> Plan:
+    """Groups g0, g1, … holding the roles of `placement`, with `devices[i]` devices each (default 1), every
+    role of shape `model` (the tiny preset: the built-in warmed-up policy where a role has no path)."""
     placement = placement or [["actor", "ref"], ["critic"]]
     devices = devices or [1] * len(placement)
     train = train or {}
@@ -20,7 +22,7 @@ def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, 
         groups.append(DeviceGroup(name=f"g{i}", devices=[Device(node=0, index=next_index + k) for k in range(n)]))
         next_index += n
         for role in members:
-            roles[role] = RolePlan(model=TINY, group=f"g{i}", train=train.get(role, ParallelConfig(dp=n)),
+            roles[role] = RolePlan(model=model, group=f"g{i}", train=train.get(role, ParallelConfig(dp=n)),
                                    generate=generate if role == "actor" else None, path=(paths or {}).get(role))
     workload = workload or Workload(prompts=8, prompt_len=16, response_len=8, samples_per_prompt=1,
                                     micro_batch_size=8)

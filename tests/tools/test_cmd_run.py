@@ -22,3 +22,36 @@ def test_run_input_errors_are_one_line(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_bad_tokenizer_data_and_logger_inputs_are_one_line_before_ray_starts(tmp_path, capsys):
+    import json
+
+    import ray
+    from hf_util import build_hf_folder
+
+    from hybridflow.simulator.model import ModelSpec, model_preset
+
+    small = build_hf_folder(tmp_path / "small", vocab_size=64)  # a 320-token tokenizer, a 64-row embedding
+    plans = {"tiny": tiny_plan("grpo", [["actor", "ref"]]),
+             "7b": tiny_plan("grpo", [["actor", "ref"]], model=model_preset("llama2-7b")),
+             "small": tiny_plan("grpo", [["actor", "ref"]], model=ModelSpec.from_hf_config(small),
+                                paths={"actor": str(small)})}
+    for name, plan in plans.items():
+        (tmp_path / f"{name}.json").write_text(plan.model_dump_json())
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
+    capsys.readouterr()
+    ray_was_up = ray.is_initialized()  # a suite's earlier Ray tests may have started it
+    for argv, msg in [
+        (["tiny.json", "--logger", "tensorboard,neptune"], "unknown logger 'neptune'; choose from tensorboard, wandb"),
+        (["tiny.json", "--prompts", "nowhere"], "nowhere: no such prompt file or folder"),
+        (["tiny.json", "--prompts", "chat.jsonl"], "the built-in character tokenizer has no chat template"),
+        (["7b.json"], "model 'llama2-7b' has a vocabulary of 32000: the built-in warm-up only builds"),
+        (["small.json"], "the tokenizer has 320 tokens but the model's embedding has 64 rows"),
+    ]:
+        argv = ["run", str(tmp_path / argv[0]), *(str(tmp_path / a) if a.endswith((".jsonl", "nowhere")) else a
+                                                  for a in argv[1:])]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
+    assert ray.is_initialized() == ray_was_up  # every error came before Ray would start
