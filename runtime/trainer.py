@@ -33,7 +33,7 @@ from .algorithms.losses import LagrangeMultiplier
 from .batch import Batch
 from .dataflow import Dataflow
 from .resource_pool import ResourcePool, init_ray
-from .run_config import RunConfig
+from .run_config import RunConfig, with_rollout
 from .tasks.data import PromptDataset, PromptSampler
 from .tasks.rewards import load_function
 from .tasks.tokenizer import CharTokenizer
@@ -48,8 +48,8 @@ TRAINED = ("actor", "critic")
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None):
-        self.plan = plan.validate_parallel()
         self.config = config or RunConfig()
+        self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
@@ -105,7 +105,7 @@ class Trainer:
             if trainable:
                 gen = self.plan.generation_config()
                 kw.update(
-                    reshard=self.plan.reshard,
+                    reshard=self.plan.reshard, rollout=rp.rollout, prompt_len=w.prompt_len,
                     optim={"lr": cfg.actor_lr, "grad_clip": cfg.grad_clip},
                     generate_parallel=gen.model_dump(),
                     sampling={"max_new_tokens": w.response_len, "temperature": cfg.temperature, "top_p": cfg.top_p,

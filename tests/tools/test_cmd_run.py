@@ -22,3 +22,17 @@ def test_run_input_errors_are_one_line(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_rollout_flag_errors_are_one_line(tmp_path, capsys):
+    import importlib.util
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
+    cases = [(["--rollout", "sglang"], "unknown rollout backend 'sglang'; choose one of native, vllm")]
+    if importlib.util.find_spec("vllm") is None:  # else it runs: tests/runtime/test_vllm_rollout.py
+        cases.append((["--rollout", "vllm"], "the vllm rollout needs vLLM, which is not installed here"))
+    for extra, msg in cases:
+        assert main(["run", str(plan_file), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
