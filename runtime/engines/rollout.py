@@ -3,7 +3,7 @@
 A rollout engine is built on the actor's TrainingEngine (and so on its devices and process
 group) in the plan's generation layout (tp_g, dp_g = world / tp_g):
 
-    rollout.update_weights()                      # after every actor update, before the next generate
+    rollout.update_weights()                      # before the first generate and after every actor update
     out = rollout.generate(prompt_ids, mask, SamplingParams(...), generator)   # -> Rollout
     replica, tp_rank = rollout.generation_ranks(rank)   # which prompt shard this rank generates
 
