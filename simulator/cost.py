@@ -319,14 +319,15 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False)
         raise HflowError(f"op '{op}' names role '{role}', which the plan does not have (roles: {', '.join(plan.roles)})")
     rp, head = plan.roles[role], role_head(role)
     if op in ("generate", "generate_baseline"):
+        # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
+        # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
         return cm.generate(rp.model, plan.generation_config(), w, seqs, kv_free_bytes(plan, p))
     if op in FORWARD_OPS:
         return cm.forward(rp.model, head, rp.train, w, seqs)
     if op in ("actor_update", "critic_update"):
         return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False))
     if op == "reshard":
-        mode = "broadcast" if rp.generate_group else plan.reshard
-        return cm.reshard(rp.model, rp.train, plan.generation_config(), mode)
+        return cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode())
     if op in ("offload", "onload"):
         states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES)
         return cm.offload(states.total)

@@ -299,8 +299,8 @@ def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
             phases.append((role, op, resident, t))
         if role == "actor" and rp.generate_group is None:
             gen = rp.generate or rp.train
-            t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p, plan.reshard,
-                                   s.weights)
+            t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p,
+                                   plan.weight_sync_mode(), s.weights)
             phases.append((role, "generate", resident, t))
     actor = plan.roles.get("actor")
     if actor is not None and actor.generate_group == group:  # separate inference devices

@@ -3,12 +3,13 @@
 For each model role: the colocation group it lives in (groups own disjoint devices), its training
 ParallelConfig and, for the actor, its generation ParallelConfig. The actor's generation either
 runs in its own group through the 3D-HybridEngine (`generate_group` unset) or on a separate group
-of inference devices (OpenRLHF-style, `generate_group` set).
+of inference devices (OpenRLHF-style, `generate_group` set), with the generation engine the
+actor's `rollout` names: the native KV-cache engine or vLLM.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -23,6 +24,8 @@ PLAN_VERSION = 1
 Role = Literal["actor", "critic", "ref", "reward", "cost"]
 Algorithm = Literal["ppo", "grpo", "remax", "safe-rlhf", "rloo"]
 ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
+RolloutBackend = Literal["native", "vllm"]  # the engine that generates the actor's responses
+ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
 
 # Every role an algorithm can use, in call order of the dataflow. `ref` may be dropped (no KL);
 # `reward`/`cost` may be rule-based functions instead of models (then they own no devices).
@@ -73,6 +76,7 @@ class RolePlan(BaseModel):
     generate: ParallelConfig | None = None  # actor only
     generate_group: str | None = None  # actor only: separate inference devices (OpenRLHF-style)
     path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
+    rollout: RolloutBackend = "native"  # actor only: the generation engine (a run config may override it)
 
     @model_validator(mode="before")
     @classmethod
@@ -122,8 +126,8 @@ class Plan(BaseModel):
             if rp.train.world_size != size:
                 raise ValueError(f"role '{role}': train config {rp.train} uses {rp.train.world_size} devices "
                                  f"but group '{rp.group}' has {size}")
-            if role != "actor" and (rp.generate or rp.generate_group):
-                raise ValueError(f"role '{role}': only the actor has a generation config")
+            if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
+                raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
         for role in REQUIRED_ROLES[self.algorithm]:
             if role not in self.roles:
                 raise ValueError(f"{self.algorithm} needs a '{role}' model")
@@ -144,6 +148,18 @@ class Plan(BaseModel):
         """The actor's generation layout; defaults to its training layout."""
         a = self.roles["actor"]
         return a.generate or a.train
+
+    def weight_sync_mode(self) -> str:
+        """How the actor's weights reach its generation engine, as a reshard mode (simulator/reshard.py):
+        `broadcast` to separate generation devices; with the vLLM rollout every device gathers the
+        whole model and vLLM takes its own tensor-parallel slice — DS-Chat's gather (volume and peak);
+        else the plan's 3D-HybridEngine mode."""
+        actor = self.roles.get("actor")
+        if actor is not None and actor.generate_group:
+            return "broadcast"
+        if actor is not None and actor.rollout == "vllm":
+            return "ds-chat"
+        return self.reshard
 
     def placement(self) -> list[list[str]]:
         return [self.roles_in(g.name) for g in self.groups if self.roles_in(g.name)]

@@ -35,6 +35,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompts", metavar="PATH", help="prompts from a .jsonl or .parquet file or a `datasets` folder "
                                                     "(save_to_disk) with a 'prompt' column: text or chat messages")
     p.add_argument("--seed", type=int, help="random seed (data order, sampling, initialisation)")
+    p.add_argument("--rollout", metavar="BACKEND",
+                   help="generation engine: native (default) or vllm (needs vLLM installed); overrides the plan")
     p.add_argument("--trace", metavar="FILE", help="write the measured timeline as a Chrome trace")
     p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
@@ -50,8 +52,8 @@ def run_config(args):
     from hybridflow.simulator.io import load_model_file
 
     cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
-    overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed))
-                 if v is not None}
+    overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed),
+                                   ("rollout", args.rollout)) if v is not None}
     if overrides.get("task"):
         from hybridflow.runtime.tasks.builtin import get_task
 
@@ -66,6 +68,7 @@ def run(args) -> int:
         from hybridflow.runtime.trainer import Trainer
     except ImportError as e:
         raise HflowError(f"`run` needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
+    from hybridflow.runtime.run_config import with_rollout
     from hybridflow.simulator.plan import Plan
     from hybridflow.tools.run_report import (
         comparison_table,
@@ -78,8 +81,8 @@ def run(args) -> int:
         raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
-    plan = Plan.load(args.plan)
     cfg = run_config(args)
+    plan = with_rollout(Plan.load(args.plan), cfg)  # the run's rollout backend, checked before Ray starts
     logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
     predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))

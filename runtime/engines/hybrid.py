@@ -10,7 +10,8 @@ between them with the 3D-HybridEngine reshard:
     rollout = hybrid.generate(prompt_ids, mask, SamplingParams(greedy=True))  # trainer's weights
     hybrid.to_training()                    # own slice back into the trainer: no communication
 
-Workers (Ray) wrap it; it knows nothing of Ray.
+It is the `native` backend of the rollout interface (rollout.py): `update_weights()` is
+`to_generation()`. Workers (Ray) wrap it; it knows nothing of Ray.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hybridflow.simulator.parallel import ParallelConfig
 from .generation import GenerationEngine, Rollout, SamplingParams
 from .parallelize import apply_tp, device_type, tp_plan_dims
 from .reshard import Resharder, ReshardStats
+from .rollout import RolloutEngine
 from .training import TrainingEngine
 
 
@@ -32,7 +34,9 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if isinstance(p, DTensor) else p.data
 
 
-class HybridEngine:
+class HybridEngine(RolloutEngine):
+    backend = "native"
+
     def __init__(self, trainer: TrainingEngine, generation_model: nn.Module, generation: ParallelConfig,
                  mode: str = "hybridflow"):
         train = trainer.parallel
@@ -84,9 +88,16 @@ class HybridEngine:
         self.last_stats = stats
         return stats
 
+    def update_weights(self) -> int:
+        return self.to_generation().bytes_received
+
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:
         return self.engine.generate(prompt_ids, attention_mask, params, generator)
+
+    def generation_ranks(self, rank: int) -> tuple[int, int]:
+        lay = self.resharder.layout
+        return lay.generation_replica(rank), lay.generation_coords(rank)[1]
 
     def to_training(self) -> None:
         """Back to the training layout. Without a release the trainer's weights were never touched,

@@ -5,11 +5,13 @@ One implementation for both roles: the actor trains, generates and computes the 
 the reference loads the same initial weights and only computes log-probs (it never steps, so its
 optimizer never allocates state). When a plan colocates them they share one process per device.
 
-Rollout runs in the plan's generation layout (tp_g | tp) on the actor's own devices: before each
-rollout after a training step the 3D-HybridEngine (engines/hybrid.py) moves the weights from the
-training layout into the generation model with the plan's reshard grouping (the `reshard` op,
-bytes counted). The driver hands each rank the prompt shard of its generation data-parallel
-replica (`generate` is ALL_TO_ALL; `generation_ranks` says who is who) and reads tp_g rank 0.
+Rollout runs in the plan's generation layout (tp_g | tp) on the actor's own devices, through the
+rollout interface (engines/rollout.py) with the plan's backend: `native` (the 3D-HybridEngine,
+engines/hybrid.py, and our KV-cache engine) or `vllm` (engines/vllm_rollout.py). Before each
+rollout after a training step the weights move from the training layout into the rollout engine
+(`update_weights`: the `reshard` op, bytes counted). The driver hands each rank the prompt shard
+of its generation data-parallel replica (`generate` is ALL_TO_ALL; `generation_ranks` says who is
+who) and reads tp_g rank 0.
 Sampling is seeded by (seed, iteration, generation replica), so the tp_g ranks of a replica draw
 the same tokens and a resumed run draws exactly what a straight run would.
 """
@@ -22,11 +24,13 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines.generation import SamplingParams
 from hybridflow.runtime.engines.hybrid import HybridEngine
 from hybridflow.runtime.engines.reshard import MODES as RESHARD_MODES
+from hybridflow.runtime.engines.rollout import RolloutEngine
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
 
 from ..algorithms.losses import actor_loss
 from .common import (
@@ -44,7 +48,7 @@ class PolicyWorker(EngineState, Worker):
     def __init__(self, model_path: str, *, trainable: bool = True, optim: dict | None = None,
                  micro_batch_size: int | None = None, generate_parallel: dict | None = None,
                  sampling: dict | None = None, loss: dict | None = None, epochs: int = 1, mini_batches: int = 1,
-                 seed: int = 0, reshard: str = "hybridflow"):
+                 seed: int = 0, reshard: str = "hybridflow", rollout: RolloutBackend = "native", prompt_len: int | None = None):
         super().__init__()
         torch.manual_seed(seed)
         self.trainable, self.seed = trainable, seed
@@ -54,21 +58,29 @@ class PolicyWorker(EngineState, Worker):
         self.sampling = SamplingParams(**(sampling or {}))
         self.loss = dict(loss or {})
         self.epochs, self.mini_batches = epochs, mini_batches
-        self.hybrid = None
+        self.rollout: RolloutEngine | None = None
         if trainable:
             if self.gen_parallel.pp != 1 or reshard not in RESHARD_MODES:
                 raise HflowError(f"actor generation needs pp_g = 1 and a reshard mode of {', '.join(RESHARD_MODES)} "
                                  f"(got {self.gen_parallel}, '{reshard}')")
             gen = ParallelConfig(tp=self.gen_parallel.tp, dp=self.world_size // self.gen_parallel.tp)
-            self.hybrid = HybridEngine(self.engine, CausalLM(self.engine.model.config), gen, mode=reshard)
+            if rollout == "vllm":  # imported here: vLLM is an optional extra
+                from hybridflow.runtime.engines.vllm_rollout import VllmRollout
+
+                max_len = prompt_len + self.sampling.max_new_tokens if prompt_len else None
+                self.rollout = VllmRollout(model_path, self.engine, tensor_parallel_size=gen.tp, seed=seed,
+                                           max_model_len=max_len)
+            elif rollout == "native":
+                self.rollout = HybridEngine(self.engine, CausalLM(self.engine.model.config), gen, mode=reshard)
+            else:
+                raise HflowError(f"unknown rollout backend '{rollout}'; choose one of {', '.join(ROLLOUT_BACKENDS)}")
         self._gen_version = -1  # engine step the generation weights were taken at
 
     # ---- rollout ------------------------------------------------------------------------------
     @register("ONE_TO_ALL")
     def generation_ranks(self) -> tuple[int, int]:
         """(generation data-parallel replica, generation tensor rank) of this rank."""
-        lay = self.hybrid.resharder.layout
-        return lay.generation_replica(self.rank), lay.generation_coords(self.rank)[1]
+        return self.rollout.generation_ranks(self.rank)
 
     @register("ALL_TO_ALL")
     def generate(self, shard: Batch, iteration: int, greedy: bool = False) -> Batch:
@@ -76,15 +88,15 @@ class PolicyWorker(EngineState, Worker):
         timing: dict = {}
         if self._gen_version != self.engine.step:  # weights changed since the last switch
             with timed(timing, "reshard"):
-                stats = self.hybrid.to_generation()
-            timing["reshard"].append(float(stats.bytes_received))
+                received = self.rollout.update_weights()
+            timing["reshard"].append(float(received))
             self._gen_version = self.engine.step
         replica, _ = self.generation_ranks()
         g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration * 1009 + replica)
         params = self.sampling.model_copy(update={"greedy": True}) if greedy else self.sampling
         with timed(timing, "generate_baseline" if greedy else "generate"):
-            out = self.hybrid.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
-                                       params, g)
+            out = self.rollout.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
+                                        params, g)
         return with_timing(Batch({
             "input_ids": out.tokens.cpu(), "attention_mask": out.attention_mask.cpu(),
             "position_ids": out.position_ids.cpu(), "responses": out.response.cpu(),

@@ -301,3 +301,25 @@ def test_long_prefills_go_in_chunks_that_fill_the_pipeline():
     assert one["compute"] == pytest.approx(flat["compute"])  # 4 stages in turn: no faster than 1 device
     per_seq = many["compute"] / 64
     assert per_seq < one["compute"] / 3  # the pipeline overlaps: (8 + 3)/8 of the ideal
+
+
+def test_vllm_rollout_weight_sync_is_priced_as_a_full_gather(tiny_plan):
+    # vLLM takes whole weights on every device (DS-Chat's gather); generation itself is priced alike.
+    from hybridflow.simulator.cost import price_op
+    from hybridflow.simulator.memory import plan_memory
+    from hybridflow.simulator.reshard import reshard_volume
+
+    model = cm()
+    data = tiny_plan.model_dump()
+    data["roles"]["actor"]["rollout"] = "vllm"
+    vllm_plan = type(tiny_plan).model_validate(data)
+    actor = tiny_plan.roles["actor"]
+    assert (tiny_plan.weight_sync_mode(), vllm_plan.weight_sync_mode()) == ("hybridflow", "ds-chat")
+    sync = price_op(model, vllm_plan, "reshard", "actor")
+    assert sync.bytes == pytest.approx(reshard_volume(2 * LLAMA7.num_params("lm"), actor.train, actor.generate, "ds-chat"))
+    assert sync.bytes > price_op(model, tiny_plan, "reshard", "actor").bytes
+    assert price_op(model, vllm_plan, "generate", "actor") == price_op(model, tiny_plan, "generate", "actor")
+    # no zero-redundancy overlap: the generation weights come on top of the training shard
+    native_mem, vllm_mem = plan_memory(tiny_plan)["actor"], plan_memory(vllm_plan)["actor"]
+    assert vllm_mem.peak_op == "actor:generate"
+    assert vllm_mem.bytes_per_device > native_mem.bytes_per_device

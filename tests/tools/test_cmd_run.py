@@ -55,3 +55,17 @@ def test_bad_tokenizer_data_and_logger_inputs_are_one_line_before_ray_starts(tmp
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
     assert ray.is_initialized() == ray_was_up  # every error came before Ray would start
+
+
+def test_rollout_flag_errors_are_one_line(tmp_path, capsys):
+    import importlib.util
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
+    cases = [(["--rollout", "sglang"], "unknown rollout backend 'sglang'; choose one of native, vllm")]
+    if importlib.util.find_spec("vllm") is None:  # else it runs: tests/runtime/test_vllm_rollout.py
+        cases.append((["--rollout", "vllm"], "the vllm rollout needs vLLM, which is not installed here"))
+    for extra, msg in cases:
+        assert main(["run", str(plan_file), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err

