@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from .errors import HflowError
+from .names import lookup
 
 Head = Literal["lm", "scalar"]
 
@@ -141,11 +142,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 
 def model_preset(name: str) -> ModelSpec:
-    try:
-        return MODEL_PRESETS[name.lower()]
-    except KeyError:
-        known = ", ".join(MODEL_PRESETS)
-        raise HflowError(f"unknown model preset '{name}'; known presets: {known} (or pass a HF model folder)") from None
+    """A published config by name (any case; a near miss is answered with "did you mean")."""
+    return MODEL_PRESETS[lookup(name, MODEL_PRESETS, "model preset", "or pass a HF model folder")]
 
 
 def preset_if_named(data):
