@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+
+from .tasks.builtin import get_task
+from .tasks.policy_cache import WarmupConfig
 
 
 class RunConfig(BaseModel):
@@ -46,6 +57,16 @@ class RunConfig(BaseModel):
     lagrange_max: PositiveFloat | None = 10.0
     # ---- checkpoints ---------------------------------------------------------------------------
     save_every: PositiveInt = 1  # iterations between checkpoints (with a checkpoint dir)
+    keep_last: PositiveInt = 3  # complete checkpoints kept; older ones are deleted once a newer one is complete
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        return get_task(name).name  # any case; an unknown name is a one-line error with "did you mean"
+
+    def warmup_config(self) -> WarmupConfig:
+        """How a role without weights gets its built-in policy on this run's task and seed."""
+        return WarmupConfig(task=self.task, seed=self.seed)
 
     @property
     def kl_in_reward(self) -> bool:

@@ -1,6 +1,6 @@
 """Can this plan run here? Checks before anything starts — no torch, no Ray, milliseconds.
 
-    checks = RunChecks(plan, this_machine(), WarmupConfig(task="sort", seed=0))
+    checks = RunChecks(plan, this_machine(), RunConfig(task="sort"))
     preflight(checks)                       # HflowError (one line, exit 2) at the first failing check
     checks.facts, checks.warnings           # what to tell the user
 
@@ -19,15 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hybridflow.runtime import host
-from hybridflow.runtime.limits import check_runnable
+from hybridflow.runtime.plan_support import check_runnable, role_weights
+from hybridflow.runtime.run_config import RunConfig
 from hybridflow.runtime.tasks.builtin import get_task
-from hybridflow.runtime.tasks.policy_cache import (
-    MEMORY_SHARE,
-    TIME_LIMIT_S,
-    WarmupConfig,
-    cached_policy,
-    warmup_cost,
-)
+from hybridflow.runtime.tasks.policy_cache import MEMORY_SHARE, TIME_LIMIT_S, cached_policy, warmup_cost
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import MemoryBreakdown, check_plan_memory
 from hybridflow.simulator.plan import Plan
@@ -90,7 +85,7 @@ class RunChecks:
 
     plan: Plan
     machine: Machine | None  # None: not known yet (a cluster to join)
-    warmup: WarmupConfig = WarmupConfig()  # how a role without a path gets its built-in policy
+    config: RunConfig = RunConfig()  # the run's settings (its task and seed shape the built-in policy)
     facts: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -120,8 +115,9 @@ Check = Callable[[RunChecks], None]
 
 # ---- the checks ------------------------------------------------------------------------------
 def runtime_runs_it(c: RunChecks) -> None:
-    """Nothing in the plan that the runtime does not execute (generation on separate devices)."""
-    check_runnable(c.plan)
+    """Nothing in the plan (and settings) that the runtime does not execute: generation on separate
+    devices, a KL penalty without a reference model."""
+    check_runnable(c.plan, c.config)
 
 
 def devices_exist(c: RunChecks) -> None:
@@ -166,33 +162,20 @@ def memory_fits_devices(c: RunChecks) -> None:
                          "GiB; use more devices (larger tp·pp·dp) or offload")
 
 
-def role_source(plan: Plan, role: str) -> str | None:
-    """The path a role's weights come from, or None: the built-in policy (warmed up here)."""
-    rp = plan.roles[role]
-    if rp.path:
-        return rp.path
-    actor = plan.roles["actor"]
-    if role in ("critic", "ref") and actor.model == rp.model:
-        return actor.path
-    return None
-
-
 def models_have_weights(c: RunChecks) -> None:
     """A role without a path gets the built-in policy, warmed up in this process: refused for a
     reward/cost model (no built-in one) and for a model too large to warm up here."""
     built_in: dict[str, list[str]] = {}
+    warmup = c.config.warmup_config()
     for role, rp in c.plan.roles.items():
-        if role_source(c.plan, role) is not None:
+        if role_weights(c.plan, role, get_task(c.config.task).reward_function) is not None:
             continue
-        if role in ("reward", "cost"):
-            raise HflowError(f"role '{role}' has no path: give the HF folder of a {role} model, or drop the role and "
-                             f"name a {role}_function ('module:function', e.g. {get_task(c.warmup.task).reward_function})")
         built_in.setdefault(rp.model.name, []).append(role)
         if len(built_in[rp.model.name]) > 1:
             continue
-        if cached_policy(rp.model, c.warmup) is not None:
+        if cached_policy(rp.model, warmup) is not None:
             continue
-        cost, available = warmup_cost(rp.model, c.warmup), host.memory_available()
+        cost, available = warmup_cost(rp.model, warmup), host.memory_available()
         why = ""
         if cost.bytes > MEMORY_SHARE * available:
             why = f"it needs about {cost.bytes / GiB:,.0f} GiB of memory here and {available / GiB:.1f} GiB is available"
