@@ -71,6 +71,8 @@ def check_args(args) -> None:
     """Every argument and input-file check that needs no plan: one line each, before torch or Ray."""
     if args.resume and not args.checkpoint_dir:
         raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
+    if args.keep_last and not args.checkpoint_dir:
+        raise HflowError("--keep-last needs --checkpoint-dir (the folder whose checkpoints it prunes)")
     if args.checkpoint_dir:
         ckpt = Path(args.checkpoint_dir)
         if ckpt.exists() and not ckpt.is_dir():

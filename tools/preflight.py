@@ -23,6 +23,7 @@ from hybridflow.runtime.plan_support import check_runnable, role_weights
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.runtime.tasks.policy_cache import MEMORY_SHARE, TIME_LIMIT_S, cached_policy, warmup_cost
+from hybridflow.simulator.efficiency import EfficiencyParams
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import MemoryBreakdown, check_plan_memory
 from hybridflow.simulator.plan import Plan
@@ -92,21 +93,21 @@ class RunChecks:
     def on(self, machine: Machine) -> RunChecks:
         return replace(self, machine=machine, facts=[], warnings=[])
 
-    def devices_by_node(self) -> dict[int, Node]:
-        """Plan node -> the machine node its devices run on (as runtime/resource_pool.py places them)."""
-        plan_nodes = sorted({d.node for g in self.plan.groups for d in g.devices})
+    def per_machine_node(self, groups: set[str] | None = None) -> Counter:
+        """Devices of the plan (of `groups`, default all) on each machine node, by its index in
+        `machine.nodes` — placed as runtime/resource_pool.py places them: every plan node on a
+        single-node cluster, else by the hflow_node_<i> labels, else in order."""
         nodes = self.machine.nodes
-        if len(nodes) == 1:
-            return dict.fromkeys(plan_nodes, nodes[0])
-        labelled = {n.plan_node: n for n in nodes if n.plan_node is not None}
-        out = {}
-        for i in plan_nodes:
-            node = labelled.get(i) if labelled else (nodes[i] if i < len(nodes) else None)
-            if node is None:
-                raise HflowError(f"the plan uses node {i} but {self.machine.where} has "
-                                 f"{'no node labelled ' + NODE_LABEL + str(i) if labelled else f'{len(nodes)} nodes'}; "
-                                 "add the node or plan for the cluster you have")
-            out[i] = node
+        labelled = {n.plan_node: k for k, n in enumerate(nodes) if n.plan_node is not None}
+        out: Counter = Counter()
+        for g in self.plan.groups:
+            for d in g.devices if groups is None or g.name in groups else ():
+                k = 0 if len(nodes) == 1 else labelled.get(d.node) if labelled else d.node
+                if k is None or k >= len(nodes):
+                    missing = f"no node labelled {NODE_LABEL}{d.node}" if labelled else f"{len(nodes)} node(s)"
+                    raise HflowError(f"the plan uses node {d.node} but {self.machine.where} has {missing}; add the "
+                                     "node or plan for the cluster you have")
+                out[k] += 1
         return out
 
 
@@ -124,20 +125,17 @@ def devices_exist(c: RunChecks) -> None:
     """GPUs: the plan's devices on each node exist. CPU: a warning when virtual devices outnumber cores."""
     if c.machine is None:
         return
-    per_node = Counter(d.node for g in c.plan.groups for d in g.devices)
-    placed = c.devices_by_node()
+    placed = c.per_machine_node()
+    devices = sum(placed.values())
     if c.machine.gpus:
-        need: Counter = Counter()
-        for i, n in per_node.items():
-            need[id(placed[i])] += n
-        for node in {id(n): n for n in placed.values()}.values():
-            if need[id(node)] > len(node.gpus):
-                raise HflowError(f"the plan needs {need[id(node)]} GPUs on one node but {c.machine.where} has "
-                                 f"{len(node.gpus)} there; plan for the GPUs you have (hflow-plan search --nodes N "
-                                 f"--gpus-per-node {len(node.gpus)})")
-        c.facts.append(f"{sum(per_node.values())} GPU(s) of {c.machine.gpus}")
+        for k, n in placed.items():
+            have = len(c.machine.nodes[k].gpus)
+            if n > have:
+                raise HflowError(f"the plan needs {n} GPUs on one node but {c.machine.where} has {have} there; plan "
+                                 f"for the GPUs you have (hflow-plan search --nodes N --gpus-per-node {have})")
+        c.facts.append(f"{devices} GPU(s) of {c.machine.gpus}")
         return
-    devices, cores = sum(per_node.values()), c.machine.cpus
+    cores = c.machine.cpus
     c.facts.append(f"{devices} CPU process(es) as devices on {cores:g} cores")
     if devices > cores:
         c.warnings.append(f"the plan's {devices} devices run as {devices} CPU processes on {cores:g} cores: they take "
@@ -200,24 +198,21 @@ def host_memory_fits(c: RunChecks) -> None:
     """CPU: every virtual device is a process in its node's memory; their peaks together must fit."""
     if c.machine is None or c.machine.gpus:
         return
-    from hybridflow.simulator.efficiency import EfficiencyParams
-
     reserved = EfficiencyParams.for_hardware(c.plan.cluster.hardware).reserved_bytes
     mem = check_plan_memory(c.plan)
     per_group = {m.group: cpu_bytes(m.breakdown, reserved) + WORKER_PROCESS_BYTES for m in mem.values()}
-    placed = c.devices_by_node()
     need: Counter = Counter()
-    procs: Counter = Counter()
-    for g in c.plan.groups:
-        for d in g.devices if g.name in per_group else ():
-            need[id(placed[d.node])] += per_group[g.name]
-            procs[id(placed[d.node])] += 1
-    for node in {id(n): n for n in placed.values()}.values():
-        want = need[id(node)]
+    for name, per_device in per_group.items():
+        for k, n in c.per_machine_node({name}).items():
+            need[k] += n * per_device
+    procs = c.per_machine_node(set(per_group))
+    where = c.machine.where if len(c.machine.nodes) == 1 else f"one node of {c.machine.where}"
+    for k, want in need.items():
+        node = c.machine.nodes[k]
         if want > node.memory:
-            raise HflowError(f"the plan's {procs[id(node)]} worker processes need about {want / GiB:,.1f} GiB of host memory (on "
+            raise HflowError(f"the plan's {procs[k]} worker processes need about {want / GiB:,.1f} GiB of host memory (on "
                              f"CPU each device is a process with fp32 weights and optimizer states) but "
-                             f"{c.machine.where} has {node.memory / GiB:.1f} GiB available; use fewer devices or a "
+                             f"{where} has {node.memory / GiB:.1f} GiB available; use fewer devices or a "
                              "smaller model, or run on GPUs (--address)")
         c.facts.append(f"about {want / GiB:.1f} of {node.memory / GiB:.1f} GiB host memory")
 
