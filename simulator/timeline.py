@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The shared op names (DESIGN.md).
+# The shared op names (docs/architecture.md).
 OPS = (
     "generate", "generate_baseline", "actor_logprob", "ref_logprob", "values", "reward", "cost",
     "advantage", "actor_update", "critic_update", "reshard", "offload", "onload",
