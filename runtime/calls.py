@@ -14,12 +14,13 @@ own share with the consumer's protocol.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
 from hybridflow.simulator.parallel import ParallelConfig
 
@@ -31,6 +32,27 @@ if TYPE_CHECKING:
 
 class WorkerDiedError(RuntimeError):
     """A worker process died during a call; the run's worker groups have been shut down."""
+
+
+MEMORY_HINT = "give each worker more memory: fewer devices per node, a smaller micro-batch, or offload"
+
+
+def death_cause(err: BaseException) -> str:
+    """Why a worker process died, in a few words, from Ray's error text: its memory monitor killed
+    it, it exited with no error of its own (what the kernel's out-of-memory killer leaves), or it
+    was killed on purpose."""
+    text = str(err)
+    if isinstance(err, OutOfMemoryError) or "running low on memory" in text:
+        used = re.search(r"was ([\d.]+ ?GB / [\d.]+ ?GB)", text)
+        return (f"was killed by Ray's memory monitor: its node ran out of memory ({used.group(1) + ' used; ' if used else ''}"
+                f"{MEMORY_HINT})")
+    if "connection error" in text or "exits unexpectedly" in text or "SIGKILL" in text:
+        return ("exited with no error of its own — most often the kernel's out-of-memory killer (see `dmesg` on its "
+                f"node), else a crash; if memory ran out, {MEMORY_HINT}")
+    if "actor is killed" in text or "ray.kill" in text:
+        return "was killed (ray.kill or `ray stop`)"
+    first = (text.strip().splitlines() or [type(err).__name__])[0][:200]
+    return f"died ({first})"
 
 
 class WorkerCallError(RuntimeError):

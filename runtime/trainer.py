@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic, write_json_atomic
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.plan import Plan
-from hybridflow.simulator.timeline import Timeline
+from hybridflow.simulator.timeline import Timeline, throughput
 
 from .algorithms.functional import masked_mean
 from .algorithms.loops import ALGORITHMS
@@ -39,13 +40,17 @@ from .algorithms.losses import LagrangeMultiplier
 from .batch import Batch
 from .dataflow import Dataflow
 from .loggers import MetricsLogger
+from .plan_support import check_runnable, role_weights
 from .resource_pool import ResourcePool, init_ray
 from .run_config import RunConfig, with_rollout
+from .run_events import RunEvents
+from .tasks.builtin import get_task
 from .tasks.data import PromptDataset, PromptSampler
 from .tasks.model_tokenizer import load_tokenizer
+from .tasks.policy_cache import cached_policy, warmup_cost
 from .tasks.rewards import load_function
 from .tasks.tokenizer import CharTokenizer, Tokenizer
-from .tasks.warmup import WarmupConfig, check_warmup_shape, warm_policy
+from .tasks.warmup import check_warmup_shape, warm_policy
 from .worker_group import RoleSpec, WorkerGroup
 from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker
@@ -53,22 +58,33 @@ from .workers.value import ValueWorker
 TRAINED = ("actor", "critic")
 
 
+def prune_checkpoints(folder: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (a folder `iter_N` with driver.json)
+    and any incomplete one older than the newest complete one (a save that crashed). The one
+    `latest` names is never deleted. Returns what was deleted."""
+    latest = (folder / "latest").read_text().strip() if (folder / "latest").is_file() else None
+    found = sorted(p for p in folder.glob("iter_*") if p.is_dir() and p.name[5:].isdigit())
+    complete = [p for p in found if (p / "driver.json").is_file()]
+    keep = {p.name for p in complete[-keep_last:]} | {latest}
+    newest = complete[-1].name if complete else ""
+    doomed = [p for p in found if p.name not in keep and (p in complete or p.name < newest)]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None,
-                 loggers: Sequence[MetricsLogger] = ()):
+                 loggers: Sequence[MetricsLogger] = (), events: RunEvents | None = None):
+        self.events = events or RunEvents()
         self.config = config or RunConfig()
         self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
-        if any(rp.generate_group for rp in plan.roles.values()):
-            raise HflowError("the plan puts generation on separate devices (generate_group); the runtime runs the "
-                             "actor's rollout on its own devices through the hybrid engine: drop generate_group")
-        if plan.reshard == "broadcast":
-            raise HflowError("reshard 'broadcast' is for generation on separate devices, which the runtime does not "
-                             "run; use hybridflow, hybridflow-v or ds-chat")
+        check_runnable(plan, self.config)
         self.tok = self._tokenizer()
         cfg = self.config
         self.dataset = (PromptDataset.from_file(cfg.prompts_file) if cfg.prompts_file
@@ -81,8 +97,6 @@ class Trainer:
                         if plan.algorithm == "safe-rlhf" and "cost" not in plan.roles else None)
         self.lagrange = (LagrangeMultiplier(cfg.lagrange_init, cfg.lagrange_lr, cfg.cost_threshold, cfg.lagrange_max)
                          if plan.algorithm == "safe-rlhf" else None)
-        if cfg.kl_coef > 0 and "ref" not in plan.roles:
-            raise HflowError(f"kl_coef={cfg.kl_coef} needs a 'ref' model in the plan; add one or set kl_coef to 0")
         self.groups: dict[str, WorkerGroup] = {}
         self.iteration = 0
         self.timeline = Timeline(source="measured", tokens_per_iteration=plan.workload.tokens_per_iteration,
@@ -109,15 +123,16 @@ class Trainer:
 
     # ---- placement ----------------------------------------------------------------------------
     def _model_path(self, role: str) -> str:
+        path = role_weights(self.plan, role, get_task(self.config.task).reward_function)
+        if path:
+            return path
         rp = self.plan.roles[role]
-        if rp.path:
-            return rp.path
-        if role in ("reward", "cost"):
-            raise HflowError(f"role '{role}' has no path: give the HF folder of a {role} model, or drop the role "
-                             f"and name a {role}_function ('module:function')")
-        if role in ("critic", "ref") and self.plan.roles["actor"].model == rp.model:
-            return self._model_path("actor")
-        return str(warm_policy(rp.model, WarmupConfig(task=self.config.task, seed=self.config.seed)))
+        cfg = self.config.warmup_config()
+        if cached_policy(rp.model, cfg) is None:
+            self.events.phase("warmup", f"warming up the built-in policy '{rp.model.name}' on task '{cfg.task}', the "
+                              f"first time only ({warmup_cost(rp.model, cfg).describe()}; it stops early once "
+                              f"{cfg.target_greedy_accuracy:.0%} of held-out prompts come out exact)", total=cfg.max_steps)
+        return str(warm_policy(rp.model, cfg, on_step=lambda step, _: self.events.advance(step)))
 
     def _role_spec(self, role: str) -> RoleSpec:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
@@ -147,11 +162,14 @@ class Trainer:
         if ray.is_initialized():
             return
         if self.address:
+            self.events.phase("ray", f"joining the Ray cluster at {self.address}")
             init_ray(self.address)
             return
         devices = sum(len(g.devices) for g in self.plan.groups)
+        cpus = max(os.cpu_count() or 1, devices)  # one logical CPU per virtual device at least
+        self.events.phase("ray", f"starting a local Ray cluster ({cpus} logical CPUs)")
         self._owns_ray = True  # shut it down with the trainer
-        init_ray(num_cpus=max(os.cpu_count() or 1, devices))  # one logical CPU per virtual device at least
+        init_ray(num_cpus=cpus)
 
     def start(self) -> Trainer:
         if self.groups:
@@ -163,7 +181,10 @@ class Trainer:
             for g in self.plan.groups:
                 roles = self.plan.roles_in(g.name)
                 if roles:
-                    group = WorkerGroup(pools[g.name], {r: specs[r] for r in roles}, name=g.name)
+                    self.events.phase("workers", f"starting {len(g.devices)} worker process(es) for group "
+                                      f"'{g.name}' ({', '.join(roles)})")
+                    group = WorkerGroup(pools[g.name], {r: specs[r] for r in roles}, name=g.name,
+                                        on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"))
                     self.groups.update({r: group for r in roles})
         except BaseException:
             self.shutdown()
@@ -203,10 +224,11 @@ class Trainer:
         start = time.time()
         first_event = len(df.events)
         metrics, batch = ALGORITHMS[self.plan.algorithm](df, self.prompt_batch())
-        seconds = time.time() - start
+        wall = time.time() - start
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
+        seconds = self.timeline.iteration_seconds(self.iteration)  # the span of its ops, as simulated
         rewards = batch["reward_scores"].float()
         mask = batch["response_mask"]
         tokens = int(batch["attention_mask"].sum())
@@ -217,8 +239,8 @@ class Trainer:
                "success_rate": (rewards >= 1.0).float().mean().item(),
                "response_length": mask.sum(-1).float().mean().item(),
                "advantage_mean": masked_mean(batch["advantages"], mask).item(),
-               **df.stats, **metrics, "tokens": tokens, "seconds": seconds,
-               "tokens_per_second": tokens / seconds if seconds > 0 else 0.0, "op_seconds": ops}
+               **df.stats, **metrics, "tokens": tokens, "seconds": seconds, "wall_seconds": wall,
+               "tokens_per_second": throughput(self.plan.workload.tokens_per_iteration, seconds), "op_seconds": ops}
         if "cost_scores" in batch:
             out["cost_mean"] = batch["cost_scores"].float().mean().item()
         every = self.config.sample_log_every
@@ -237,7 +259,8 @@ class Trainer:
     def run(self, iterations: int, resume: bool = False, on_iteration=None) -> list[dict]:
         self.start()
         if resume:
-            self.load_checkpoint()
+            path = self.load_checkpoint()
+            self.events.phase("resume", f"resumed from checkpoint {path} (after iteration {self.iteration})")
         out = []
         for _ in range(iterations):
             m = self.step()
@@ -261,6 +284,7 @@ class Trainer:
                 self.groups[role].call(role, "save", str(path))
         write_json_atomic(path / "driver.json", self._driver_state())
         write_atomic(self.checkpoint_dir / "latest", path.name + "\n")  # last: the checkpoint is complete
+        prune_checkpoints(self.checkpoint_dir, self.config.keep_last)
         return path
 
     def load_checkpoint(self) -> Path:

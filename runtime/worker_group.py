@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import Plan
 
 from . import worker as worker_mod
-from .calls import CallFuture, WorkerCallError, WorkerDiedError, resolve_lazy
+from .calls import CallFuture, WorkerCallError, WorkerDiedError, death_cause, resolve_lazy
 from .protocols import Protocol, get_protocol, method_protocol, split_call
 from .resource_pool import ResourcePool
 
@@ -148,7 +149,9 @@ class WorkerGroup:
     """Workers of one or more colocated roles on the devices of `pool` (rank i on device i)."""
 
     def __init__(self, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str | None = None,
-                 init_timeout_s: float = 120.0, call_timeout: float | None = None):
+                 init_timeout_s: float = 120.0, call_timeout: float | None = None,
+                 on_role: Callable[[str], None] | None = None):
+        """`on_role(role)` is called as each role's workers start building (loading its weights)."""
         if not roles:
             raise HflowError("a worker group needs at least one role, e.g. {'actor': RoleSpec(ActorWorker)}")
         self.name = name or pool.name
@@ -177,6 +180,8 @@ class WorkerGroup:
             ray.get([h.init_dist.remote(r, pool.world_size, addr, port, pool.devices[r].node)
                      for r, h in enumerate(self.hosts)], timeout=init_timeout_s)
             for role, spec in self.specs.items():  # same order on every rank: group creation is collective
+                if on_role:
+                    on_role(role)
                 refs = [h.add_role.remote(role, spec, self.parallel[role]) for h in self.hosts]
                 try:
                     ray.get(refs, timeout=init_timeout_s)
@@ -248,9 +253,8 @@ class WorkerGroup:
         """A rank died: kill this group, shut the others down, return the error to raise."""
         self._kill()
         others = shutdown_all()
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        what = "lost an input from a worker that died" if upstream else "died"
-        return WorkerDiedError(f"worker '{role}' {self.describe_rank(rank)} {what} during '{method}' ({first}); "
+        what = f"lost an input from a worker that {death_cause(err)}" if upstream else death_cause(err)
+        return WorkerDiedError(f"worker '{role}' {self.describe_rank(rank)} {what}, during '{method}'; "
                                f"shut down {len(others) + 1} worker group(s)")
 
     def _kill(self) -> None:

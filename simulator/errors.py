@@ -1,8 +1,9 @@
 """User-facing errors.
 
 A `HflowError` carries one line that names what is wrong and how to fix it; the CLI prints it
-and exits 2, never with a traceback. Library code raises it for bad input (unknown preset,
-a parallel config that does not divide, a malformed file, a model that does not fit).
+and exits 2 (3 for a `WorkerLostError`: a run lost a worker), never with a traceback. Library
+code raises it for bad input (unknown preset, a parallel config that does not divide, a
+malformed file, a model that does not fit).
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ class HflowError(Exception):
     """Bad input or an impossible request; `str(err)` is the one-line message for the user."""
 
     exit_code = 2
+
+
+class WorkerLostError(HflowError):
+    """A worker process or node was lost while running (killed, out of memory, node down): not bad
+    input, so a different exit code; the message names the role and rank."""
+
+    exit_code = 3
 
 
 def describe_validation_error(err: ValidationError, source: str = "") -> str:

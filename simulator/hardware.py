@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from .errors import HflowError
+from .names import lookup
 
 GiB = 2**30
 
@@ -53,11 +53,8 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
 
 
 def hardware_preset(name: str) -> HardwareSpec:
-    try:
-        return HARDWARE_PRESETS[name.lower()]
-    except KeyError:
-        known = ", ".join(sorted(HARDWARE_PRESETS))
-        raise HflowError(f"unknown hardware preset '{name}'; known presets: {known} (or pass a YAML/JSON file)") from None
+    """A datasheet spec by name (any case; a near miss is answered with "did you mean")."""
+    return HARDWARE_PRESETS[lookup(name, sorted(HARDWARE_PRESETS), "hardware preset", "or pass a YAML/JSON file")]
 
 
 class ClusterSpec(BaseModel):

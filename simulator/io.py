@@ -23,12 +23,27 @@ from .errors import HflowError, describe_validation_error
 M = TypeVar("M", bound=BaseModel)
 
 
+def read_text_file(path: str | os.PathLike, what: str) -> str:
+    """The text of a file the user named, with one-line errors for a missing file, a folder and a
+    binary (or non-UTF-8) file; `what` says what was expected ("a YAML or JSON file")."""
+    p = Path(path)
+    if p.is_dir():
+        raise HflowError(f"{p}: is a folder; pass {what}")
+    if not p.is_file():
+        raise HflowError(f"{p}: no such file; pass the path of {what}")
+    data = p.read_bytes()
+    try:
+        if b"\0" in data[:8192]:
+            raise UnicodeDecodeError("utf-8", data[:1], 0, 1, "NUL byte")
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HflowError(f"{p}: not a text file (binary data); pass {what}") from None
+
+
 def read_mapping(path: str | os.PathLike) -> dict[str, Any]:
     """Parse a YAML or JSON file into a dict, with one-line errors for the usual mistakes."""
     p = Path(path)
-    if not p.is_file():
-        raise HflowError(f"{p}: no such file; pass the path of an existing YAML or JSON file")
-    text = p.read_text()
+    text = read_text_file(p, "a YAML or JSON file")
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
@@ -45,10 +60,8 @@ def read_jsonl(path: str | os.PathLike, what: str) -> list[dict[str, Any]]:
     """The JSON objects of a JSON Lines file (one per line, blank lines skipped). `what` describes the
     file the caller expects ("a prompt file", "the metrics a run wrote"), for the one-line errors."""
     p = Path(path)
-    if not p.is_file():
-        raise HflowError(f"{p}: no such file; pass {what}")
     rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text_file(p, what).splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 from .decoder_config import DecoderConfig, Head
 from .errors import HflowError
 from .families import FAMILIES, read_hf_config
+from .names import lookup
 
 __all__ = ["MODEL_PRESETS", "Head", "ModelSpec", "model_preset", "preset_if_named", "resolve_model"]
 
@@ -164,11 +165,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 
 def model_preset(name: str) -> ModelSpec:
-    try:
-        return MODEL_PRESETS[name.lower()]
-    except KeyError:
-        known = ", ".join(MODEL_PRESETS)
-        raise HflowError(f"unknown model preset '{name}'; known presets: {known} (or pass a HF model folder)") from None
+    """A published config by name (any case; a near miss is answered with "did you mean")."""
+    return MODEL_PRESETS[lookup(name, MODEL_PRESETS, "model preset", "or pass a HF model folder")]
 
 
 def preset_if_named(data):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import HflowError, describe_validation_error
 from .hardware import ClusterSpec
 from .model import Head, ModelSpec, preset_if_named
+from .names import lookup
 from .parallel import ParallelConfig
 from .workload import Workload
 
@@ -45,6 +46,11 @@ REQUIRED_ROLES: dict[str, tuple[str, ...]] = {
 }
 TRAINED_ROLES = ("actor", "critic")
 SCALAR_HEAD_ROLES = ("critic", "reward", "cost")
+
+
+def algorithm_name(name: str) -> str:
+    """The algorithm `name` means (any case; one-line error with "did you mean" otherwise)."""
+    return lookup(name, ALGORITHM_ROLES, "algorithm")
 
 
 def role_head(role: str) -> Head:
@@ -98,6 +104,14 @@ class Plan(BaseModel):
     cost_function: str | None = None
     offload: bool = False  # colocated models move their states to host memory when idle
     notes: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_by_name(cls, data):
+        # `"algorithm": "PPO"` means ppo; a near miss is answered with "did you mean"
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), str):
+            data = {**data, "algorithm": algorithm_name(data["algorithm"])}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self):

@@ -28,6 +28,7 @@ from pydantic import (
 from .errors import HflowError
 from .hardware import ClusterSpec, HardwareSpec
 from .model import Head, ModelSpec, preset_if_named
+from .names import lookup
 from .parallel import ParallelConfig
 
 PROFILE_VERSION = 1
@@ -185,11 +186,9 @@ def shipped_profile_path(name: str = "cpu-2core") -> Path:
     """The path of a profile that ships with the package (profiles/NAME.json)."""
     # profiles/ sits beside simulator/ in the source tree and in the installed package alike
     # (hybridflow/profiles): found by path, so the simulator imports nothing of ours.
-    path = Path(__file__).resolve().parent.parent / "profiles" / f"{name}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.json"))
-        raise HflowError(f"no shipped profile '{name}'; shipped: {', '.join(known) or 'none'} (or pass a file path)")
-    return path
+    folder = Path(__file__).resolve().parent.parent / "profiles"
+    known = sorted(p.stem for p in folder.glob("*.json"))
+    return folder / f"{lookup(name, known, 'shipped profile', 'or pass a file path', known_as='shipped')}.json"
 
 
 def resolve_profile(ref: str | Path) -> Profile:

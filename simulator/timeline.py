@@ -2,20 +2,32 @@
 
 The simulator emits one for a Plan; the runtime records one for every real iteration; the same
 exporters draw both. Times are seconds from the start of the first iteration.
+
+An iteration's seconds are the span of its ops, simulated or measured alike. A run's figure is the
+median over its steady iterations: all but the first of a measured run (first calls allocate,
+compile and warm caches), every simulated one. Throughput is one figure everywhere, `throughput`.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The shared op names (DESIGN.md).
+# The shared op names (docs/architecture.md).
 OPS = (
     "generate", "generate_baseline", "actor_logprob", "ref_logprob", "values", "reward", "cost",
     "advantage", "actor_update", "critic_update", "reshard", "offload", "onload",
 )
+
+
+def throughput(tokens_per_iteration: int, seconds: float) -> float:
+    """THE throughput figure (the HybridFlow paper's): tokens per iteration — prompts × samples per
+    prompt × (prompt length + response length), padding included, as planned — per second of an
+    iteration. The live progress bar, the tables, the PNG title and --json all use this."""
+    return tokens_per_iteration / seconds if seconds > 0 else 0.0
 
 
 class Event(BaseModel):
@@ -47,24 +59,30 @@ class Timeline(BaseModel):
     def iterations(self) -> list[int]:
         return sorted({e.iteration for e in self.events})
 
+    def steady_iterations(self) -> list[int]:
+        """The iterations a run's figures come from: a measured run's first is left out when there are more."""
+        its = self.iterations()
+        return its[1:] if self.source == "measured" and len(its) > 1 else its
+
     def iteration_seconds(self, iteration: int | None = None) -> float:
-        evs = [e for e in self.events if iteration is None or e.iteration == iteration]
-        if not evs:
-            return 0.0
-        if iteration is None:  # mean over iterations
-            its = self.iterations()
-            return sum(self.iteration_seconds(i) for i in its) / len(its)
-        return max(e.end for e in evs) - min(e.start for e in evs)
+        """The span of one iteration's ops; None: the median over the steady iterations."""
+        if iteration is None:
+            its = self.steady_iterations()
+            return statistics.median(self.iteration_seconds(i) for i in its) if its else 0.0
+        evs = [e for e in self.events if e.iteration == iteration]
+        return max(e.end for e in evs) - min(e.start for e in evs) if evs else 0.0
 
     def tokens_per_second(self, iteration: int | None = None) -> float:
-        s = self.iteration_seconds(iteration)
-        return self.tokens_per_iteration / s if s > 0 else 0.0
+        return throughput(self.tokens_per_iteration, self.iteration_seconds(iteration))
 
     def op_seconds(self, iteration: int | None = None) -> dict[str, float]:
-        """Seconds per op name, summed over roles/groups (mean over iterations when None)."""
-        its = self.iterations() if iteration is None else [iteration]
-        total: dict[str, float] = defaultdict(float)
-        for e in self.events:
-            if e.iteration in its:
-                total[e.op] += e.seconds
-        return {k: v / max(len(its), 1) for k, v in total.items()}
+        """Seconds per op name, summed over roles/groups; None: each op's median over the steady iterations."""
+        if iteration is not None:
+            total: dict[str, float] = defaultdict(float)
+            for e in self.events:
+                if e.iteration == iteration:
+                    total[e.op] += e.seconds
+            return dict(total)
+        per = [self.op_seconds(i) for i in self.steady_iterations()]
+        ops = dict.fromkeys(op for p in per for op in p)  # in order of first appearance
+        return {op: statistics.median(p.get(op, 0.0) for p in per) for op in ops}

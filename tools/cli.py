@@ -1,6 +1,6 @@
 """`hflow-plan`: the composition root. Each subcommand lives in its own module under tools/
 with `add_parser(subparsers)` (which sets `func`) — this file only wires them and turns user
-errors into one line and exit code 2."""
+errors into one line and exit code 2 (3: a run lost a worker or node)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,23 @@ import sys
 from pydantic import ValidationError
 
 from hybridflow.simulator.errors import HflowError, describe_validation_error
+from hybridflow.tools.cli_help import OneLineErrorParser, examples
 
 # Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
 # planning commands work without the [runtime] extra.
 SUBCOMMANDS = ["simulate", "search", "compare", "run", "quickstart", "profile", "replay"]
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage mistakes end in one line and exit code 2, like every other bad input (no usage dump)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="hflow-plan",
-        description="Plan, simulate and run RLHF dataflows (HybridFlow): search placements, replay profiles, run plans on Ray.",
+        description="Plan, simulate and run RLHF dataflows (HybridFlow): search placements, replay profiles, run "
+                    "plans on Ray. `hflow-plan COMMAND --help` shows each command's options and examples.",
+        epilog=examples("hflow-plan quickstart",
+                        "hflow-plan search --gpu a100-80g --nodes 2 --algo ppo --model llama2-13b --out plan.json",
+                        "hflow-plan run examples/plans/tiny-local.json --iterations 5"),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
@@ -36,11 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def package_version() -> str:
+    """The installed package's version (its metadata), or "unknown" when run from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hybridflow")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (one line printed, 2), or --help / --version (0)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except HflowError as e:

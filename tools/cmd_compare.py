@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from hybridflow.tools.cli_help import examples
 from hybridflow.tools.cmd_search import add_request_args
 
 
@@ -14,7 +15,9 @@ def add_parser(subparsers) -> None:
         "compare", help="the searched plan vs DeepSpeed-Chat, OpenRLHF, NeMo-Aligner and HybridFlow-V",
         description="Search the best plan, build each baseline system's plan for the same job and cluster, "
                     "price all of them with the same simulator and show tokens/s and speedups. A baseline "
-                    "that does not fit in device memory says why instead of giving a number.")
+                    "that does not fit in device memory says why instead of giving a number.",
+        epilog=examples("hflow-plan compare --nodes 16 --algo ppo --model llama2-70b",
+                        "hflow-plan compare --gpu h100-80g --nodes 2 --algo safe-rlhf --model llama2-13b --json"))
     add_request_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: best, baselines, speedup")
     p.set_defaults(func=run)

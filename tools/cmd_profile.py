@@ -21,6 +21,8 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec, model_preset
+from hybridflow.tools.cli_help import examples
+from hybridflow.tools.outputs import positive_int
 
 # Tiny Llama shapes (vocab 64: the character tokenizer's); their widths span the thin-shard fall-off.
 GRID_MODELS = {
@@ -95,20 +97,24 @@ def add_parser(subparsers) -> None:
         description="Measure training steps, forward passes, generation, resharding and collectives of the real "
                     "engines on this machine's devices (GPUs, else one gloo process per core) over a bounded "
                     "grid of tiny models and layouts; write a profile that `simulate/search --profile` and "
-                    "`replay` use. The default grid takes a few minutes on 2 cores.")
+                    "`replay` use. The default grid takes a few minutes on 2 cores.",
+        epilog=examples("hflow-plan profile --out profiles/my-box.json",
+                        "hflow-plan profile --passes 3 --out profiles/my-box.json",
+                        "hflow-plan profile --check cpu-2core"))
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", metavar="FILE.json", help="where to write the profile (atomically)")
     what.add_argument("--check", metavar="PROFILE",
                       help="re-time a profile's own one-device points of the tiny model on this machine and print "
                            "seconds now / then (is it still this machine's speed?); writes nothing")
     p.add_argument("--quick", action="store_true", help="a seconds-long grid (one tiny model, no repeats)")
-    p.add_argument("--devices", type=int, metavar="N", help="device processes (default: GPUs, else the cores, >= 2)")
-    p.add_argument("--repeats", type=int, metavar="N", help="timed runs per point (default 3; 1 with --quick)")
-    p.add_argument("--warmup", type=int, metavar="N", help="untimed runs first (default 1)")
-    p.add_argument("--passes", type=int, default=1, metavar="N",
+    p.add_argument("--devices", type=positive_int, metavar="N",
+                   help="device processes (default: GPUs, else the cores, >= 2)")
+    p.add_argument("--repeats", type=positive_int, metavar="N", help="timed runs per point (default: 3; 1 with --quick)")
+    p.add_argument("--warmup", type=int, metavar="N", help="untimed runs first (default: 1)")
+    p.add_argument("--passes", type=positive_int, default=1, metavar="N",
                    help="measure the whole grid N times over, minutes apart, and keep each point's median: a "
-                        "shared machine's speed drifts, and one pass records one moment's (default 1; the "
-                        "shipped profile used 5)")
+                        "shared machine's speed drifts, and one pass records one moment's (the shipped profile "
+                        "used 5)")
     p.add_argument("--name", help="the profile's name (default: the file's stem)")
     p.set_defaults(func=run)
 

@@ -9,10 +9,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.names import lookup
+from hybridflow.tools.cli_help import examples
+from hybridflow.tools.outputs import positive_int
 
 ALGORITHMS = ("grpo", "ppo")
 
@@ -22,13 +26,30 @@ def add_parser(subparsers) -> None:
         "quickstart", help="measure this machine, plan and run a tiny RLHF job on it, reward and timings",
         description="Measure this machine (cached), search the best plan for a tiny-model RLHF run on it, run the "
                     "plan on a local Ray cluster on the built-in digit-sorting task, and print the plan, the "
-                    "reward per iteration and predicted vs measured seconds per op.")
-    p.add_argument("--algo", choices=ALGORITHMS, default="grpo", help="algorithm (default grpo)")
-    p.add_argument("--iterations", type=int, default=40, metavar="N", help="RL iterations (default 40)")
-    p.add_argument("--devices", type=int, metavar="N", help="virtual devices (default: this machine's cores)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+                    "reward per iteration and predicted vs measured seconds per op. The first run also warms up "
+                    "the tiny policy (a few minutes on 2 cores; cached after).",
+        epilog=examples("hflow-plan quickstart", "hflow-plan quickstart --algo ppo --iterations 20",
+                        "hflow-plan quickstart --devices 1 --seed 1 --json"))
+    p.add_argument("--algo", default="grpo", type=quickstart_algorithm, metavar="ALGO", help="grpo or ppo (any case)")
+    p.add_argument("--iterations", type=at_least_two, default=40, metavar="N", help="RL iterations (at least 2)")
+    p.add_argument("--devices", type=positive_int, metavar="N", help="virtual devices (default: this machine's cores)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=run)
+
+
+def quickstart_algorithm(text: str) -> str:
+    try:
+        return lookup(text, ALGORITHMS, "quickstart algorithm")
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def at_least_two(text: str) -> int:
+    n = positive_int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"give at least 2 to see the reward move, got '{text}'")
+    return n
 
 
 def quickstart_request(algorithm: str, cluster):
@@ -63,30 +84,29 @@ def run(args) -> int:
     except ImportError as e:
         raise HflowError(f"quickstart needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
     from hybridflow.planner import plan_summary, scored_to_plan, search
+    from hybridflow.tools.cmd_run import check_plan
+    from hybridflow.tools.comparison import Comparison, comparison_table, speed_line
     from hybridflow.tools.run_report import (
-        comparison_table,
-        measured_view,
+        ConsoleEvents,
         predicted_timeline,
+        quick_speed_check,
         run_with_progress,
     )
 
-    if args.iterations < 2:
-        raise HflowError(f"--iterations {args.iterations}: give at least 2 to see the reward move")
-    if args.devices is not None and args.devices < 1:
-        raise HflowError(f"--devices {args.devices}: give at least 1")
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
-    with console.status("measuring this machine (cached after the first time)…"):
-        # the shipped profile's calibration when this is the machine it was measured on, else the probe
-        cluster, cost_model = local_pricing(args.devices)
+    events = ConsoleEvents(console, quiet=args.json)
+    events.say("measuring this machine (cached after the first time)")
+    # the shipped profile's calibration when this is the machine it was measured on, else the probe
+    cluster, cost_model, profile = local_pricing(args.devices)
     req = quickstart_request(args.algo, cluster)
-    with console.status("searching placements and parallel configs…"):
-        result = search(req, cost_model)
+    events.say("searching placements and parallel configs")
+    result = search(req, cost_model)
     if result.best is None:
         raise HflowError(f"no plan fits {args.algo} with the tiny model on {cluster.devices_per_node} device(s)")
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
-    predicted = predicted_timeline(plan, cost_model,
-                                   kl_in_reward=quickstart_config(args.algo, args.seed).kl_in_reward)
+    cfg = quickstart_config(args.algo, args.seed)
+    predicted = predicted_timeline(plan, cost_model, kl_in_reward=cfg.kl_in_reward)
     if not args.json:
         from hybridflow.tools.search_report import top_plans_table
 
@@ -96,25 +116,27 @@ def run(args) -> int:
                       f"{hw.intra_node_bandwidth / 1e9:,.2f} GB/s all-reduce links")
         console.print(top_plans_table([plan_summary(scored_to_plan(req, s), s.seconds) for s in result.top],
                                       title=f"best plans for {args.algo} with the tiny model (simulated)"))
-    trainer = Trainer(plan, quickstart_config(args.algo, args.seed))
+    check_plan(plan, cfg, None, events)
+    speed, speed_note = (quick_speed_check(profile, events) if profile else
+                         (None, "no profile of this machine; the plan is priced on the hardware probe's figures"))
+    trainer = Trainer(plan, cfg, events=events)
     try:
-        metrics = run_with_progress(trainer, args.iterations, False, console, quiet=args.json)
+        with events:
+            metrics = run_with_progress(trainer, args.iterations, False, events)
     finally:
         trainer.shutdown()
+    comparison = Comparison.from_timelines(predicted, trainer.timeline, speed, speed_note)
     iterations = [{"iteration": m["iteration"], "reward_mean": m["reward_mean"],
                    "tokens_per_second": m["tokens_per_second"], "op_seconds": m["op_seconds"]} for m in metrics]
     if args.json:
         print(json.dumps({"plan": summary, "iterations": iterations,
                           "predicted": {"iteration_seconds": predicted.iteration_seconds() if predicted else None,
-                                        "op_seconds": predicted.op_seconds() if predicted else {}}}))
+                                        "op_seconds": predicted.op_seconds() if predicted else {}},
+                          "comparison": comparison.json()}))
         return 0
     _print_rewards(console, metrics)
-    console.print(comparison_table(predicted, trainer.timeline))
-    secs, _, label = measured_view(trainer.timeline)
-    # the simulated timeline (with the controller's measured call gaps), as in the table above; the
-    # planner ranks plans with the same gaps, so it matches the plans table's figure
-    pred = predicted.iteration_seconds() if predicted else summary["iteration_seconds"]
-    console.print(f"measured {secs:.3f} s per iteration ({label}); predicted {pred:.3f} s")
+    console.print(comparison_table(comparison))
+    console.print(speed_line(comparison))
     return 0
 
 

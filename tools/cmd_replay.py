@@ -5,9 +5,11 @@
     hflow-plan replay cpu-2core --plan a.json --metrics run.jsonl  # predicted vs measured, per op
 
 The metrics file is what `hflow-plan run` appends (runtime/trainer.py): one JSON object per
-iteration with `seconds` (the iteration's wall time) and `op_seconds` ({op: seconds}, summed over
-the roles that ran it). The first `--skip` iterations (default 1: warm-up, first-call costs) are
-left out of the measured means.
+iteration with `seconds` (the span of the iteration's ops) and `op_seconds` ({op: seconds}, summed
+over the roles that ran it). The first `--skip` iterations (default 1: warm-up, first-call costs)
+are left out of the measured medians. The comparison is the one `run` prints (tools/comparison.py);
+`--speed X` scales the predictions by the machine's speed at the time of the run (the figure `run`
+or `hflow-plan profile --check` printed), beside the raw ones.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import read_jsonl
+from hybridflow.simulator.timeline import throughput
+from hybridflow.tools.cli_help import examples
 
 
 def add_parser(subparsers) -> None:
@@ -26,11 +30,17 @@ def add_parser(subparsers) -> None:
         "replay", help="price plans offline from a recorded profile; predicted vs measured from a run's metrics",
         description="Fit the cost model to PROFILE (a file written by `hflow-plan profile`, or the name of a "
                     "shipped profile such as cpu-2core) and price plans on that hardware without any cluster "
-                    "or torch; with --metrics, compare with what a run measured, op by op.")
+                    "or torch; with --metrics, compare with what a run measured, op by op.",
+        epilog=examples("hflow-plan replay cpu-2core",
+                        "hflow-plan replay cpu-2core --plan examples/plans/tiny-local.json",
+                        "hflow-plan replay cpu-2core --plan examples/plans/tiny-local.json --metrics run.jsonl "
+                        "--speed 1.2"))
     p.add_argument("profile", help="profile file (JSON) or shipped profile name")
     p.add_argument("--plan", action="append", default=[], metavar="PLAN", help="a plan to price (repeatable)")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="a run's metrics (needs exactly one --plan)")
-    p.add_argument("--skip", type=int, default=1, metavar="N", help="first iterations to leave out (default 1)")
+    p.add_argument("--skip", type=int, default=1, metavar="N", help="first iterations to leave out")
+    p.add_argument("--speed", type=float, metavar="X", help="the machine's speed when the run ran, now / profiled "
+                   "(`run`'s or `profile --check`'s figure): predictions scaled by it are shown beside the raw ones")
     p.add_argument("--points", action="store_true", help="also list every profile point, measured vs fitted")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=run)
@@ -52,22 +62,11 @@ def read_metrics(path: str | Path, skip: int = 1) -> list[dict]:
     return rows[skip:]
 
 
-def measured_means(rows: list[dict]) -> tuple[float, dict[str, float]]:
+def measured_medians(rows: list[dict]) -> tuple[float, dict[str, float]]:
     """(median iteration seconds, median seconds per op) over the iterations."""
     ops = sorted({op for r in rows for op in r["op_seconds"]})
     return (statistics.median(r["seconds"] for r in rows),
             {op: statistics.median(r["op_seconds"].get(op, 0.0) for r in rows) for op in ops})
-
-
-def compare(predicted_iteration: float, predicted_ops: dict[str, float], measured_iteration: float,
-            measured_ops: dict[str, float]) -> dict:
-    """Predicted vs measured: per op and for the iteration, with the relative error (pred − meas) / meas."""
-    def row(p, m):
-        return {"predicted": p, "measured": m, "error": (p - m) / m if m > 0 else None}
-
-    ops = {op: row(predicted_ops.get(op, 0.0), measured_ops.get(op, 0.0))
-           for op in sorted(set(predicted_ops) | set(measured_ops))}
-    return {"iteration": row(predicted_iteration, measured_iteration), "ops": ops}
 
 
 def predict_plan(plan, cost_model) -> tuple[float, dict[str, float]]:
@@ -82,9 +81,13 @@ def predict_plan(plan, cost_model) -> tuple[float, dict[str, float]]:
 def run(args) -> int:
     from hybridflow.simulator.calibration import calibrate_file, plan_on_profile
     from hybridflow.simulator.plan import Plan
+    from hybridflow.tools.comparison import Comparison
 
     if args.metrics and len(args.plan) != 1:
         raise HflowError("--metrics compares one run with one plan: pass exactly one --plan (the plan that ran)")
+    if args.speed is not None and (not args.metrics or args.speed <= 0):
+        raise HflowError(f"--speed {args.speed}: give a positive figure, with --metrics (it scales the predictions "
+                         "compared with the run)")
     cal = calibrate_file(args.profile)
     plans = [(path, Plan.load(path)) for path in args.plan]
     priced = []
@@ -92,29 +95,32 @@ def run(args) -> int:
         moved, cm, _ = plan_on_profile(plan, cal)
         it, ops = predict_plan(moved, cm)
         priced.append({"plan": path, "iteration_seconds": it,
-                       "tokens_per_second": plan.workload.tokens_per_iteration / it if it > 0 else 0.0,
+                       "tokens_per_second": throughput(plan.workload.tokens_per_iteration, it),
                        "op_seconds": ops, "plan_hardware": plan.cluster.hardware.name,
                        "hardware_mismatch": plan.cluster.hardware.name != cal.hardware.name})
     comparison = None
     if args.metrics:
         rows = read_metrics(args.metrics, args.skip)
-        m_it, m_ops = measured_means(rows)
-        comparison = compare(priced[0]["iteration_seconds"], priced[0]["op_seconds"], m_it, m_ops)
-        comparison["iterations"] = len(rows)
+        m_it, m_ops = measured_medians(rows)
+        comparison = Comparison(priced[0]["iteration_seconds"], priced[0]["op_seconds"], m_it, m_ops,
+                                plans[0][1].workload.tokens_per_iteration,
+                                f"median of {len(rows)} iteration(s) after the first {args.skip}", args.speed,
+                                "the --speed given")
     if args.json:
         print(json.dumps({"profile": cal.profile, "hardware": cal.hardware.model_dump(), "terms": cal.terms,
                           "errors": {k: v.model_dump() for k, v in cal.errors.items()}, "plans": priced,
-                          "comparison": comparison}))
+                          "comparison": {**comparison.json(), "iterations": len(rows)} if comparison else None}))
         return 0
     _print(args, cal, priced, comparison)
     return 0
 
 
-def _print(args, cal, priced: list[dict], comparison: dict | None) -> None:
+def _print(args, cal, priced: list[dict], comparison) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from hybridflow.tools.cmd_profile import print_fit
+    from hybridflow.tools.comparison import comparison_table, speed_line
 
     console = Console(file=sys.stdout, width=max(Console().width, 120))
     print_fit(cal, console)
@@ -133,10 +139,5 @@ def _print(args, cal, priced: list[dict], comparison: dict | None) -> None:
         if comparison is None:
             console.print("  " + ", ".join(f"{op} {s:.3f} s" for op, s in p["op_seconds"].items()))
     if comparison:
-        t = Table(title=f"predicted vs measured ({comparison['iterations']} iteration(s), median)")
-        for col in ("op", "predicted s", "measured s", "error"):
-            t.add_column(col, justify="left" if col == "op" else "right")
-        for op, r in [*comparison["ops"].items(), ("iteration", comparison["iteration"])]:
-            err = "—" if r["error"] is None else f"{r['error']:+.1%}"
-            t.add_row(op, f"{r['predicted']:.4f}", f"{r['measured']:.4f}", err)
-        console.print(t)
+        console.print(comparison_table(comparison))
+        console.print(speed_line(comparison))

@@ -1,9 +1,14 @@
 """`hflow-plan run PLAN`: execute a plan's RLHF algorithm on Ray, exactly as the plan places it.
 
-Local Ray by default (`--address` joins a cluster). Per iteration: a progress bar with reward,
-KL and tokens/s; a JSON line in `--metrics`; the measured timeline (`--trace`, `--timeline`).
-At the end: predicted (simulator) vs measured seconds per op and per iteration. Sampled responses
-go to the console and the metrics; `--tensorboard` / `--logger` send the metrics to those loggers too.
+Before anything starts (no torch, no Ray: a usage error takes well under a second) the arguments
+and input files are checked (`check_args`), then the plan against this machine (tools/preflight.py:
+devices, memory, weights). Then every phase says what it does: the speed check against the
+profile, Ray, the warm-up of a built-in policy, the workers, their weights, each iteration
+(tools/run_report.py). Local Ray by default (`--address` joins a cluster, whose resources are
+checked once joined). Per iteration a JSON line in `--metrics` and a checkpoint in
+`--checkpoint-dir` (the newest `--keep-last` kept); the measured timeline (`--trace`,
+`--timeline`); sampled responses on the console and in the metrics; `--tensorboard` / `--logger`
+send the metrics to those loggers too. At the end: predicted vs measured (tools/comparison.py).
 """
 
 from __future__ import annotations
@@ -13,97 +18,185 @@ import sys
 from pathlib import Path
 
 from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
+from hybridflow.runtime.run_config import RunConfig
 from hybridflow.simulator.errors import HflowError
-from hybridflow.tools.outputs import positive_int
+from hybridflow.tools.cli_help import examples
+from hybridflow.tools.outputs import positive_int, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
+
+PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run a plan: RLHF iterations on Ray, measured timeline, predicted vs measured",
         description="Run PLAN's algorithm (ppo, grpo, remax, safe-rlhf, rloo) on Ray with the plan's device groups, "
-                    "colocation and parallel configs. Models without a path are the built-in tiny policy, warmed up "
-                    "on the built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow).")
+                    "colocation and parallel configs. The plan is checked against this machine first (devices, "
+                    "memory, weights). Models without a path are the built-in tiny policy, warmed up on the "
+                    "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). Exit code 2: "
+                    "bad input; 3: a worker or node was lost.",
+        epilog=examples("hflow-plan run examples/plans/tiny-local.json --iterations 5",
+                        "hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
+                        "--timeline run.png",
+                        "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
-    p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run (default 10)")
-    p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port'); default: a new local cluster")
+    p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run")
+    p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port') (default: a new local cluster)")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint after every iteration here")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint here every save_every iterations")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--keep-last", type=positive_int, metavar="N",
+                   help="complete checkpoints to keep; older ones are deleted once a newer one is complete "
+                        f"(default: {RunConfig.model_fields['keep_last'].default})")
     p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: lr, kl_coef, task, ...)")
-    p.add_argument("--task", help="built-in task for prompts and the warm-up policy (sort, add)")
+    p.add_argument("--task", type=task_arg, help="built-in task for prompts and the warm-up policy: sort or add "
+                   f"(default: {RunConfig.model_fields['task'].default}, or the --config file's)")
     p.add_argument("--prompts", metavar="PATH", help="prompts from a .jsonl or .parquet file or a `datasets` folder "
                                                     "(save_to_disk) with a 'prompt' column: text or chat messages")
-    p.add_argument("--seed", type=int, help="random seed (data order, sampling, initialisation)")
+    p.add_argument("--seed", type=int, help="random seed: data order, sampling, initialisation "
+                   f"(default: {RunConfig.model_fields['seed'].default}, or the --config file's)")
     p.add_argument("--rollout", metavar="BACKEND",
-                   help="generation engine: native (default) or vllm (needs vLLM installed); overrides the plan")
-    p.add_argument("--trace", metavar="FILE", help="write the measured timeline as a Chrome trace")
-    p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
+                   help="generation engine: native or vllm (needs vLLM installed); overrides the plan's "
+                        "(default: the plan's, native unless it says otherwise)")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard events in DIR")
     p.add_argument("--logger", metavar="NAMES", help="also log the metrics to tensorboard, wandb (offline) and/or "
                                                      "mlflow (local file store), comma-separated")
+    p.add_argument("--trace", metavar="FILE", help="write the measured timeline as a Chrome trace")
+    p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
     add_profile_arg(p)
+    p.add_argument("--no-speed-check", action="store_true",
+                   help="with --profile: skip re-timing a few of the profile's points at the start (the machine's "
+                        "speed now, which scales the predictions shown beside the raw ones)")
     p.set_defaults(func=run)
 
 
-def run_config(args):
-    from hybridflow.runtime.run_config import RunConfig
+def _not_a_folder(path: str | None, flag: str) -> None:
+    if path and Path(path).is_dir():
+        raise HflowError(f"{flag} {path}: is a folder; give a file name")
+
+
+def check_args(args) -> None:
+    """Every argument and input-file check that needs no plan: one line each, before torch or Ray."""
+    if args.resume and not args.checkpoint_dir:
+        raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
+    if args.keep_last and not args.checkpoint_dir:
+        raise HflowError("--keep-last needs --checkpoint-dir (the folder whose checkpoints it prunes)")
+    if args.checkpoint_dir:
+        ckpt = Path(args.checkpoint_dir)
+        if ckpt.exists() and not ckpt.is_dir():
+            raise HflowError(f"--checkpoint-dir {ckpt}: is a file; give a folder")
+        if args.resume and not (ckpt / "latest").is_file():
+            raise HflowError(f"nothing to resume in {ckpt}: no 'latest' checkpoint; run without --resume first")
+    if args.timeline and Path(args.timeline).suffix.lower() != ".png":
+        raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
+    for path, flag in ((args.trace, "--trace"), (args.timeline, "--timeline"), (args.metrics, "--metrics")):
+        _not_a_folder(path, flag)
+    if args.prompts:
+        prompts = Path(args.prompts)
+        if not prompts.exists():
+            raise HflowError(f"--prompts {prompts}: no such prompt file or folder; give a .jsonl or .parquet file "
+                             "or a `datasets` save_to_disk folder with a 'prompt' column")
+        if prompts.is_file() and prompts.suffix.lower() not in PROMPT_SUFFIXES:
+            raise HflowError(f"--prompts {prompts}: give a .jsonl or .parquet file or a `datasets` save_to_disk "
+                             "folder with a 'prompt' column")
+    if args.tensorboard and Path(args.tensorboard).is_file():
+        raise HflowError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
+    args.logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
+
+
+def run_config(args) -> RunConfig:
     from hybridflow.simulator.io import load_model_file
 
     cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
     overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed),
-                                   ("rollout", args.rollout)) if v is not None}
-    if overrides.get("task"):
-        from hybridflow.runtime.tasks.builtin import get_task
+                                   ("keep_last", args.keep_last), ("rollout", args.rollout)) if v is not None}
+    return cfg.model_validate({**cfg.model_dump(), **overrides})
 
-        get_task(overrides["task"])  # one-line error for an unknown task before anything starts
-    return cfg.model_copy(update=overrides)
+
+def check_plan(plan, cfg: RunConfig, address: str | None, events):
+    """The plan against this machine (or, to join a cluster, what can be checked before joining)."""
+    from hybridflow.tools.preflight import RunChecks, preflight, this_machine
+
+    checks = preflight(RunChecks(plan, None if address else this_machine(), cfg))
+    events.say(f"checked the plan: {'; '.join(checks.facts)}")
+    for w in checks.warnings:
+        events.say(f"[yellow]warning:[/] {w}")
+    return checks
+
+
+def join_cluster(address: str, checks, events) -> None:
+    """Join the Ray cluster at `address` and check its resources before any worker starts."""
+    import ray
+
+    from hybridflow.runtime.resource_pool import init_ray
+    from hybridflow.tools.preflight import MACHINE_CHECKS, preflight, ray_cluster
+
+    events.phase("ray", f"joining the Ray cluster at {address}")
+    init_ray(address)
+    found = preflight(checks.on(ray_cluster(ray.nodes(), address)), MACHINE_CHECKS)
+    events.say(f"checked the cluster: {'; '.join(found.facts)}")
+    for w in found.warnings:
+        events.say(f"[yellow]warning:[/] {w}")
 
 
 def run(args) -> int:
     from rich.console import Console
 
+    from hybridflow.runtime.run_config import with_rollout
+    from hybridflow.simulator.plan import Plan
+    from hybridflow.tools.comparison import Comparison, comparison_table, speed_line
+    from hybridflow.tools.run_report import (
+        ConsoleEvents,
+        export_timeline,
+        predicted_timeline,
+        quick_speed_check,
+        run_with_progress,
+    )
+
+    check_args(args)
+    cfg = run_config(args)
+    plan = with_rollout(Plan.load(args.plan), cfg)  # the run's rollout backend, checked before Ray starts
+    console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
+    events = ConsoleEvents(console, quiet=args.json)
+    checks = check_plan(plan, cfg, args.address, events)
+    if args.profile:
+        events.say(f"pricing the plan on profile '{args.profile}'")
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
+    events.say("loading the runtime (torch, Ray)")
     try:
         from hybridflow.runtime.trainer import Trainer
     except ImportError as e:
         raise HflowError(f"`run` needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
-    from hybridflow.runtime.run_config import with_rollout
-    from hybridflow.simulator.plan import Plan
-    from hybridflow.tools.run_report import (
-        comparison_table,
-        export_timeline,
-        predicted_timeline,
-        run_with_progress,
-    )
-
-    if args.resume and not args.checkpoint_dir:
-        raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
-    if args.timeline and Path(args.timeline).suffix.lower() != ".png":
-        raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
-    cfg = run_config(args)
-    plan = with_rollout(Plan.load(args.plan), cfg)  # the run's rollout backend, checked before Ray starts
-    logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
-    console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
-    trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
-    trainer.loggers = open_loggers(logger_names, run_name=Path(args.plan).stem, tensorboard_dir=args.tensorboard,
+    speed, speed_note = None, "priced on the plan's own hardware figures; --profile NAME (a profile of this machine) " \
+                              "compares with its speed now"
+    if args.profile:
+        speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else quick_speed_check(args.profile,
+                                                                                                      events)
+    trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address,
+                      events=events)
+    trainer.loggers = open_loggers(args.logger_names, run_name=Path(args.plan).stem, tensorboard_dir=args.tensorboard,
                                    params={"plan": args.plan, "algorithm": plan.algorithm, **cfg.model_dump()})
     try:
-        metrics = run_with_progress(trainer, args.iterations, args.resume, console, quiet=args.json)
+        with events:
+            if args.address:
+                join_cluster(args.address, checks, events)
+            metrics = run_with_progress(trainer, args.iterations, args.resume, events)
     finally:
         trainer.shutdown()
         close_loggers(trainer.loggers)
+    comparison = Comparison.from_timelines(predicted, trainer.timeline, speed, speed_note)
     written = export_timeline(trainer.timeline, args.trace, args.timeline, f"{Path(args.plan).stem} (measured)")
     if args.json:
-        from hybridflow.tools.run_report import measured_view
-
-        secs, ops, _ = measured_view(trainer.timeline)
-        print(json.dumps({"iterations": metrics, "measured": {"iteration_seconds": secs, "op_seconds": ops},
+        print(json.dumps({"iterations": metrics,
+                          "measured": {"iteration_seconds": comparison.measured_iteration,
+                                       "op_seconds": comparison.measured_ops},
                           "predicted": {"iteration_seconds": predicted.iteration_seconds(),
-                                        "op_seconds": predicted.op_seconds()} if predicted else None}))
+                                        "op_seconds": predicted.op_seconds()} if predicted else None,
+                          "comparison": comparison.json()}))
         return 0
-    console.print(comparison_table(predicted, trainer.timeline))
+    console.print(comparison_table(comparison))
+    console.print(speed_line(comparison))
     first, last = metrics[0]["reward_mean"], metrics[-1]["reward_mean"]
     console.print(f"reward {first:.3f} → {last:.3f} over {len(metrics)} iteration(s)"
                   + (f"; wrote {', '.join(written)}" if written else ""))

@@ -13,40 +13,51 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.tools.outputs import positive_int, write_outputs
+from hybridflow.simulator.workload import Workload
+from hybridflow.tools.cli_help import examples
+from hybridflow.tools.outputs import algorithm_arg, positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
+# (flag, Workload field, help): the workload flags override the --workload file's fields
+WORKLOAD_FLAGS = (
+    ("prompt-len", "prompt_len", "prompt tokens"),
+    ("response-len", "response_len", "response tokens"),
+    ("batch", "prompts", "prompts per iteration"),
+    ("samples", "samples_per_prompt", "responses per prompt (GRPO/RLOO draw several)"),
+    ("ppo-epochs", "ppo_epochs", "passes over each iteration's batch"),
+    ("mini-batches", "mini_batches", "optimizer steps per epoch"),
+    ("micro-batch", "micro_batch_size", "sequences per device per forward/backward"),
+)
 
 
 def add_request_args(p: argparse.ArgumentParser) -> None:
     """The flags `search` and `compare` share: cluster, algorithm, models, workload."""
     c = p.add_argument_group("cluster")
-    c.add_argument("--gpu", default="a100-80g", help="hardware preset (a100-80g, h100-80g, h200-141g) or a YAML file")
-    c.add_argument("--nodes", type=positive_int, default=1, help="machines (default 1)")
-    c.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per machine (default 8)")
+    c.add_argument("--gpu", default="a100-80g", help="hardware preset (a100-80g, h100-80g, h200-141g; any case) or a "
+                   "HardwareSpec YAML/JSON file")
+    c.add_argument("--nodes", type=positive_int, default=1, help="machines")
+    c.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per machine")
     c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
     m = p.add_argument_group("models")
-    m.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax", "safe-rlhf", "rloo"])
-    m.add_argument("--model", help="every role's model: a preset (llama2-70b …), a HF folder or a ModelSpec YAML")
+    m.add_argument("--algo", default="ppo", type=algorithm_arg, metavar="ALGO",
+                   help="ppo, grpo, remax, safe-rlhf or rloo (any case)")
+    m.add_argument("--model", help="every role's model: a preset (llama2-70b …; any case), a HF folder or a "
+                   "ModelSpec YAML")
     for r in ROLE_FLAGS:
         m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model)")
     m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
     m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
     w = p.add_argument_group("workload")
     w.add_argument("--workload", metavar="FILE.yaml", help="a Workload file; the flags below override its fields")
-    w.add_argument("--prompt-len", type=positive_int)
-    w.add_argument("--response-len", type=positive_int)
-    w.add_argument("--batch", type=positive_int, help="prompts per iteration (default 1024)")
-    w.add_argument("--samples", type=positive_int, help="responses per prompt (GRPO/RLOO draw several)")
-    w.add_argument("--ppo-epochs", type=positive_int)
-    w.add_argument("--mini-batches", type=positive_int)
-    w.add_argument("--micro-batch", type=positive_int, help="sequences per device per forward/backward")
+    for flag, field, text in WORKLOAD_FLAGS:
+        w.add_argument(f"--{flag}", type=positive_int, metavar="N", help=f"{text} (default: the --workload file's, "
+                       f"else {Workload.model_fields[field].default})")
     s = p.add_argument_group("search")
     s.add_argument("--max-pp", type=positive_int, help="largest training pipeline-parallel size to consider")
     s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
                    "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
-    s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list (default 5)")
+    s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
     add_profile_arg(s)
 
 
@@ -56,7 +67,6 @@ def request_from_args(args):
     from hybridflow.simulator.io import load_model_file, read_mapping
     from hybridflow.simulator.model import resolve_model
     from hybridflow.simulator.plan import ALGORITHM_ROLES
-    from hybridflow.simulator.workload import Workload
 
     if args.cluster:
         cluster = load_model_file(ClusterSpec, args.cluster)
@@ -65,11 +75,10 @@ def request_from_args(args):
         hw = load_model_file(HardwareSpec, gpu) if Path(gpu).suffix in (".yaml", ".yml", ".json") else hardware_preset(gpu)
         cluster = ClusterSpec(hardware=hw, nodes=args.nodes, devices_per_node=args.gpus_per_node)
     fields = read_mapping(args.workload) if args.workload else {}
-    for flag, field in (("prompt_len", "prompt_len"), ("response_len", "response_len"), ("batch", "prompts"),
-                        ("samples", "samples_per_prompt"), ("ppo_epochs", "ppo_epochs"),
-                        ("mini_batches", "mini_batches"), ("micro_batch", "micro_batch_size")):
-        if getattr(args, flag) is not None:
-            fields[field] = getattr(args, flag)
+    for flag, field, _ in WORKLOAD_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            fields[field] = value
     workload = Workload.model_validate(fields)
     roles = ALGORITHM_ROLES[args.algo]
     given = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}
@@ -98,7 +107,11 @@ def add_parser(subparsers) -> None:
         "search", help="search placements, allocations and parallel configs for the fastest plan (Algorithm 1)",
         description="Find the plan with the highest simulated throughput (tokens/s = prompts x samples x "
                     "(prompt + response length) per iteration second) over every colocation of the models, "
-                    "every allocation of the cluster's devices and every 3D-parallel config.")
+                    "every allocation of the cluster's devices and every 3D-parallel config.",
+        epilog=examples("hflow-plan search --gpu a100-80g --nodes 16 --gpus-per-node 8 --algo ppo --model llama2-70b",
+                        "hflow-plan search --nodes 1 --algo grpo --samples 4 --model llama2-7b --max-gen-pp 1 "
+                        "--out plan.json",
+                        "hflow-plan search --model tiny --gpus-per-node 2 --profile cpu-2core --algo GRPO --json"))
     add_request_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="PLAN.json", help="write the best plan (input of `hflow-plan simulate`)")

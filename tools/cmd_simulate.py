@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
+from hybridflow.tools.cli_help import examples
 from hybridflow.tools.outputs import positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
@@ -22,9 +23,13 @@ def add_parser(subparsers) -> None:
         description="Simulate one or more RLHF iterations of PLAN (JSON or YAML): every op priced by the "
                     "cost model, ops of one colocation group one after another, disjoint groups "
                     "concurrently. Throughput is the HybridFlow paper's metric: prompts x samples x "
-                    "(prompt + response length) per iteration second.")
+                    "(prompt + response length) per iteration second.",
+        epilog=examples("hflow-plan simulate examples/plans/ppo-llama2-7b-1x8-colocated.json",
+                        "hflow-plan simulate examples/plans/ppo-llama2-13b-2x8-split.json --timeline split.png "
+                        "--trace split.json",
+                        "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. examples/plans/ppo-llama2-7b-1x8-colocated.json")
-    p.add_argument("--iterations", type=positive_int, default=1, metavar="N", help="iterations to simulate (default 1)")
+    p.add_argument("--iterations", type=positive_int, default=1, metavar="N", help="iterations to simulate")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     p.add_argument("--timeline", metavar="FILE.png", help="write a PNG Gantt chart, one lane per device group")

@@ -22,6 +22,26 @@ def positive_int(text: str) -> int:
     return n
 
 
+def algorithm_arg(text: str) -> str:
+    """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
+    from hybridflow.simulator.plan import algorithm_name
+
+    try:
+        return algorithm_name(text)
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def task_arg(text: str) -> str:
+    """`--task`: a built-in task, any case, with "did you mean" on a near miss (one line, exit 2)."""
+    from hybridflow.runtime.tasks.builtin import get_task
+
+    try:
+        return get_task(text).name
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def write_outputs(outputs: list[tuple[str, str | bytes]]) -> list[str]:
     """Write rendered (path, data) pairs atomically; a path that cannot be written is a one-line error."""
     for path, data in outputs:

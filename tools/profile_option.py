@@ -38,7 +38,8 @@ def request_with_profile(req, ref: str | None):
 
 
 def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
-    """(this machine as a one-node ClusterSpec, a cost model for it) — for `quickstart`.
+    """(this machine as a one-node ClusterSpec, a cost model for it, the profile it came from or
+    None) — for `quickstart`.
 
     When the shipped `profile` was measured on this kind of machine (same CPU / GPU model and core
     count), the cluster and cost model are its calibration's; otherwise the hardware probe's
@@ -57,8 +58,8 @@ def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
     if shipped is not None and shipped.fingerprint.same_machine(fingerprint(world)):
         cal = calibrate_file(profile)
         cluster = ClusterSpec(hardware=cal.hardware, nodes=1, devices_per_node=world)
-        return cluster, cal.cost_model(cluster)
+        return cluster, cal.cost_model(cluster), profile
     from hybridflow.simulator.cost import CostModel
 
     cluster = local_cluster(world)
-    return cluster, CostModel(cluster)
+    return cluster, CostModel(cluster), None

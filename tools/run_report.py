@@ -1,13 +1,26 @@
-"""Shared by `run` and `quickstart`: executing a Plan with a live progress bar, predicted vs measured."""
+"""Shared by `run` and `quickstart`: a run's phases on the console, its progress, the speed check and
+the predicted timeline that the comparison (tools/comparison.py) sets against the measured one."""
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import time
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from hybridflow.simulator.errors import HflowError
+from hybridflow.runtime.run_events import Phase, RunEvents
+from hybridflow.simulator.errors import HflowError, WorkerLostError
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
+
+LOG_EVERY_STEPS = 25  # into a file (no bar drawn), a warm-up line every so many steps
+SPEED_CHECK_MAX_SECONDS = 0.09  # the quick speed check re-times the profile's points up to this long
 
 
 def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool = True) -> Timeline | None:
@@ -22,38 +35,70 @@ def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool = True) -
         return None
 
 
-def measured_view(timeline: Timeline) -> tuple[float, dict[str, float], str]:
-    """Mean iteration seconds and op seconds, leaving out the first iteration (start-up) when there are more."""
-    its = timeline.iterations()
-    use = its[1:] if len(its) > 1 else its
-    if not use:
-        return 0.0, {}, "no iterations"
-    secs = sum(timeline.iteration_seconds(i) for i in use) / len(use)
-    ops: dict[str, float] = {}
-    for i in use:
-        for op, s in timeline.op_seconds(i).items():
-            ops[op] = ops.get(op, 0.0) + s / len(use)
-    label = f"mean of iterations {use[0]}–{use[-1]}" if len(use) > 1 else f"iteration {use[0]}"
-    return secs, ops, label
+class ConsoleEvents(RunEvents):
+    """A run on the console: one line per phase (seconds since the start in front), a bar for the
+    warm-up, a bar for the iterations with the latest reward, KL and throughput (into a file, where
+    no bar is drawn: a line per iteration). `quiet` (--json): the phase lines only (the console is
+    stderr then), no bars."""
 
+    def __init__(self, console, quiet: bool = False):
+        self.console, self.t0 = console, time.monotonic()
+        self.progress = Progress(TextColumn("[bold]{task.fields[label]}[/]"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
+                                 disable=quiet, transient=False)
+        self._steps: int | None = None  # the warm-up's bar
+        self._steps_since = 0.0
+        self._iterations: int | None = None
 
-def comparison_table(predicted: Timeline | None, measured: Timeline) -> Table:
-    from hybridflow.tools.report import fmt_seconds
+    def __enter__(self) -> ConsoleEvents:
+        self.progress.start()
+        return self
 
-    secs, ops, label = measured_view(measured)
-    pred_ops = predicted.op_seconds() if predicted else {}
-    t = Table(title=f"predicted vs measured ({label})", title_justify="left")
-    for col in ("op", "predicted", "measured", "measured / predicted"):
-        t.add_column(col, justify="left" if col == "op" else "right")
+    def __exit__(self, *exc) -> None:
+        self._end_steps()
+        self.progress.stop()
 
-    def row(name, p, m):
-        ratio = f"{m / p:.2f}×" if p and m else "—"
-        t.add_row(name, fmt_seconds(p) if p is not None else "—", fmt_seconds(m) if m is not None else "—", ratio)
+    def say(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{time.monotonic() - self.t0:7.1f} s[/]  {text}", highlight=False)
 
-    for op in sorted(set(ops) | set(pred_ops), key=lambda o: -(ops.get(o) or 0.0)):
-        row(op, pred_ops.get(op), ops.get(op))
-    row("iteration", predicted.iteration_seconds() if predicted else None, secs)
-    return t
+    def phase(self, name: Phase, text: str, total: int | None = None) -> None:
+        self._end_steps()
+        self.say(text)
+        if total:
+            self._steps = self.progress.add_task("", total=total, label=name)
+            self._steps_since = time.monotonic()
+        if self._iterations is not None:
+            self.progress.update(self._iterations, description=f"[dim]{name}…[/]")
+
+    def advance(self, done: int) -> None:
+        if self._steps is not None:
+            total = self.progress.tasks[self._steps].total or 0
+            left = (time.monotonic() - self._steps_since) / done * (total - done) if done else 0.0
+            self.progress.update(self._steps, completed=done, description=f"at most {left:.0f} s left")
+            if done % LOG_EVERY_STEPS == 0 and not self.progress.disable and not self.console.is_terminal:
+                self.say(f"step {done} of at most {total}, at most {left:.0f} s left")
+
+    def _end_steps(self) -> None:
+        if self._steps is not None:
+            done = int(self.progress.tasks[self._steps].completed)
+            self.progress.remove_task(self._steps)
+            self._steps = None
+            self.say(f"done: {done} steps in {time.monotonic() - self._steps_since:.0f} s")
+
+    def iterations(self, total: int) -> None:
+        self._iterations = self.progress.add_task("[dim]starting…[/]", total=total, label="RL")
+
+    def iteration(self, m: dict) -> None:
+        if self._iterations is None:
+            return
+        kl = f" kl {m['kl']:+.4f}" if "kl" in m else ""
+        text = (f"it {m['iteration']}: reward {m['reward_mean']:.3f}{kl}, {m['seconds']:.2f} s, "
+                f"{m['tokens_per_second']:,.0f} tokens/s")
+        self.progress.update(self._iterations, advance=1, description=text)
+        if not self.progress.disable and not self.console.is_terminal:  # a log file: no live bar, a line each
+            self.say(text)
+        if m.get("samples") and not self.progress.disable:
+            self.progress.console.print(samples_table(m["iteration"], m["samples"]))
 
 
 def samples_table(iteration: int, samples: list[dict]) -> Table:
@@ -69,26 +114,34 @@ def samples_table(iteration: int, samples: list[dict]) -> Table:
     return t
 
 
-def run_with_progress(trainer, iterations: int, resume: bool, console, quiet: bool = False) -> list[dict]:
-    """trainer.run with a rich progress bar showing the latest reward, KL and tokens/s."""
+def run_with_progress(trainer, iterations: int, resume: bool, events: ConsoleEvents) -> list[dict]:
+    """trainer.run, its phases and iterations rendered by `events`. A lost worker is a WorkerLostError
+    (exit 3), one line naming the role and rank."""
     from hybridflow.runtime.calls import WorkerCallError, WorkerDiedError
 
-    progress = Progress(TextColumn("[bold]RL[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.description}"), console=console, disable=quiet, transient=False)
-    with progress:
-        task = progress.add_task("starting workers…", total=iterations)
+    events.iterations(iterations)
+    try:
+        return trainer.run(iterations, resume=resume, on_iteration=events.iteration)
+    except WorkerDiedError as e:
+        raise WorkerLostError(str(e).splitlines()[0]) from None
+    except WorkerCallError as e:
+        raise HflowError(str(e).splitlines()[0]) from None
 
-        def on_iteration(m: dict) -> None:
-            kl = f" kl {m['kl']:+.4f}" if "kl" in m else ""
-            progress.update(task, advance=1, description=f"it {m['iteration']}: reward {m['reward_mean']:.3f}{kl} "
-                                                         f"{m['tokens_per_second']:,.0f} tok/s")
-            if m.get("samples"):
-                progress.console.print(samples_table(m["iteration"], m["samples"]))
 
-        try:
-            return trainer.run(iterations, resume=resume, on_iteration=on_iteration)
-        except (WorkerDiedError, WorkerCallError) as e:
-            raise HflowError(str(e).splitlines()[0]) from None
+def quick_speed_check(profile_ref: str, events: ConsoleEvents) -> tuple[float | None, str]:
+    """(this machine's speed now / `profile_ref`'s, what it was checked against): the profile's cheap
+    one-device points re-timed (a few seconds). (None, why) when the profile is not of this machine."""
+    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.runtime.profile_check import check_speed
+    from hybridflow.simulator.profile import resolve_profile
+
+    profile = resolve_profile(profile_ref)
+    if not profile.fingerprint.same_machine(fingerprint(profile.fingerprint.devices)):
+        return None, f"profile '{profile.name}' was measured on another kind of machine"
+
+    events.say(f"checking this machine's speed against profile '{profile.name}' (a few of its points re-timed)")
+    check = check_speed(profile, max_seconds=SPEED_CHECK_MAX_SECONDS)
+    return check.index, f"profile '{profile.name}', {len(check.now)} points re-timed"
 
 
 def export_timeline(timeline: Timeline, trace: str | None, png: str | None, title: str) -> list[str]:
@@ -103,5 +156,3 @@ def export_timeline(timeline: Timeline, trace: str | None, png: str | None, titl
     if png:
         outputs.append((png, gantt_png(timeline, title=title)))
     return write_outputs(outputs)
-
-

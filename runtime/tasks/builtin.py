@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.names import lookup
 
 
 def positional_credit(response: str, answer: str, align: str = "left") -> float:
@@ -80,11 +80,8 @@ DEFAULT_TASK = "sort"
 
 
 def get_task(name: str) -> Task:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise HflowError(f"unknown task '{name}'; built-in tasks: {', '.join(TASKS)} "
-                         f"(or give a prompt file and a reward function)") from None
+    """A built-in task by name (any case; a near miss is answered with "did you mean")."""
+    return TASKS[lookup(name, TASKS, "task", "or give a prompt file and a reward function", known_as="built-in tasks")]
 
 
 def non_digit_cost(prompt: str, response: str, **_) -> float:

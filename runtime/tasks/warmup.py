@@ -2,10 +2,10 @@
 
 RL needs a policy that sometimes succeeds; no weights can be downloaded, so the first run that
 needs one builds it (well under a minute on two CPU cores) and later runs reuse it. The cache
-folder is `$HFLOW_CACHE` or `~/.cache/hybridflow`; each policy lives in a folder named by a hash
-of everything that shapes it (task, model shape, steps, seed), holding `config.json`,
-`model.safetensors`, the tokenizer and `warmup.json` (the metrics; written last, so a folder
-without it is incomplete and is rebuilt).
+(policy_cache.py) is `$HFLOW_CACHE` or `~/.cache/hybridflow`; each policy lives in a folder named
+by a hash of everything that shapes it (task, model shape, steps, seed), holding `config.json`,
+`model.safetensors`, the tokenizer and `warmup.json` (the metrics, with the steps' FLOPs and
+seconds; written last, so a folder without it is incomplete and is rebuilt).
 
 Success is measured exactly, without sampling: a greedy decode produces the answer iff every
 answer token is the argmax under teacher forcing, so the teacher-forced exact-match rate on held
@@ -15,13 +15,14 @@ out prompts is the greedy success rate. Training stops once it reaches `target_g
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,31 +32,10 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.model import ModelSpec, model_preset
 
+from ..host import cache_dir
 from .builtin import get_task
+from .policy_cache import METRICS_FILE, WarmupConfig, policy_folder, step_flops
 from .tokenizer import CharTokenizer
-
-WARMUP_VERSION = 1
-
-
-@dataclass(frozen=True)
-class WarmupConfig:
-    task: str = "sort"
-    max_steps: int = 400
-    batch_size: int = 64
-    lr: float = 3e-3
-    seed: int = 0
-    target_greedy_accuracy: float = 0.3
-    eval_every: int = 25
-    eval_size: int = 256
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HFLOW_CACHE") or Path.home() / ".cache" / "hybridflow")
-
-
-def _key(spec: ModelSpec, cfg: WarmupConfig) -> str:
-    blob = json.dumps({"v": WARMUP_VERSION, "spec": spec.model_dump(), "cfg": asdict(cfg)}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def sft_batch(examples: list[dict], tok: CharTokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,8 +65,10 @@ def _loss_and_exact(model, ids, attn, loss_mask) -> tuple[torch.Tensor, torch.Te
     return loss, right.all(-1)
 
 
-def sft_train(model, tok: CharTokenizer, cfg: WarmupConfig) -> dict:
-    """Supervised training on the task until the greedy accuracy target; returns the metrics."""
+def sft_train(model, tok: CharTokenizer, cfg: WarmupConfig,
+              on_step: Callable[[int, int], None] | None = None) -> dict:
+    """Supervised training on the task until the greedy accuracy target; returns the metrics.
+    `on_step(step, max_steps)` after each step (a progress bar)."""
     task = get_task(cfg.task)
     rng = random.Random(f"warmup:{cfg.task}:{cfg.seed}")
     held_out = sft_batch([task.make_example(rng) for _ in range(cfg.eval_size)], tok)
@@ -101,6 +83,8 @@ def sft_train(model, tok: CharTokenizer, cfg: WarmupConfig) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss = loss_t.item()
+        if on_step:
+            on_step(step, cfg.max_steps)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             accuracy = greedy_accuracy(model, held_out)
             if accuracy >= cfg.target_greedy_accuracy:
@@ -126,8 +110,9 @@ def check_warmup_shape(spec: ModelSpec) -> None:
 
 
 def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig(),
-                root: str | Path | None = None) -> Path:
-    """The folder of the warmed-up policy for (spec, cfg), building it the first time."""
+                root: str | Path | None = None, on_step: Callable[[int, int], None] | None = None) -> Path:
+    """The folder of the warmed-up policy for (spec, cfg), building it the first time (`on_step` as
+    in sft_train)."""
     from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
 
@@ -135,8 +120,8 @@ def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig
     check_warmup_shape(spec)
     tok = CharTokenizer()
     root = Path(root) if root is not None else cache_dir()
-    folder = root / f"policy-{cfg.task}-{spec.name}-{_key(spec, cfg)}"
-    if (folder / "warmup.json").is_file():
+    folder = policy_folder(spec, cfg, root)
+    if (folder / METRICS_FILE).is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
@@ -144,16 +129,19 @@ def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig
         torch.manual_seed(cfg.seed)
         model = CausalLM(spec.decoder_config())
         model.init_weights(torch.Generator().manual_seed(cfg.seed))
-        metrics = sft_train(model, tok, cfg)
+        start = time.perf_counter()
+        metrics = sft_train(model, tok, cfg, on_step)
+        timing = {"seconds": time.perf_counter() - start, "flops": step_flops(spec, cfg) * metrics["steps"]}
         save_pretrained(model, tmp)
         tok.save(tmp)
-        write_atomic(tmp / "warmup.json", json.dumps({**metrics, "config": asdict(cfg), "spec": spec.name}) + "\n")
-        if folder.exists() and not (folder / "warmup.json").is_file():
+        write_atomic(tmp / METRICS_FILE, json.dumps({**metrics, **timing, "config": asdict(cfg), "spec": spec.name})
+                     + "\n")
+        if folder.exists() and not (folder / METRICS_FILE).is_file():
             shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier attempt
         try:
             os.replace(tmp, folder)
         except OSError:
-            if not (folder / "warmup.json").is_file():  # lost a race to another builder: theirs is fine
+            if not (folder / METRICS_FILE).is_file():  # lost a race to another builder: theirs is fine
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -161,4 +149,4 @@ def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig
 
 
 def warmup_metrics(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / "warmup.json").read_text())
+    return json.loads((Path(folder) / METRICS_FILE).read_text())

@@ -63,7 +63,8 @@ def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_l
             get_all([downstream, fut], timeout=60)
         elapsed = time.monotonic() - t0
         msg = str(err.value)
-        assert "worker 'actor' rank 1 of group 'victim' on node 0" in msg and "died during 'wait_in_all_reduce'" in msg
+        assert "worker 'actor' rank 1 of group 'victim' on node 0" in msg and "during 'wait_in_all_reduce'" in msg
+        assert "exited with no error of its own" in msg and "out-of-memory killer" in msg and "\n" not in msg
         assert f"pid {pids[1]}" in msg and "shut down 2 worker group(s)" in msg
         assert elapsed < 20, elapsed
         assert not victim.alive and not bystander.alive
@@ -77,3 +78,19 @@ def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_l
         for g in (victim, bystander):
             g.shutdown()
             g.pool.remove()
+
+
+def test_death_cause_names_memory_when_ray_killed_the_worker_for_it():
+    from ray.exceptions import ActorDiedError, OutOfMemoryError
+
+    from hybridflow.runtime.calls import death_cause
+
+    # the memory monitor's text (Ray's docs, "Out-of-Memory Prevention")
+    oom = OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node (IP: 10.0.0.2, "
+                           "ID: 3a4b) where the task was running was 32.53GB / 33.28GB (0.977449), which exceeds the "
+                           "memory usage threshold of 0.95. Ray killed this worker (ID: 39416a) because it was the "
+                           "most recently scheduled task.")
+    cause = death_cause(oom)
+    assert "ran out of memory (32.53GB / 33.28GB used" in cause and "fewer devices per node" in cause
+    assert "\n" not in cause
+    assert death_cause(ActorDiedError()).startswith("died (The actor died unexpectedly")

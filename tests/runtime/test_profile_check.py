@@ -23,6 +23,10 @@ def test_reference_jobs_are_the_profiles_one_device_points_of_the_model():
         assert same == [recorded]
     with pytest.raises(HflowError, match="no one-device"):
         reference_jobs(profile, model="llama-70b")
+    # the quick check of `run` / `quickstart`: the cheap ones of the same points
+    quick, quick_s = reference_jobs(profile, max_seconds=0.1)
+    assert 0 < len(quick) < 14 and all(s <= 0.1 for s in quick_s)
+    assert [j for j, s in zip(jobs, seconds, strict=True) if s <= 0.1] == quick
 
 
 def test_check_speed_re_times_the_points_on_the_profiler():

@@ -7,6 +7,7 @@ import math
 import pytest
 from rl_util import tiny_plan
 
+from hybridflow.runtime.run_events import RunEvents
 from hybridflow.simulator import OPS, ParallelConfig, Workload
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -111,6 +112,16 @@ def test_safe_rlhf_with_a_cost_model(ray_local, tmp_path):
         assert m["lagrange"] == pytest.approx(lam, rel=1e-6)
 
 
+class PhaseLog(RunEvents):
+    """Keeps the phases a trainer reports."""
+
+    def __init__(self):
+        self.phases: list[tuple[str, str]] = []
+
+    def phase(self, name, text, total=None):
+        self.phases.append((name, text))
+
+
 def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
     # A straight run of 4 checkpoints after every iteration; a fresh trainer resumed from the checkpoint of
     # iteration 2 (as if the run had stopped there) must end exactly where the straight run ended.
@@ -122,10 +133,17 @@ def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
         straight = t.run(4)
         want = t.fingerprints()
     assert (ckpt / "latest").read_text().strip() == "iter_000004"
+    # the default keep_last (3): the oldest checkpoint went once the fourth was complete
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_000002", "iter_000003", "iter_000004"]
     (ckpt / "latest").write_text("iter_000002\n")
-    with Trainer(plan, checkpoint_dir=ckpt) as t:
+    events = PhaseLog()
+    with Trainer(plan, checkpoint_dir=ckpt, events=events) as t:
         resumed = t.run(2, resume=True)
         got = t.fingerprints()
+    # every phase said what it did: the workers, each role's weights, which checkpoint it resumed from
+    names = [name for name, _ in events.phases]
+    assert names[names.index("workers"):] == ["workers", "weights", "weights", "weights", "resume"]
+    assert "iter_000002" in events.phases[-1][1] and "after iteration 2" in events.phases[-1][1]
     assert got == want  # parameters, optimizer states and step of actor and critic, every rank
     for a, b in zip(straight[2:], resumed, strict=True):
         assert a["iteration"] == b["iteration"]
@@ -134,10 +152,14 @@ def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
 
 
 def test_dead_worker_is_a_clear_error_and_the_last_checkpoint_resumes(ray_local, tmp_path):
-    import ray
+    import os
+    import signal
 
-    from hybridflow.runtime.calls import WorkerDiedError
+    from rich.console import Console
+
     from hybridflow.runtime.trainer import Trainer
+    from hybridflow.simulator.errors import WorkerLostError
+    from hybridflow.tools.run_report import ConsoleEvents, run_with_progress
 
     plan = tiny_plan("grpo", [["actor", "ref"]], workload=Workload(prompts=4, samples_per_prompt=2, prompt_len=16,
                                                                     response_len=8, micro_batch_size=8))
@@ -145,9 +167,11 @@ def test_dead_worker_is_a_clear_error_and_the_last_checkpoint_resumes(ray_local,
     t = Trainer(plan, checkpoint_dir=ckpt)
     try:
         t.run(1)
-        ray.kill(t.groups["actor"].hosts[0], no_restart=True)
-        with pytest.raises(WorkerDiedError, match=r"rank 0 of group 'g0'"):
-            t.step()
+        os.kill(t.groups["actor"].nodes[0]["pid"], signal.SIGKILL)  # what the kernel's OOM killer does
+        # as `hflow-plan run` reports it: one line naming role, rank and the likely cause; exit code 3
+        with pytest.raises(WorkerLostError, match=r"worker 'actor' rank 0 of group 'g0'.*out-of-memory killer") as e:
+            run_with_progress(t, 1, False, ConsoleEvents(Console(file=open(os.devnull, "w")), quiet=True))  # noqa: SIM115
+        assert e.value.exit_code == 3 and "\n" not in str(e.value)
     finally:
         t.shutdown()
     assert (ckpt / "latest").read_text().strip() == "iter_000001"
@@ -161,10 +185,12 @@ def test_quickstart_json_shape(ray_local, capsys):
 
     assert main(["quickstart", "--iterations", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"plan", "iterations", "predicted"}
+    assert set(out) == {"plan", "iterations", "predicted", "comparison"}
     assert {"placement", "devices", "parallel", "iteration_seconds", "tokens_per_second"} <= set(out["plan"])
     assert [it["iteration"] for it in out["iterations"]] == [1, 2]
     for it in out["iterations"]:
         assert set(it) == {"iteration", "reward_mean", "tokens_per_second", "op_seconds"}
         assert 0 <= it["reward_mean"] <= 1 and it["tokens_per_second"] > 0 and "generate" in it["op_seconds"]
     assert out["predicted"]["iteration_seconds"] > 0 and "generate" in out["predicted"]["op_seconds"]
+    # the comparison's throughput is the trainer's figure of the one measured iteration it uses (the second)
+    assert out["comparison"]["throughput"]["measured"] == pytest.approx(out["iterations"][1]["tokens_per_second"])

@@ -158,10 +158,21 @@ def test_warmup_builds_once_and_policy_sometimes_succeeds(tmp_path):
 
     torch.set_num_threads(1)
     spec = model_preset("tiny").model_copy(update={"name": "tiny2", "layers": 2})
+    from hybridflow.runtime.tasks.policy_cache import cached_policy, measured_rate, step_flops, warmup_cost
+
     cfg = WarmupConfig(max_steps=120, target_greedy_accuracy=0.1, eval_size=128)
-    folder = warm_policy(spec, cfg, root=tmp_path)
+    assert cached_policy(spec, cfg, tmp_path) is None and measured_rate(tmp_path) is None
+    assert not warmup_cost(spec, cfg, tmp_path).measured  # the first guess's rate
+    steps: list[tuple[int, int]] = []
+    folder = warm_policy(spec, cfg, root=tmp_path, on_step=lambda step, total: steps.append((step, total)))
     metrics = warmup_metrics(folder)
     assert metrics["greedy_accuracy"] >= 0.1 and metrics["steps"] <= 120
+    assert steps == [(i, 120) for i in range(1, metrics["steps"] + 1)]  # the progress bar's ticks
+    assert cached_policy(spec, cfg, tmp_path) == folder
+    # the build's own rate estimates the next warm-up here
+    assert metrics["flops"] == step_flops(spec, cfg) * metrics["steps"] and metrics["seconds"] > 0
+    assert measured_rate(tmp_path) == metrics["flops"] / metrics["seconds"]
+    assert warmup_cost(spec, cfg, tmp_path).measured
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     assert warm_policy(spec, cfg, root=tmp_path) == folder  # reused, not rebuilt
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp

@@ -15,6 +15,11 @@ def test_run_input_errors_are_one_line(tmp_path, capsys):
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
     for argv, msg in [
         (["run", str(plan_file), "--resume"], "--resume needs --checkpoint-dir"),
+        (["run", str(plan_file), "--keep-last", "2"], "--keep-last needs --checkpoint-dir"),
+        (["run", str(plan_file), "--checkpoint-dir", str(plan_file)], "is a file; give a folder"),
+        (["run", str(plan_file), "--metrics", str(tmp_path)], "is a folder"),
+        (["run", str(plan_file), "--prompts", str(plan_file)], "give a .jsonl or .parquet file"),
+        (["run", str(plan_file), "--keep-last", "0", "--checkpoint-dir", "c"], "expected a positive whole number"),
         (["run", str(plan_file), "--timeline", "x.svg"], "ending in .png"),
         (["run", str(plan_file), "--task", "chess"], "unknown task 'chess'"),
         (["run", str(tmp_path / "none.json")], "no such file"),

@@ -10,7 +10,6 @@ plans priced and the best plan's tokens/s, against the target.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -18,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 CASES = {
@@ -53,7 +53,7 @@ def run_case(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrorParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=list(CASES), action="append", help="run only these cases")
     ap.add_argument("--json", action="store_true", help="print one JSON object per case")
     args = ap.parse_args(argv)

@@ -14,13 +14,13 @@ Goals (issue 5): bytes equal the formulas; HybridFlow takes ≤ 0.5× the DS-Cha
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_json_atomic
+from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 MODES = ("hybridflow", "hybridflow-v", "ds-chat")
@@ -114,7 +114,7 @@ def print_report(res: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="reshard_speed", description=__doc__.split("\n\n")[0])
+    ap = OneLineErrorParser(prog="reshard_speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--t", type=int, default=4, help="training tensor-parallel size (default 4)")
     ap.add_argument("--t-g", type=int, default=2, help="generation tensor-parallel size (default 2)")
     ap.add_argument("--world", type=int, default=None, help="devices (default t; a multiple of t adds dp replicas)")

@@ -23,7 +23,6 @@ and shrinks as the matmuls dominate (large batch); the table shows several batch
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -31,6 +30,7 @@ import time
 import torch
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 
@@ -166,7 +166,7 @@ def _eos_for_varied_lengths(engine, ids, mask, new_tokens: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrorParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny", help="model preset or HF folder (shape only; random weights)")
     ap.add_argument("--batch", default="1,4,16", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", type=int, default=32)

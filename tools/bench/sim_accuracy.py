@@ -31,7 +31,6 @@ real one does: its updates have real gradients.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -42,6 +41,7 @@ from pathlib import Path
 from hybridflow.runtime.profile_check import SpeedCheck, check_speed
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.profile import Profile
+from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 TINY = "tiny"
@@ -209,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from hybridflow.simulator.calibration import calibrate_file
     from hybridflow.simulator.profile import resolve_profile
-    from hybridflow.tools.cmd_replay import compare, predict_plan
+    from hybridflow.tools.cmd_replay import predict_plan
+    from hybridflow.tools.comparison import compare
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
     ap.add_argument("--iterations", type=int, default=4, help="iterations per plan and round (the first is left out)")
     ap.add_argument("--rounds", type=int, default=3, help="times every plan runs, in turn (default 3)")

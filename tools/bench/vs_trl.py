@@ -27,7 +27,6 @@ TRL is optional (`pip install -e '.[bench]'`); without it this exits 2 with a on
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import io
@@ -38,6 +37,7 @@ import time
 import warnings
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 TASK = "sort"
@@ -110,7 +110,7 @@ def run_ours(args, kl: float) -> dict:
         metrics = trainer.run(args.steps)
     finally:
         trainer.shutdown()
-    return summarize([{"tokens": m["tokens"], "seconds": m["seconds"], "reward": m["reward_mean"]}
+    return summarize([{"tokens": m["tokens"], "seconds": m["wall_seconds"], "reward": m["reward_mean"]}
                       for m in metrics])
 
 
@@ -237,7 +237,7 @@ def _trend(s: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineErrorParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per side and run (≥ 2; default 6)")
     ap.add_argument("--prompts", type=int, default=64, help="prompts per step (default 64)")
     ap.add_argument("--samples", type=int, default=8, help="samples per prompt (default 8)")

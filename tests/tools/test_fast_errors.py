@@ -1,0 +1,93 @@
+"""Bad input ends in one line and exit code 2 before torch or Ray is imported — each case of the
+error benchmark (tools/bench/cli_errors.py, which times them), plus names in any case and help
+that states defaults. No timing here: the benchmark measures the seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hybridflow.tools.bench.cli_errors import error_cases
+from hybridflow.tools.cli import build_parser, main
+
+# All cases in one fresh interpreter: after each, neither torch nor Ray may have been imported.
+RUNNER = """
+import contextlib, io, json, sys
+from pathlib import Path
+from hybridflow.tools.bench.cli_errors import error_cases
+from hybridflow.tools.cli import main
+out = []
+for case in error_cases(Path(sys.argv[1])):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(case.argv)
+    out.append({"name": case.name, "rc": rc, "err": err.getvalue(),
+                "heavy": sorted(m for m in ("torch", "ray") if m in sys.modules)})
+print(json.dumps(out))
+"""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bad_input_is_one_line_exit_2_without_torch_or_ray(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    results = {o["name"]: o for o in json.loads(proc.stdout)}
+    cases = error_cases(tmp_path)
+    assert [c.name for c in cases] == list(results)
+    wrong = []
+    for case in cases:
+        got = results[case.name]
+        lines = got["err"].strip().splitlines()
+        if got["rc"] != 2 or len(lines) != 1 or case.expect not in lines[0] or got["heavy"]:
+            wrong.append(f"{case.name}: exit {got['rc']}, imported {got['heavy']}, stderr {got['err']!r}")
+    assert not wrong, "\n".join(wrong)
+    names = " | ".join(results)
+    for phrase in ("larger than the machine", "too large for its device", "preset without a path", "binary",
+                   "a folder", "near miss", "a prefix of"):  # the issue's cases
+        assert phrase in names, phrase
+
+
+def test_names_in_any_case():
+    parser = build_parser()
+    assert parser.parse_args(["search", "--algo", "PPO", "--model", "x"]).algo == "ppo"
+    assert parser.parse_args(["search", "--algo", "Safe-RLHF", "--model", "x"]).algo == "safe-rlhf"
+    assert parser.parse_args(["run", "p.json", "--task", "SORT"]).task == "sort"
+    assert parser.parse_args(["quickstart", "--algo", "GRPO"]).algo == "grpo"
+    from hybridflow.simulator import hardware_preset, model_preset
+    from hybridflow.simulator.plan import algorithm_name
+
+    assert hardware_preset("H100-80G").name == "h100-80g" and model_preset("LLaMA2-7B").name == "llama2-7b"
+    assert algorithm_name("ReMax") == "remax"
+
+
+def test_plan_files_take_names_in_any_case(tmp_path, capsys):
+    plan = json.loads((ROOT / "examples/plans/grpo-llama2-7b-1x8.json").read_text())
+    plan["algorithm"], plan["roles"]["actor"]["model"] = "GRPO", "Llama2-7B"
+    plan["cluster"]["hardware"] = "A100-80G"
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(plan))
+    assert main(["simulate", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["algorithm"] == "grpo"
+    plan["algorithm"] = "gpro"
+    f.write_text(json.dumps(plan))
+    assert main(["simulate", str(f)]) == 2
+    assert "did you mean 'grpo'" in capsys.readouterr().err
+
+
+def test_version_and_help(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("hflow-plan ")
+    assert main(["search", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "(default: 8)" in out and "examples:" in out and "hflow-plan search " in out
+
+
+def test_the_benchmark_times_a_case_as_its_own_process(tmp_path):
+    from hybridflow.tools.bench.cli_errors import time_case
+
+    row = time_case(error_cases(tmp_path)[0])
+    assert row["ok"] and row["exit_code"] == 2 and row["wall_seconds"] > 0 and "--checkpoint-dir" in row["message"]

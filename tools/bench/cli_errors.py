@@ -1,0 +1,144 @@
+"""How fast `hflow-plan` answers bad input: each case as a fresh process, its wall seconds beside
+what the same input did before the checks ran ahead of torch and Ray.
+
+    python -m hybridflow.tools.bench.cli_errors            # the table
+    python -m hybridflow.tools.bench.cli_errors --json     # one JSON object per case
+
+Every case must end in one line on stderr and exit code 2. The cases (`error_cases`) are also the
+test suite's (tests/tools/test_fast_errors.py), which asserts the line and the exit code and that
+neither torch nor Ray was imported — no timing in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybridflow.tools.cli_help import OneLineErrorParser
+from hybridflow.tools.outputs import run_main
+
+# A PNG's first bytes: a binary file given as a plan.
+PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00"
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    name: str
+    argv: list[str]
+    expect: str  # a phrase of the one-line message
+    before: str  # what the same input did before (issue 16)
+
+
+def _plan(path: Path, model: str, devices: int, hardware: str = "a100-80g", algorithm: str = "grpo",
+          path_of_weights: str | None = None) -> str:
+    """A one-group GRPO plan (actor and reference) of `model` on `devices` devices, with the built-in
+    sort reward."""
+    from hybridflow.simulator import (
+        ClusterSpec,
+        Device,
+        DeviceGroup,
+        ParallelConfig,
+        Plan,
+        RolePlan,
+        Workload,
+    )
+
+    cluster = ClusterSpec(hardware=hardware, nodes=1, devices_per_node=devices) if hardware != "cpu" else \
+        ClusterSpec(hardware={"name": "cpu-core", "peak_flops": 5e10, "hbm_bandwidth": 1e10, "hbm_bytes": 2**32,
+                              "intra_node_bandwidth": 5e9, "inter_node_bandwidth": 1e9}, nodes=1,
+                    devices_per_node=devices)
+    group = DeviceGroup(name="all", devices=[Device(node=0, index=i) for i in range(devices)])
+    plan = Plan(algorithm=algorithm, cluster=cluster, groups=[group],
+                workload=Workload(prompts=max(16, devices), prompt_len=16, response_len=8, micro_batch_size=4),
+                roles={r: RolePlan(model=model, group="all", train=ParallelConfig(dp=devices), path=path_of_weights)
+                       for r in ("actor", "ref")},
+                reward_function="hybridflow.runtime.tasks.builtin:sort_reward")
+    path.write_text(plan.model_dump_json(indent=1))
+    return str(path)
+
+
+def error_cases(folder: Path) -> list[ErrorCase]:
+    """The bad-input cases, their input files written into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny = _plan(folder / "tiny.json", "tiny", 1, hardware="cpu")
+    crowd = _plan(folder / "crowd.json", "tiny", 4096, hardware="cpu")
+    heavy = _plan(folder / "heavy.json", "llama2-13b", 1, path_of_weights=str(folder))
+    unwarmed = _plan(folder / "unwarmed.json", "llama2-7b", 8)
+    reward_model = json.loads(Path(tiny).read_text())
+    reward_model["roles"]["reward"] = {"model": "tiny", "group": "all"}
+    reward_model.pop("reward_function")
+    (folder / "reward-model.json").write_text(json.dumps(reward_model))
+    (folder / "picture.png").write_bytes(PNG_HEADER)
+    (folder / "a-folder").mkdir(exist_ok=True)
+    (folder / "empty-ckpt").mkdir(exist_ok=True)
+    slow = "about 20 s (torch and Ray imported first)"
+    return [
+        ErrorCase("run --resume without --checkpoint-dir", ["run", tiny, "--resume"], "--resume needs --checkpoint-dir",
+                  slow),
+        ErrorCase("run --resume, nothing to resume", ["run", tiny, "--resume", "--checkpoint-dir",
+                                                      str(folder / "empty-ckpt")], "nothing to resume", slow),
+        ErrorCase("run --iterations 0", ["run", tiny, "--iterations", "0"], "expected a positive whole number", slow),
+        ErrorCase("run --timeline t.svg", ["run", tiny, "--timeline", "t.svg"], "ending in .png", slow),
+        ErrorCase("run --task srot (near miss)", ["run", tiny, "--task", "srot"], "did you mean 'sort'", slow),
+        ErrorCase("run --prompts missing.jsonl", ["run", tiny, "--prompts", str(folder / "missing.jsonl")],
+                  "no such file", slow),
+        ErrorCase("run a plan larger than the machine (4096 virtual devices)", ["run", crowd],
+                  "4096 worker processes need about", "not refused: Ray waited for resources"),
+        ErrorCase("run a model too large for its device (13B on one A100)", ["run", heavy], "GiB per device",
+                  "not refused"),
+        ErrorCase("run a model preset without a path (7B)", ["run", unwarmed], "too large to warm up",
+                  "warmed a fp32 7B up in the driver: killed by the kernel after 22 min, no message"),
+        ErrorCase("run a reward role without a path", ["run", str(folder / "reward-model.json")],
+                  "role 'reward' has no path", "refused after the warm-up and Ray's start"),
+        ErrorCase("simulate picture.png (a binary file)", ["simulate", str(folder / "picture.png")],
+                  "not a text file", "a UnicodeDecodeError traceback"),
+        ErrorCase("simulate a folder", ["simulate", str(folder / "a-folder")], "is a folder", "said 'no such file'"),
+        ErrorCase("search --gpus 4 (a prefix of --gpus-per-node)", ["search", "--gpus", "4", "--model", "tiny"],
+                  "unrecognized arguments: --gpus", "accepted as --gpus-per-node 4"),
+        ErrorCase("search --algo ppp (near miss)", ["search", "--algo", "ppp", "--model", "tiny"], "did you mean 'ppo'",
+                  "refused without a suggestion"),
+    ]
+
+
+def time_case(case: ErrorCase) -> dict:
+    """The case as a fresh `hflow-plan` process: wall seconds, exit code, its stderr lines."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "hybridflow.tools.cli", *case.argv], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    lines = proc.stderr.strip().splitlines()
+    ok = proc.returncode == 2 and len(lines) == 1 and case.expect in lines[0]
+    return {"case": case.name, "wall_seconds": wall, "exit_code": proc.returncode, "ok": ok,
+            "message": lines[0] if lines else "", "before": case.before}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineErrorParser(prog="cli_errors", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object per case")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hflow-cli-errors-") as tmp:
+        rows = [time_case(c) for c in error_cases(Path(tmp))]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0 if all(r["ok"] for r in rows) else 1
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="hflow-plan on bad input: one line, exit 2 (each case a fresh process)", title_justify="left")
+    for col, kw in (("case", {}), ("wall s", {"justify": "right"}), ("exit", {"justify": "right"}),
+                    ("before", {}), ("message", {"overflow": "fold"})):
+        t.add_column(col, **kw)
+    for r in rows:
+        t.add_row(r["case"], f"{r['wall_seconds']:.2f}", str(r["exit_code"]) + ("" if r["ok"] else " ✗"), r["before"],
+                  r["message"])
+    Console(width=160).print(t)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    run_main(main)
