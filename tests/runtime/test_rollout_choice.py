@@ -102,12 +102,14 @@ def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
     """The resolved backend reaches the actor's worker arguments (no Ray: the specs only)."""
     import torch
 
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+    from hybridflow.runtime.tasks.tokenizer import CharTokenizer
     from hybridflow.runtime.trainer import Trainer
 
     torch.manual_seed(0)
-    save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(tiny_plan().roles["actor"].model)), tmp_path / "m")
+    save_pretrained(CausalLM(tiny_plan().roles["actor"].model.decoder_config()), tmp_path / "m")
+    CharTokenizer().save(tmp_path / "m")  # the tiny shape's vocabulary is the character tokenizer's
     paths = {"actor": str(tmp_path / "m"), "ref": str(tmp_path / "m")}
     plan = tiny_plan("grpo", [["actor", "ref"]], paths=paths)
     spec = Trainer(plan)._role_spec("actor")
