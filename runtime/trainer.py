@@ -11,6 +11,8 @@ runtime/dataflow.py. Per iteration the trainer appends one JSON line of metrics 
 losses, tokens/s, seconds per op) and, with a checkpoint dir, saves the trained models, the
 optimizer and the driver's state (data order, Lagrange multiplier); `latest` is rewritten only
 after a checkpoint is complete, so a crash mid-save leaves the previous one intact and resumable.
+With an export dir, every checkpoint is also written as HF folders (export_dir/iter_N/actor, …) and
+`export_hf()` writes the current weights (export_dir/actor, export_dir/critic).
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ TRAINED = ("actor", "critic")
 
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
-                 checkpoint_dir: str | Path | None = None, address: str | None = None):
+                 checkpoint_dir: str | Path | None = None, address: str | None = None,
+                 export_dir: str | Path | None = None):
         self.plan = plan.validate_parallel()
         self.config = config or RunConfig()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.export_dir = Path(export_dir) if export_dir else None
         self.address = address
         if any(rp.generate_group for rp in plan.roles.values()):
             raise HflowError("the plan puts generation on separate devices (generate_group); the runtime runs the "
@@ -217,8 +221,21 @@ class Trainer:
             if role in self.groups:
                 self.groups[role].call(role, "save", str(path))
         write_json_atomic(path / "driver.json", self._driver_state())
+        if self.export_dir:
+            self.export_hf(self.export_dir / path.name)
         write_atomic(self.checkpoint_dir / "latest", path.name + "\n")  # last: the checkpoint is complete
         return path
+
+    def export_hf(self, folder: str | Path | None = None) -> list[Path]:
+        """The trained roles' current weights as HF folders: folder/actor (and folder/critic); folder
+        defaults to the export dir."""
+        folder = Path(folder) if folder is not None else self.export_dir
+        if folder is None:
+            raise HflowError("no export directory; pass export_dir or a folder")
+        roles = [r for r in TRAINED if r in self.groups]
+        for role in roles:
+            self.groups[role].call(role, "export_hf", str(folder / role))
+        return [folder / r for r in roles]
 
     def load_checkpoint(self) -> Path:
         latest = self.checkpoint_dir / "latest" if self.checkpoint_dir else None

@@ -14,7 +14,7 @@ from hybridflow.simulator.errors import HflowError, describe_validation_error
 
 # Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
 # planning commands work without the [runtime] extra.
-SUBCOMMANDS = ["simulate", "search", "compare", "run", "quickstart", "profile", "replay"]
+SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay"]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

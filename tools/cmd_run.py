@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.plan import TRAINED_ROLES
+from hybridflow.tools.cmd_search import ROLE_FLAGS
 from hybridflow.tools.outputs import positive_int
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
@@ -20,13 +22,18 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run a plan: RLHF iterations on Ray, measured timeline, predicted vs measured",
         description="Run PLAN's algorithm (ppo, grpo, remax, safe-rlhf, rloo) on Ray with the plan's device groups, "
-                    "colocation and parallel configs. Models without a path are the built-in tiny policy, warmed up "
-                    "on the built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow).")
+                    "colocation and parallel configs. Each role trains the HF folder the plan records (`search "
+                    "--actor FOLDER`) or --actor FOLDER gives; models without a path are the built-in tiny policy, "
+                    "warmed up on the built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow).")
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
     p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run (default 10)")
     p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port'); default: a new local cluster")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint after every iteration here")
+    p.add_argument("--export-hf", metavar="DIR", help="write the trained actor (and critic) as Hugging Face folders: "
+                   "DIR/actor, DIR/critic at the end, and DIR/iter_N/… with every checkpoint")
+    for r in ROLE_FLAGS:
+        p.add_argument(f"--{r}", metavar="FOLDER", help=f"the {r}'s HF model folder (overrides the plan's path)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: lr, kl_coef, task, ...)")
     p.add_argument("--task", help="built-in task for prompts and the warm-up policy (sort, add)")
@@ -53,14 +60,44 @@ def run_config(args):
     return cfg.model_copy(update=overrides)
 
 
+def check_export_dir(folder: str | None) -> None:
+    """--export-hf DIR replaces DIR/actor and DIR/critic (a run's own earlier exports), nothing else."""
+    if not folder:
+        return
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise HflowError(f"--export-hf {folder}: is a file; give a folder for the exported models")
+    for role in TRAINED_ROLES:
+        target = Path(folder) / role
+        if target.exists() and not (target / "config.json").is_file():
+            raise HflowError(f"--export-hf {folder}: {target} exists and is not a model folder; give another folder")
+
+
+def checked_plan(args):
+    """The plan with the roles' folders (`--actor FOLDER …` over the plan's paths), each checked: before
+    torch or Ray is imported, so a bad folder is one line at once."""
+    from hybridflow.simulator.plan import Plan
+    from hybridflow.tools.role_folders import check_role_folders, resolve_role_paths
+
+    plan = resolve_role_paths(Plan.load(args.plan), {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)})
+    check_role_folders(plan)
+    return plan
+
+
 def run(args) -> int:
+    if args.resume and not args.checkpoint_dir:
+        raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
+    if args.timeline and Path(args.timeline).suffix.lower() != ".png":
+        raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
+    check_export_dir(args.export_hf)
+    plan = checked_plan(args)
+    cfg = run_config(args)
+
     from rich.console import Console
 
     try:
         from hybridflow.runtime.trainer import Trainer
     except ImportError as e:
         raise HflowError(f"`run` needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
-    from hybridflow.simulator.plan import Plan
     from hybridflow.tools.run_report import (
         comparison_table,
         export_timeline,
@@ -68,27 +105,27 @@ def run(args) -> int:
         run_with_progress,
     )
 
-    if args.resume and not args.checkpoint_dir:
-        raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
-    if args.timeline and Path(args.timeline).suffix.lower() != ".png":
-        raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
-    plan = Plan.load(args.plan)
-    cfg = run_config(args)
     predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
-    trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
+    trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address,
+                      export_dir=args.export_hf)
+    exported = []
     try:
         metrics = run_with_progress(trainer, args.iterations, args.resume, console, quiet=args.json)
+        if args.export_hf:
+            exported = [str(p) for p in trainer.export_hf()]
     finally:
         trainer.shutdown()
-    written = export_timeline(trainer.timeline, args.trace, args.timeline, f"{Path(args.plan).stem} (measured)")
+    written = exported + export_timeline(trainer.timeline, args.trace, args.timeline,
+                                         f"{Path(args.plan).stem} (measured)")
     if args.json:
         from hybridflow.tools.run_report import measured_view
 
         secs, ops, _ = measured_view(trainer.timeline)
         print(json.dumps({"iterations": metrics, "measured": {"iteration_seconds": secs, "op_seconds": ops},
                           "predicted": {"iteration_seconds": predicted.iteration_seconds(),
-                                        "op_seconds": predicted.op_seconds()} if predicted else None}))
+                                        "op_seconds": predicted.op_seconds()} if predicted else None,
+                          **({"exported": exported} if args.export_hf else {})}))
         return 0
     console.print(comparison_table(predicted, trainer.timeline))
     first, last = metrics[0]["reward_mean"], metrics[-1]["reward_mean"]
