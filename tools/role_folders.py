@@ -5,6 +5,15 @@ worker's traceback after start-up.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hybridflow.runtime.models.folder_check import (
+    HFLOW_TOKENIZER_FILE,
+    ModelFolder,
+    check_model_folder,
+    read_json,
+    tokenizer_max_id,
+)
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec, hf_folder
 from hybridflow.simulator.plan import Plan
@@ -36,16 +45,64 @@ def _shape(spec: ModelSpec) -> dict:
     return d
 
 
-def check_role_folders(plan: Plan) -> None:
-    """Every role folder of the plan describes the model the plan was made for (one-line HflowError)."""
-    for role, rp in plan.roles.items():
-        if not rp.path:
+def _check_planned_shape(role: str, folder: str, planned: ModelSpec) -> None:
+    found, want = _shape(ModelSpec.from_hf_config(folder)), _shape(planned)
+    diff = [k for k in want if want[k] != found.get(k)]
+    if diff:
+        k = diff[0]
+        raise HflowError(f"{folder}: its model has {k} = {found.get(k)} but the plan's {role} has {want[k]}; "
+                         f"re-plan with `hflow-plan search --{role} {folder}` or give a folder of the planned shape")
+
+
+def tokenizer_vocab(folder: Path) -> dict[str, int] | None:
+    """The token → id map of a folder's tokenizer (None without one): what 'the same tokenizer' means."""
+    path, _ = tokenizer_max_id(Path(folder))
+    if path is None:
+        return None
+    if path.name == "tokenizer.json":
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    if path.name == HFLOW_TOKENIZER_FILE:
+        char = read_json(path, "hybridflow's character tokenizer")
+        return {t: i for i, t in enumerate([*char.get("specials", []), *char.get("chars", "")])}
+    return None  # tokenizer_config.json alone names no vocabulary to compare
+
+
+def check_folders(paths: dict[str, str], planned: dict[str, ModelSpec] | None = None) -> dict[str, ModelFolder]:
+    """Each role's folder can be that role's model (folder_check: config, family, weights, tokenizer), holds the
+    planned shape, and reads the actor's token ids: every other role's embedding fits the actor's tokenizer,
+    and a folder with a tokenizer of its own has the actor's vocabulary. One-line HflowError otherwise."""
+    found = {}
+    for role, path in paths.items():
+        # Only the actor's tokenizer encodes; the others read its ids (compared below, not required).
+        found[role] = check_model_folder(path, role, tokenizer=role == "actor")
+        if planned and role in planned:
+            _check_planned_shape(role, path, planned[role])
+    actor = found.get("actor")
+    if actor is None:
+        return found
+    actor_vocab = None
+    for role, f in found.items():
+        if role == "actor" or f.path == actor.path:
             continue
-        found = _shape(ModelSpec.from_hf_config(rp.path))
-        planned = _shape(rp.model)
-        diff = [k for k in planned if planned[k] != found.get(k)]
-        if diff:
-            k = diff[0]
-            raise HflowError(f"{rp.path}: its model has {k} = {found.get(k)} but the plan's {role} has {planned[k]}; "
-                             f"re-plan with `hflow-plan search --{role} {rp.path}` or give a folder of the "
-                             "planned shape")
+        vocab = f.config.decoder.vocab_size
+        if actor.max_token_id is not None and actor.max_token_id >= vocab:
+            raise HflowError(f"{f.path}: the {role} model's embedding (vocab_size {vocab}) cannot read the actor's "
+                             f"token ids (up to {actor.max_token_id}); give a {role} model trained with the actor's "
+                             "tokenizer")
+        theirs = tokenizer_vocab(f.path)
+        if theirs is not None:
+            actor_vocab = actor_vocab if actor_vocab is not None else tokenizer_vocab(actor.path)
+            if actor_vocab is not None and theirs != actor_vocab:
+                differ = len(set(theirs.items()) ^ set(actor_vocab.items()))
+                raise HflowError(f"{f.path}: the {role} model's tokenizer is not the actor's ({differ} token entries "
+                                 f"differ from {actor.path}'s); the {role} reads the actor's token ids: give it a "
+                                 "model trained with the actor's tokenizer")
+    return found
+
+
+def check_role_folders(plan: Plan) -> None:
+    """Every role folder the plan names (see check_folders); torch-free and Ray-free, for `run`'s preflight."""
+    check_folders({r: rp.path for r, rp in plan.roles.items() if rp.path},
+                  {r: rp.model for r, rp in plan.roles.items()})

@@ -3,6 +3,7 @@ folder, `run --actor FOLDER` overrides it, and a folder that does not fit is one
 neither torch nor Ray imported (the CLI runs in a subprocess that reports what it imported)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +19,18 @@ SEARCH = ["search", "--algo", "grpo", "--gpu", "a100-80g", "--nodes", "1", "--gp
           "--prompt-len", "16", "--response-len", "8", "--max-pp", "1", "--max-gen-pp", "1",
           "--reward-function", "hybridflow.runtime.tasks.builtin:sort_reward"]
 
-# Runs the CLI, then prints which heavy modules it imported (the CLI's one line stays on stderr).
+# Runs the CLI once per argv list (a JSON list of them) in one fresh interpreter; prints, per run, its exit
+# code, its stderr and the heavy modules imported so far.
 CLI_WRAPPER = """
-import sys
+import contextlib, io, json, sys
 from hybridflow.tools.cli import main
-code = main(sys.argv[1:])
-print(sorted(m for m in ("torch", "ray") if m in sys.modules))
-sys.exit(code)
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    out.append({"code": code, "err": err.getvalue().strip(), "imported": [m for m in ("torch", "ray") if m in sys.modules]})
+print(json.dumps(out))
 """
 
 
@@ -47,11 +53,18 @@ def test_search_records_each_folder_in_the_plan(tmp_path, folder, monkeypatch):
     assert _plan_paths(tmp_path / "b.json") == {"actor": str(folder), "ref": None}
 
 
-def run_cli(*argv) -> tuple[int, str, list[str]]:
-    """(exit code, stderr, heavy modules imported) of `hflow-plan argv` in a fresh interpreter."""
-    p = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *map(str, argv)], capture_output=True, text=True,
-                       timeout=120)
-    return p.returncode, p.stderr.strip(), json.loads(p.stdout.strip().splitlines()[-1].replace("'", '"'))
+def run_cli(*argvs) -> list[dict]:
+    """[{code, err, imported}] of `hflow-plan argv` for each argv, in a fresh interpreter."""
+    p = subprocess.run([sys.executable, "-c", CLI_WRAPPER, json.dumps([[str(a) for a in argv] for argv in argvs])],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def assert_refused_before_torch_and_ray(cases: list[tuple[list, str]]) -> None:
+    for (argv, msg), got in zip(cases, run_cli(*(argv for argv, _ in cases)), strict=True):
+        assert got["code"] == 2 and len(got["err"].splitlines()) == 1 and msg in got["err"], (argv, got["err"])
+        assert got["imported"] == [], f"{argv}: imported {got['imported']} before refusing"
 
 
 def test_run_role_folder_errors_are_one_line_before_torch_or_ray(tmp_path, folder):
@@ -68,12 +81,92 @@ def test_run_role_folder_errors_are_one_line_before_torch_or_ray(tmp_path, folde
     CharTokenizer().save(shallow)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], paths={"ref": str(tmp_path / "gone")}).model_dump_json())
-    for argv, msg in [
-        (["--critic", folder], "the plan has no 'critic' model"),
-        (["--actor", tmp_path / "nowhere", "--ref", folder], "--actor " + str(tmp_path / "nowhere") + ": no such folder"),
-        ([], "the plan's ref path"),
-        (["--actor", shallow, "--ref", folder], "has layers = 2 but the plan's actor has 4"),
-    ]:
-        code, err, imported = run_cli("run", plan_file, *argv)
-        assert code == 2 and len(err.splitlines()) == 1 and msg in err, err
-        assert imported == [], f"{argv}: imported {imported} before refusing"
+    run = ["run", plan_file]
+    assert_refused_before_torch_and_ray([
+        ([*run, "--critic", folder], "the plan has no 'critic' model"),
+        ([*run, "--actor", tmp_path / "nowhere", "--ref", folder], f"--actor {tmp_path / 'nowhere'}: no such folder"),
+        (run, "the plan's ref path"),
+        ([*run, "--actor", shallow, "--ref", folder], "has layers = 2 but the plan's actor has 4"),
+    ])
+
+
+def _copy(folder, dest):
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def test_bad_folders_at_run_are_one_line_before_torch_or_ray(tmp_path, folder):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+    from hybridflow.runtime.tasks.tokenizer import CharTokenizer
+
+    no_config = _copy(folder, tmp_path / "no_config")
+    (no_config / "config.json").unlink()
+    gpt2 = _copy(folder, tmp_path / "gpt2")
+    (gpt2 / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                  "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    truncated = _copy(folder, tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    # Two shards and an index, the second shard missing.
+    sharded = _copy(folder, tmp_path / "sharded")
+    state = load_file(sharded / "model.safetensors")
+    (sharded / "model.safetensors").unlink()
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[:5], "model-00002-of-00002.safetensors": names[5:]}
+    save_file({n: state[n] for n in shards["model-00001-of-00002.safetensors"]},
+              sharded / "model-00001-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f for f, ns in shards.items() for n in ns}}))
+    # The character tokenizer has 64 ids; this embedding has 48.
+    small_vocab = tmp_path / "small_vocab"
+    torch.manual_seed(0)
+    save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(tiny_plan().roles["actor"].model, vocab_size=48)),
+                    small_vocab)
+    CharTokenizer().save(small_vocab)
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], paths={"ref": str(folder)}).model_dump_json())
+    run = ["run", plan_file, "--actor"]
+    assert_refused_before_torch_and_ray([
+        ([*run, no_config], "no config.json"),
+        ([*run, gpt2], "gpt2"),
+        ([*run, truncated], "truncated"),
+        ([*run, sharded], "names shard model-00002-of-00002.safetensors, which is not in the folder"),
+        ([*run, small_vocab], "largest token id 63 does not fit the model's embedding (vocab_size 48)"),
+        ([*SEARCH, "--model", truncated], "truncated"),  # search refuses it too, before searching
+    ])
+
+
+def test_score_models_must_read_the_actors_token_ids(tmp_path, folder):
+    import torch
+    from tokenizers import Tokenizer, models
+
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForScore
+    from hybridflow.simulator.errors import HflowError
+    from hybridflow.tools.role_folders import check_role_folders, resolve_role_paths
+
+    tiny = tiny_plan().roles["actor"].model
+    torch.manual_seed(0)
+    save_pretrained(LlamaForScore(LlamaConfig.from_spec(tiny)), tmp_path / "reward")
+    save_pretrained(LlamaForScore(LlamaConfig.from_spec(tiny, vocab_size=48)), tmp_path / "small")
+
+    def plan_with(reward, vocab=64):
+        plan = tiny_plan("grpo", [["actor", "ref", "reward"]], paths={"actor": str(folder), "reward": str(reward)},
+                         reward_function=None)
+        rp = plan.roles["reward"]
+        plan.roles["reward"] = rp.model_copy(update={"model": rp.model.model_copy(update={"vocab": vocab})})
+        return resolve_role_paths(plan)
+
+    check_role_folders(plan_with(tmp_path / "reward"))  # no tokenizer of its own: reads the actor's ids
+    with pytest.raises(HflowError, match=r"embedding \(vocab_size 48\) cannot read the actor's token ids"):
+        check_role_folders(plan_with(tmp_path / "small", vocab=48))
+    # A tokenizer of its own that is not the actor's: its token ids mean other words.
+    Tokenizer(models.WordLevel({c: i for i, c in enumerate("<unk> a b c".split())}, unk_token="<unk>")).save(
+        str(tmp_path / "reward" / "tokenizer.json"))
+    with pytest.raises(HflowError, match="tokenizer is not the actor's"):
+        check_role_folders(plan_with(tmp_path / "reward"))
