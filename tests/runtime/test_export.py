@@ -9,7 +9,7 @@ import torch
 from rl_util import policy_folder, tiny_plan
 from safetensors.torch import load_file
 
-from hybridflow.simulator import ParallelConfig
+from hybridflow.simulator import ParallelConfig, Workload
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 transformers = pytest.importorskip("transformers")
@@ -33,10 +33,11 @@ def test_run_trains_the_plans_folders_exports_hf_and_export_matches(ray_local, t
     from hybridflow.tools.cli import main
 
     planned, given = policy_folder(tmp_path / "planned", seed=1), policy_folder(tmp_path / "given", seed=2)
-    # Sharded training (actor tp=2, critic FSDP dp=2), so the checkpoint is sharded; the plan records `planned`
-    # for every role and `run --actor` replaces the actor's.
-    plan = tiny_plan("ppo", [["actor", "ref", "critic"]], [2],
-                     train={"actor": ParallelConfig(tp=2), "ref": ParallelConfig(dp=2), "critic": ParallelConfig(dp=2)},
+    # Sharded training (actor tp=2, critic in two pipeline stages), so the checkpoint is sharded; the plan
+    # records `planned` for every role and `run --actor` replaces the actor's.
+    w = Workload(prompts=4, samples_per_prompt=1, prompt_len=16, response_len=8, micro_batch_size=2)
+    plan = tiny_plan("ppo", [["actor", "ref", "critic"]], [2], workload=w,
+                     train={"actor": ParallelConfig(tp=2), "ref": ParallelConfig(dp=2), "critic": ParallelConfig(pp=2)},
                      paths={r: str(planned) for r in ("actor", "ref", "critic")},
                      reward_function="hybridflow.runtime.tasks.builtin:non_digit_cost")
     plan_file = tmp_path / "plan.json"
@@ -66,7 +67,7 @@ def test_run_trains_the_plans_folders_exports_hf_and_export_matches(ray_local, t
         got = torch.cat([hf_v(row[None]).logits.squeeze(-1) for row in ids]) + ours_v.score.bias
         assert (got - ours_v(ids)[:, -1]).abs().max() <= 1e-5
 
-    # The checkpoint (sharded over two ranks) exported in this process equals the run's own export, which
+    # The checkpoint (sharded over two ranks: tensor-parallel, pipeline stages) exported in this process equals the run's own export, which
     # equals the export written with the checkpoint.
     assert main(["export", str(ckpt), "--out", str(out)]) == 0
     for role in ("actor", "critic"):
