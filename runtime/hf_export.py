@@ -5,7 +5,9 @@ A checkpoint's role folder (`iter_N/actor`, `iter_N/critic`: see TrainingEngine.
 DCP weights and, beside them, the `config.json`, `generation_config.json` and tokenizer files of the
 folder the role was loaded from (`copy_model_files`), so a checkpoint copied to another machine still
 exports without the original folder. The export class follows the role, not the source folder: a
-critic started from a causal-LM folder is exported as a scalar-head model.
+critic started from a causal-LM folder is exported as a scalar-head model. The weights are written
+in the dtype the source's config.json names (the fp32 training weights rounded, for a bf16 model),
+so an exported model is the size of the one it started from.
 """
 
 from __future__ import annotations
@@ -19,15 +21,14 @@ import torch
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import role_head
 
-from .models.hf_format import read_config
-from .models.hf_format import save_pretrained as _save_weights
-from .models.llama import LlamaForCausalLM, LlamaForScore
+from .models.decoder import CausalLM, ScoreModel, rope_inv_freq
+from .models.folder_check import CONFIG_FILE, read_json
+from .models.hf_format import CARRIED_FILES, read_config, save_pretrained
 
-MODEL_CLASS = {"lm": LlamaForCausalLM, "scalar": LlamaForScore}
-# What travels with the weights: the model's description and its tokenizer (not the weights).
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
-               "chat_template.jinja", "hflow_tokenizer.json")
+MODEL_CLASS = {"lm": CausalLM, "scalar": ScoreModel}
+# What a checkpoint keeps of the folder its weights came from: everything but the weights.
+MODEL_FILES = (CONFIG_FILE, *CARRIED_FILES)
+EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def copy_model_files(source: str | Path, dest: str | Path) -> None:
@@ -42,25 +43,31 @@ def copy_model_files(source: str | Path, dest: str | Path) -> None:
             tmp.replace(dest / name)
 
 
-def save_pretrained(model, folder, *, source):  # TEMPORARY until branch `models`' save_pretrained(source=)
-    out = _save_weights(model, folder)
-    for name in MODEL_FILES[1:]:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, Path(folder) / name)
-    return out
+def export_dtype(source: str | Path) -> torch.dtype | None:
+    """The dtype the source folder's config.json names (a bf16 model comes back bf16); None: the weights' own."""
+    hf = read_json(Path(source) / CONFIG_FILE, "a Hugging Face config.json")
+    return EXPORT_DTYPES.get(hf.get("dtype") or hf.get("torch_dtype"))
+
+
+def export(model, folder: str | Path, source: str | Path) -> Path:
+    """Write `model` as an HF folder (atomically, as a whole) in the source's dtype, carrying the source's
+    generation config, tokenizer files and token ids."""
+    return save_pretrained(model, folder, source=source, dtype=export_dtype(source))
 
 
 def model_for_export(role: str, config, state: dict[str, torch.Tensor]):
-    """The role's model class holding `state` without a second copy: built on the meta device and the
-    whole tensors assigned. Only for writing: its non-persistent buffers (RoPE) stay on meta."""
+    """The role's model holding `state` without a second copy: built on the meta device, the whole
+    tensors assigned (a tied LM head re-tied to the embedding)."""
     with torch.device("meta"):
         model = MODEL_CLASS[role_head(role)](config)
-    if hasattr(model, "lm_head") and getattr(config, "tie_word_embeddings", False):
-        state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    if config.tie_word_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         what = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
         raise HflowError(f"{role}: the weights do not match the model's config ({what})")
+    model.model.inv_freq = rope_inv_freq(config)  # a non-persistent buffer: not in any state dict
     return model
 
 
@@ -70,8 +77,7 @@ def export_engine(engine, role: str, folder: str | Path, source: str | Path, ran
     state = engine.full_state_dict(rank0_only=True)
     if rank != 0:
         return None
-    config = engine.model.config
-    return save_pretrained(model_for_export(role, config, state), folder, source=source)
+    return export(model_for_export(role, engine.model.config, state), folder, source)
 
 
 # ---- from a saved checkpoint -------------------------------------------------------------------
@@ -87,7 +93,7 @@ def load_checkpoint_model(role_folder: str | Path, role: str):
     with torch.device("meta"):
         shapes = MODEL_CLASS[role_head(role)](config).state_dict()
     state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}
-    if getattr(config, "tie_word_embeddings", False):
+    if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
@@ -101,5 +107,5 @@ def load_checkpoint_model(role_folder: str | Path, role: str):
 
 def export_checkpoint(roles: dict[str, Path], out: str | Path) -> dict[str, Path]:
     """A checkpoint's trained roles ({role: its folder in the checkpoint}) as HF folders out/role."""
-    return {role: save_pretrained(load_checkpoint_model(folder, role), Path(out) / role, source=folder)
+    return {role: export(load_checkpoint_model(folder, role), Path(out) / role, folder)
             for role, folder in roles.items()}

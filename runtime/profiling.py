@@ -30,7 +30,7 @@ from hybridflow.simulator.profile import ProfilePoint
 
 PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
            "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.generation",
-           "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.llama"]
+           "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.decoder"]
 
 
 # ---- a group of processes ------------------------------------------------------------------------
@@ -86,11 +86,11 @@ def _device() -> torch.device:
 
 # ---- the jobs ------------------------------------------------------------------------------------
 def _build(spec: ModelSpec, head: str, seed: int = 0):
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM, LlamaForScore
+    from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig.from_spec(spec, max_position_embeddings=4096)
-    return (LlamaForScore if head == "scalar" else LlamaForCausalLM)(cfg).to(_device())
+    cfg = spec.decoder_config(max_position_embeddings=4096)
+    return (ScoreModel if head == "scalar" else CausalLM)(cfg).to(_device())
 
 
 _ENGINES: dict[tuple, object] = {}  # (model, head, layout) -> TrainingEngine, for the jobs of one group
@@ -200,12 +200,12 @@ def _job_generate(rank, par, job, warmup, repeats):
 
 def _job_reshard(rank, par, job, warmup, repeats):
     from hybridflow.runtime.engines.hybrid import HybridEngine
-    from hybridflow.runtime.models.llama import LlamaForCausalLM
+    from hybridflow.runtime.models.decoder import CausalLM
 
     spec = ModelSpec.model_validate(job["model"])
     eng = _engine(spec, "lm", par, None)
     # the actor's switch as the runtime makes it: dp gather, regroup, copy into the generation model
-    hybrid = HybridEngine(eng, LlamaForCausalLM(eng.model.config), ParallelConfig(**job["gen"]), mode=job["mode"])
+    hybrid = HybridEngine(eng, CausalLM(eng.model.config), ParallelConfig(**job["gen"]), mode=job["mode"])
     stats = {}
 
     def run():

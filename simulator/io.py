@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +68,36 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `path`; when the block ends without error it becomes
+    `path` as a whole. An existing `path` is replaced only once the new folder is complete (moved
+    aside, the new one renamed in, then the old one removed); on an error nothing changes."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise HflowError(f"{target}: exists and is not a folder; give a folder path (or remove the file)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        umask = os.umask(0)  # mkdtemp makes 0700 folders; give the one a plain mkdir would
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        yield tmp
+        if not target.exists():
+            os.replace(tmp, target)
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.replace(target, old / target.name)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            os.replace(old / target.name, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:

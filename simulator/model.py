@@ -1,22 +1,24 @@
 """Decoder-transformer shapes: exact parameter counts, FLOPs per token and KV-cache bytes.
 
-A Llama-family block is RMSNorm → attention (q, k, v, o; grouped-query) → RMSNorm → SwiGLU MLP
-(gate, up, down). Critics and reward/cost models replace the LM head by a scalar head
-(`head="scalar"`). Presets are the published configs; their counts are checked against the
-published totals in the tests.
+A block is RMSNorm → attention (q, k, v, o; grouped-query; per-family biases and q/k norms) →
+RMSNorm → SwiGLU MLP (gate, up, down). Critics and reward/cost models replace the LM head by a
+scalar head (`head="scalar"`). HF folders are read through the model families (families.py), so
+the simulator plans only what the runtime can run. Presets are the published configs; their
+counts are checked against the published totals in the tests.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
+from .decoder_config import DecoderConfig, Head
 from .errors import HflowError
+from .families import FAMILIES, read_hf_config
 
-Head = Literal["lm", "scalar"]
+__all__ = ["MODEL_PRESETS", "Head", "ModelSpec", "model_preset", "preset_if_named", "resolve_model"]
 
 
 class ModelSpec(BaseModel):
@@ -30,8 +32,12 @@ class ModelSpec(BaseModel):
     ffn: PositiveInt
     vocab: PositiveInt
     tied_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    attention_bias: bool = False  # a bias on q, k and v (Qwen2; Llama's `attention_bias` also sets o_bias)
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head q and k RMSNorm (Qwen3)
     head_dim: PositiveInt | None = None  # defaults to hidden // heads
+    family: str = "llama"  # the runtime builds (and writes config.json as) this family
 
     @model_validator(mode="after")
     def _shape(self):
@@ -39,6 +45,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown model family '{self.family}'; supported: {', '.join(FAMILIES)}")
         return self
 
     @property
@@ -52,8 +60,9 @@ class ModelSpec(BaseModel):
         kv = 2 * h * self.kv_heads * d
         o = self.heads * d * h
         bias = (self.heads + 2 * self.kv_heads) * d if self.attention_bias else 0
-        mlp = 3 * h * self.ffn
-        norms = 2 * h
+        bias += h if self.o_bias else 0
+        mlp = 3 * h * self.ffn + (2 * self.ffn + h if self.mlp_bias else 0)
+        norms = 2 * h + (2 * d if self.qk_norm else 0)
         return q + kv + o + bias + mlp + norms
 
     def num_params(self, head: Head = "lm") -> int:
@@ -88,8 +97,28 @@ class ModelSpec(BaseModel):
 
     # ---- constructors -----------------------------------------------------------------------
     @classmethod
+    def from_decoder_config(cls, cfg: DecoderConfig, name: str) -> ModelSpec:
+        return cls(
+            name=name, layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads, ffn=cfg.intermediate_size, vocab=cfg.vocab_size,
+            tied_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.qkv_bias, o_bias=cfg.o_bias,
+            mlp_bias=cfg.mlp_bias, qk_norm=cfg.qk_norm, head_dim=cfg.head_dim, family=cfg.family,
+        )
+
+    def decoder_config(self, **overrides) -> DecoderConfig:
+        """The runnable decoder of this shape (e.g. the "tiny" preset), with HF-named overrides."""
+        fields = dict(
+            family=self.family, vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.ffn,
+            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim, tie_word_embeddings=self.tied_embeddings, qkv_bias=self.attention_bias,
+            o_bias=self.o_bias, mlp_bias=self.mlp_bias, qk_norm=self.qk_norm,
+        )
+        return DecoderConfig(**{**fields, **overrides})
+
+    @classmethod
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
-        """Read a Hugging Face `config.json` (or a folder holding one)."""
+        """Read a Hugging Face `config.json` (or a folder holding one) through its model family:
+        a family or option the runtime cannot run is a one-line HflowError here, at plan time."""
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -97,30 +126,19 @@ class ModelSpec(BaseModel):
             raise HflowError(f"{p}: no config.json here; pass a Hugging Face model folder or its config.json")
         try:
             cfg = json.loads(p.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise HflowError(f"{p}: not valid JSON; a Hugging Face config.json is expected") from None
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if k not in cfg]
-        if missing:
-            raise HflowError(f"{p}: missing {', '.join(missing)}; only decoder (Llama-family) configs are supported")
-        return cls(
-            name=name or cfg.get("_name_or_path") or p.parent.name,
-            layers=cfg["num_hidden_layers"],
-            hidden=cfg["hidden_size"],
-            heads=cfg["num_attention_heads"],
-            kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            ffn=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            head_dim=cfg.get("head_dim"),
-        )
+        read = read_hf_config(cfg, str(p))
+        return cls.from_decoder_config(read.decoder, name or cfg.get("_name_or_path") or p.parent.name)
 
 
 def _m(name, layers, hidden, heads, kv_heads, ffn, vocab, **kw) -> ModelSpec:
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
                      vocab=vocab, **kw)
 
+
+_QWEN2 = dict(family="qwen2", attention_bias=True)
+_QWEN3 = dict(family="qwen3", qk_norm=True, head_dim=128)
 
 # Published configs (Hugging Face config.json of each release).
 MODEL_PRESETS: dict[str, ModelSpec] = {
@@ -132,8 +150,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _m("codellama-34b", 48, 8192, 64, 8, 22016, 32000),
         _m("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
         _m("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
-        _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
-        _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, attention_bias=True),
+        _m("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
+        _m("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
+        _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, **_QWEN2),
+        _m("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, **_QWEN2),
+        _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, **_QWEN2),
+        _m("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, **_QWEN3),
+        _m("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, **_QWEN3),
         # The embedded default's policy: small enough to train on two CPU cores.
         _m("tiny", 4, 128, 4, 4, 512, 64),
     ]

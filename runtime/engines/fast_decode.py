@@ -1,13 +1,15 @@
-"""A plain (unsharded, hook-free) `LlamaForCausalLM` as a few fused functions over its weights.
+"""A plain (unsharded, hook-free) `CausalLM` as a few fused functions over its weights.
 
 Generation of a small model is bound by per-op overhead more than by its matmuls: each dispatched
-op costs microseconds whatever its size. So `FusedLlama` runs the same math as `llama.py` with
+op costs microseconds whatever its size. So `FusedDecoder` runs the same math as `decoder.py` with
 fewer ops, on weights rearranged ONCE per `generate()` call from the live parameters (so the
 actor's weights as they are now; a few MB of copies, less than one decode step):
 
 - one q|k|v matmul and one gate|up matmul per layer (weights concatenated);
 - each RMSNorm's weight (and its sqrt(hidden)) folded into the matmul that reads it, so a norm is
-  x / hypot(‖x‖, sqrt(hidden·eps)): three ops; attention's 1/sqrt(head_dim) folded into q;
+  x / hypot(‖x‖, sqrt(hidden·eps)): three ops; attention's 1/sqrt(head_dim) folded into q (into
+  q_norm's weight where the family normalises each q and k head: Qwen3);
+- biases (q/k/v, o, MLP) added in the same matmuls (`addmm`);
 - RoPE as one complex multiply over q and k together: their weight rows are permuted so that the
   pairs HF rotates (j, j + head_dim/2) sit side by side. q and k get the same permutation, so q·k
   is unchanged (v is not permuted); the rotations of every position of the run are computed once;
@@ -19,8 +21,9 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
 
-Anything else — a tensor-parallel model (DTensor weights), an FSDP-wrapped one, a model with
-hooks, a subclass — goes through the modules, which is always correct; `supports` decides.
+Anything else — a family the registry does not mark `fused_decode`, a sliding window that the run
+reaches, a tensor-parallel model (DTensor weights), an FSDP-wrapped one, a model with hooks, a
+subclass — goes through the modules, which is always correct; `supports` decides.
 """
 
 from __future__ import annotations
@@ -28,12 +31,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hybridflow.runtime.models.llama import LlamaForCausalLM
+from hybridflow.runtime.models.decoder import CausalLM
+from hybridflow.simulator.families import family
 
 
-def supports(model: torch.nn.Module) -> bool:
-    """True for an exact `LlamaForCausalLM` with plain-tensor weights and no hooks on any module."""
-    if type(model) is not LlamaForCausalLM:
+def supports(model: torch.nn.Module, max_len: int) -> bool:
+    """True for an exact `CausalLM` of a family the fused path runs, with plain-tensor weights, no
+    hooks on any module, and no sliding window that a run of `max_len` positions reaches (the fused
+    path attends to every earlier key)."""
+    if type(model) is not CausalLM:
+        return False
+    cfg = model.config
+    if not family(cfg.family).fused_decode or (cfg.sliding_window is not None and max_len > cfg.sliding_window):
         return False
     if any(type(p.data) is not torch.Tensor for p in model.parameters()):
         return False  # DTensor (tensor-parallel or FSDP) weights: the modules' hooks must run
@@ -51,10 +60,10 @@ def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
     return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
 
 
-class FusedLlama:
+class FusedDecoder:
     """The fused weights of one model and a KV cache for one `generate()` call."""
 
-    def __init__(self, model: LlamaForCausalLM, batch: int, max_len: int):
+    def __init__(self, model: CausalLM, batch: int, max_len: int):
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -63,17 +72,24 @@ class FusedLlama:
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
         self.lm_head = model.lm_head.weight * (body.norm.weight * root_n)
-        self.layers = []
+        self.qk_eps = cfg.rms_norm_eps
+        # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
+        # a scale in the q weights, so with one the scale goes into the norm's weight instead.
+        q_scale = 1.0 if cfg.qk_norm else d ** -0.5
+        self.layers, self.qk_norms = [], []
         for layer in body.layers:
             att, mlp = layer.self_attn, layer.mlp
             n1 = layer.input_layernorm.weight * root_n
             n2 = layer.post_attention_layernorm.weight * root_n
-            # q also carries attention's 1/sqrt(head_dim), so the scores need no scaling.
-            wqkv = torch.cat([_pair_rows(att.q_proj.weight, d) * d ** -0.5, _pair_rows(att.k_proj.weight, d),
+            wqkv = torch.cat([_pair_rows(att.q_proj.weight, d) * q_scale, _pair_rows(att.k_proj.weight, d),
                               att.v_proj.weight])
             bqkv = None if att.q_proj.bias is None else torch.cat(
-                [_pair_rows(att.q_proj.bias, d) * d ** -0.5, _pair_rows(att.k_proj.bias, d), att.v_proj.bias])
+                [_pair_rows(att.q_proj.bias, d) * q_scale, _pair_rows(att.k_proj.bias, d), att.v_proj.bias])
             wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            # Per-head norm weights [H + Hkv, d] in the paired order, q's scaled by 1/sqrt(head_dim).
+            self.qk_norms.append(None if att.q_norm is None else torch.cat([
+                (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
+                _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
             self.layers.append((
                 (wqkv * n1).t(), bqkv,  # [hidden, (H + 2·Hkv)·d]: x @ w without a transpose per call
                 att.o_proj.weight.t(), att.o_proj.bias,
@@ -129,9 +145,18 @@ class FusedLlama:
         act = F.silu(gate).mul_(up)
         return torch.addmm(x, act, wd) if bd is None else torch.addmm(x + bd, act, wd)
 
-    def _rope(self, qkv: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-        """q and k heads of qkv [..., H + 2·Hkv, d] rotated: [..., H + Hkv, d] (one complex multiply)."""
+    def _qk(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
+        """The q and k heads of qkv [..., H + 2·Hkv, d]: [..., H + Hkv, d], each head RMS-normalised
+        over d (in fp32, scaled in the input dtype, as the module's RMSNorm) where the family does it."""
         qk = qkv[..., :self.heads + self.kv_heads, :]
+        weight = self.qk_norms[layer]
+        if weight is None:
+            return qk
+        x = qk.float()
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.qk_eps)).to(qk.dtype)
+
+    def _rope(self, qk: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+        """q and k heads qk [..., H + Hkv, d] rotated (one complex multiply)."""
         if qk.dtype != torch.float32:  # no bf16 complex type: rotate in fp32 (as HF does), cast back
             return self._rope(qk.float(), rotations).to(qk.dtype)
         return torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rotations).flatten(-2)
@@ -145,7 +170,7 @@ class FusedLlama:
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             hn = self._norm(x)
             qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, s, h + 2 * hkv, d)
-            qk = self._rope(qkv, rotations).transpose(1, 2)  # [B, H + Hkv, S, d]
+            qk = self._rope(self._qk(qkv, i), rotations).transpose(1, 2)  # [B, H + Hkv, S, d]
             k, v = qk[:, h:], qkv[:, :, h + hkv:].transpose(1, 2)
             self.keys_4d[i][:, :, :s] = k
             self.values_4d[i][:, :, :s] = v
@@ -168,7 +193,7 @@ class FusedLlama:
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             hn = self._norm(x)
             qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, h + 2 * hkv, d)
-            qk = self._rope(qkv, rotation)  # [B, H + Hkv, d]
+            qk = self._rope(self._qk(qkv, i), rotation)  # [B, H + Hkv, d]
             self.keys_4d[i].select(2, t).copy_(qk[:, h:])
             self.values_4d[i].select(2, t).copy_(qkv[:, h + hkv:])
             q = qk[:, :h].reshape(b * hkv, h // hkv, d)  # the q heads of each kv head, together

@@ -22,8 +22,8 @@ from dataclasses import dataclass, fields
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
-from hybridflow.runtime.engines.fast_decode import FusedLlama, supports
-from hybridflow.runtime.models.llama import KVCache, attention_bias_mask, positions_from_mask
+from hybridflow.runtime.engines.fast_decode import FusedDecoder, supports
+from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
 
 
@@ -144,7 +144,7 @@ def check_left_padded(prompt_ids: torch.Tensor, mask: torch.Tensor) -> None:
 
 
 class GenerationEngine:
-    """Generates with any model shaped like `LlamaForCausalLM`: `model(ids, attention_mask,
+    """Generates with any model shaped like `CausalLM`: `model(ids, attention_mask,
     position_ids, cache, last_only=True) -> logits [B, 1, V]` and `model.config.num_hidden_layers`."""
 
     def __init__(self, model: torch.nn.Module, fast_decode: bool = True, drop_finished: bool = True):
@@ -173,7 +173,7 @@ class GenerationEngine:
         positions = positions_from_mask(mask)
         # Finished rows leave the batch on the fused path (its cache can drop rows; the module path's
         # cache, possibly tensor-parallel, keeps every row to the end).
-        fused = self.fast_decode and supports(self.model)
+        fused = self.fast_decode and supports(self.model, p + r)
         compact = fused and self.drop_finished
         if fused:
             step = _fused_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
@@ -229,10 +229,10 @@ def _module_steps(model, prompt_ids, key_mask, positions, r):
 
 
 def _fused_steps(model, prompt_ids, key_mask, positions, r):
-    """The same as `_module_steps` through `FusedLlama` (fast_decode.py): weights fused from the
+    """The same as `_module_steps` through `FusedDecoder` (fast_decode.py): weights fused from the
     model as it is now, RoPE of every position of the run computed once, masks built once."""
     b, p = prompt_ids.shape
-    fused = FusedLlama(model, b, p + r)
+    fused = FusedDecoder(model, b, p + r)
     dtype, device = fused.embed.dtype, prompt_ids.device
     prefill_mask = step_mask = None
     if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)

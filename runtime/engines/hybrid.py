@@ -5,7 +5,7 @@ It holds a TrainingEngine (training layout (p, t, d): pipeline stages, FSDP2 + T
 with the generation tensor size t_g over the Resharder's generation groups, and switches weights
 between them with the 3D-HybridEngine reshard:
 
-    hybrid = HybridEngine(trainer, LlamaForCausalLM(cfg), ParallelConfig(tp=t_g, dp=world // t_g))
+    hybrid = HybridEngine(trainer, CausalLM(cfg), ParallelConfig(tp=t_g, dp=world // t_g))
     stats = hybrid.to_generation(release_training=True)  # all-gather in micro-DP groups; frees the
     rollout = hybrid.generate(prompt_ids, mask, SamplingParams(greedy=True))  # trainer's weights
     hybrid.to_training()                    # own slice back into the trainer: no communication

@@ -2,11 +2,14 @@
 
 The model file knows nothing of parallelism; this file shards it:
 
-- tensor parallelism with DTensor's `parallelize_module`: q/k/v and gate/up column-wise, o/down
-  row-wise (one all-reduce after attention and one after the MLP); the embedding is split along the
-  vocabulary (row-wise, output replicated) and the LM head column-wise with replicated logits, so
-  every tensor-parallel rank sees the full logits for log-probs and entropy. Norms and the scalar
-  head `score` stay replicated (they are tiny). A tied LM head keeps embedding and head replicated.
+- tensor parallelism with DTensor's `parallelize_module`, as the model family's plan
+  (simulator/families.py) names the modules: q/k/v and gate/up column-wise, o/down row-wise (one
+  all-reduce after attention and one after the MLP); per-head q/k norms (Qwen3) see only the local
+  heads, so their replicated weights are DTensors whose gradients are summed over tp; the embedding
+  is split along the vocabulary (row-wise, output replicated) and the LM head column-wise with
+  replicated logits, so every tensor-parallel rank sees the full logits for log-probs and entropy.
+  Other norms and the scalar head `score` stay replicated (they are tiny). A tied LM head keeps
+  embedding and head replicated.
 - data parallelism with FSDP2 `fully_shard` over the `dp` mesh dimension, per decoder layer then
   the root; with TP this gives 2-D (dp × tp) DTensor parameters.
 - pipeline parallelism: pipeline.py first cuts the model into this rank's stage (contiguous
@@ -24,13 +27,16 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.families import TensorParallelPlan, family
 from hybridflow.simulator.parallel import ParallelConfig
-
-COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
 def device_type() -> str:
@@ -51,11 +57,14 @@ def build_mesh(cfg: ParallelConfig, device: str | None = None) -> DeviceMesh:
 def _layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers (a pipeline stage keeps its own in a ModuleDict keyed by global index)."""
     try:
-        layers = model.model.layers
-        return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+        return model.model.decoder_layers()
     except AttributeError:
-        raise HflowError(f"{type(model).__name__} has no model.layers; parallelize expects a Llama-family "
-                         "model with Hugging Face module names") from None
+        raise HflowError(f"{type(model).__name__} has no decoder layers; parallelize expects a model of "
+                         "runtime/models/decoder.py") from None
+
+
+def _tp_plan(model: nn.Module) -> TensorParallelPlan:
+    return family(model.config.family).tp_plan
 
 
 def _is_tied(model: nn.Module) -> bool:
@@ -79,16 +88,34 @@ def check_tp(model: nn.Module, tp: int) -> None:
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     """Shard `model` in place over the 1-D mesh `tp_mesh` (see the module docstring for the plan)."""
     check_tp(model, tp_mesh.size())
-    plan = {name: ColwiseParallel() for name in COLWISE} | {name: RowwiseParallel() for name in ROWWISE}
+    tp = _tp_plan(model)
+    # A head norm gets [b, s, local heads, head_dim]: its input is sharded on dim 2 (the heads).
+    plan = ({name: ColwiseParallel() for name in tp.colwise} | {name: RowwiseParallel() for name in tp.rowwise}
+            | {name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in tp.head_norms})
     for layer in _layers(model):
-        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, {k: v for k, v in plan.items() if _has(layer, k)})
     if hasattr(model, "lm_head") and not _is_tied(model):  # a pipeline stage may hold either or neither
-        if model.model.embed_tokens is not None:
-            parallelize_module(model.model.embed_tokens, tp_mesh,
-                               RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-        if model.lm_head is not None:
-            parallelize_module(model.lm_head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+        for name in tp.vocab:
+            module = _get(model, name)
+            if isinstance(module, nn.Embedding):  # vocabulary rows split, output summed and replicated
+                parallelize_module(module, tp_mesh, RowwiseParallel(input_layouts=Replicate(),
+                                                                    output_layouts=Replicate()))
+            elif module is not None:  # the LM head's vocabulary columns split, logits gathered
+                parallelize_module(module, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
     return model
+
+
+def _get(model: nn.Module, name: str) -> nn.Module | None:
+    """The submodule at dotted path `name`, or None where a pipeline stage dropped it (or a part of it)."""
+    for part in name.split("."):
+        model = getattr(model, part, None)
+        if model is None:
+            return None
+    return model
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    return _get(module, name) is not None
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None = None,
@@ -128,15 +155,15 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: ParallelConfig, *, mixe
 def tp_plan_dims(model: nn.Module) -> dict[str, int | None]:
     """For every parameter, the dimension `apply_tp` splits it along (None: replicated), whatever
     the tensor-parallel size: the 3D-HybridEngine's view of a whole model across pipeline stages."""
-    tied = _is_tied(model)
+    tied, tp = _is_tied(model), _tp_plan(model)
     dims = {}
     for name, _ in model.named_parameters():
         module, _, kind = name.rpartition(".")
-        if any(module.endswith(c) for c in COLWISE):
+        if any(module.endswith(c) for c in tp.colwise):
             dims[name] = 0
-        elif any(module.endswith(r) for r in ROWWISE):
+        elif any(module.endswith(r) for r in tp.rowwise):
             dims[name] = 1 if kind == "weight" else None  # RowwiseParallel replicates the bias
-        elif module in ("model.embed_tokens", "lm_head") and not tied:
+        elif module in tp.vocab and not tied:
             dims[name] = 0
         else:
             dims[name] = None

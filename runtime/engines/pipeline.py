@@ -1,9 +1,10 @@
 """Pipeline parallelism from outside the model (TorchTitan style), driven by torch.distributed.pipelining.
 
-`split_stage` cuts a LlamaForCausalLM / LlamaForScore into this rank's stage in place: contiguous
-decoder layers (kept in a ModuleDict under their global index, so parameter names, state dicts and
-checkpoints keep the Hugging Face names), the embeddings on the first stage, the final norm and the
-head on the last. The model file only has to run with those pieces set to None.
+`split_stage` cuts a CausalLM / ScoreModel into this rank's stage in place, as its family's stage
+cut (simulator/families.py) says: contiguous decoder layers (kept in a ModuleDict under their
+global index, so parameter names, state dicts and checkpoints keep the Hugging Face names), the
+embeddings on the first stage, the final norm and the head on the last. The model file only has
+to run with those pieces set to None.
 
 `PipelineRunner` is the TrainingEngine's pp > 1 path (training.py dispatches to it):
 
@@ -38,8 +39,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.families import StageCut, family
 
-from ..models.llama import positions_from_mask
+from ..models.decoder import positions_from_mask
 from .packing import bucket_order, inverse_order
 from .parallelize import resolve_mixed_precision
 from .training import as_tensordict, clip_grad_norm_, token_entropy, token_log_probs
@@ -55,36 +57,46 @@ def stage_layers(num_layers: int, stage: int, num_stages: int) -> range:
     return range(start, start + per + (stage < extra))
 
 
+def _stage_cut(model: nn.Module) -> StageCut:
+    return family(model.config.family).stage_cut
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module | None) -> None:
+    parent, _, name = path.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    if hasattr(owner, name):  # a head the model lacks (lm_head of a score model) is skipped
+        setattr(owner, name, module)
+
+
 def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """Keep only `stage`'s part of a Llama-family model (in place); returns the model."""
-    cfg = model.config
+    """Keep only `stage`'s part of a decoder model (in place); returns the model."""
+    cfg, cut = model.config, _stage_cut(model)
     if num_stages > cfg.num_hidden_layers:
         raise HflowError(f"pp={num_stages} exceeds the model's {cfg.num_hidden_layers} layers; "
                          "use a pipeline size of at most the layer count")
     if cfg.tie_word_embeddings:
         raise HflowError("pp > 1 needs untied embeddings (the tied LM head would live on two stages); "
                          "use pp=1 for a model with tie_word_embeddings")
-    layers = model.model.layers
-    model.model.layers = nn.ModuleDict({str(i): layers[i] for i in stage_layers(len(layers), stage, num_stages)})
-    if stage > 0:
-        model.model.embed_tokens = None
-    if stage < num_stages - 1:
-        model.model.norm = None
-        for head in ("lm_head", "score"):
-            if hasattr(model, head):
-                setattr(model, head, None)
+    layers = model.get_submodule(cut.layers)
+    _set_module(model, cut.layers, nn.ModuleDict(
+        {str(i): layers[i] for i in stage_layers(len(layers), stage, num_stages)}))
+    for path in cut.first if stage > 0 else ():
+        _set_module(model, path, None)
+    for path in cut.last if stage < num_stages - 1 else ():
+        _set_module(model, path, None)
     return model
 
 
 def param_stages(model: nn.Module, num_stages: int) -> dict[str, int]:
     """The pipeline stage that holds each parameter of a whole model (as split_stage cuts it)."""
+    cut = _stage_cut(model)
     layer_stage = {i: s for s in range(num_stages) for i in stage_layers(model.config.num_hidden_layers, s, num_stages)}
     out = {}
     for name, _ in model.named_parameters():
-        if name.startswith("model.embed_tokens."):
+        if name.startswith(tuple(p + "." for p in cut.first)):
             out[name] = 0
-        elif name.startswith("model.layers."):
-            out[name] = layer_stage[int(name.split(".")[2])]
+        elif name.startswith(cut.layers + "."):
+            out[name] = layer_stage[int(name.removeprefix(cut.layers + ".").split(".")[0])]
         else:  # final norm, LM head, scalar head
             out[name] = num_stages - 1
     return out

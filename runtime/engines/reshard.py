@@ -26,7 +26,7 @@ replicated parameters are already whole on every device and move in no mode at p
 With pipeline stages (p > 1; generation is not pipelined here, so p_g = 1) a device holds only its
 stage's shards, and a micro-DP group spans the stages: `to_generation_staged` packs each member's
 stage shards into one flat buffer and all-gathers it inside the group (bytes (d_g − 1)·M/(t·p), the
-Table 2 figure, when the stages hold equal shares of M — Llama stages do: the embedding on the
+Table 2 figure, when the stages hold equal shares of M — decoder stages do: the embedding on the
 first, an equally sized LM head on the last). The few replicated parameters of a stage (its
 norms) travel too, once per stage, counted apart (`replicated_bytes`). The flat buffer is a staging
 copy of one generation shard while the switch runs; at p = 1 the gather lands in place.

@@ -117,8 +117,8 @@ def greedy_accuracy(model, batch) -> float:
 def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig(),
                 root: str | Path | None = None) -> Path:
     """The folder of the warmed-up policy for (spec, cfg), building it the first time."""
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
 
     spec = model_preset(spec) if isinstance(spec, str) else spec
     tok = CharTokenizer()
@@ -134,7 +134,7 @@ def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
     try:
         torch.manual_seed(cfg.seed)
-        model = LlamaForCausalLM(LlamaConfig.from_spec(spec))
+        model = CausalLM(spec.decoder_config())
         model.init_weights(torch.Generator().manual_seed(cfg.seed))
         metrics = sft_train(model, tok, cfg)
         save_pretrained(model, tmp)

@@ -13,14 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
-from hybridflow.runtime.models.hf_format import WEIGHTS_FILE, load_pretrained, read_config
-from hybridflow.runtime.models.llama import LlamaForScore
+from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
+from hybridflow.runtime.models.hf_format import load_pretrained
 from hybridflow.runtime.protocols import register
-from hybridflow.simulator.errors import HflowError
 
 
 @contextmanager
@@ -37,27 +35,14 @@ def with_timing(batch: Batch, timing: dict) -> Batch:
     return batch
 
 
-def load_causal_lm(path: str | Path):
-    model = load_pretrained(path)
-    if not hasattr(model, "lm_head"):
-        raise HflowError(f"{path}: a scalar-head model cannot be the policy; give a LlamaForCausalLM folder")
-    return model
+def load_causal_lm(path: str | Path) -> CausalLM:
+    return load_pretrained(path, head="lm")
 
 
-def load_score_model(path: str | Path) -> LlamaForScore:
+def load_score_model(path: str | Path) -> ScoreModel:
     """A scalar-head model from a score-model folder, or from a policy folder: the policy's backbone with
     a zero-initialised head (values start at 0; the usual critic initialisation from the policy)."""
-    cfg, arch = read_config(path)
-    if arch == "LlamaForSequenceClassification":
-        return load_pretrained(path)
-    model = LlamaForScore(cfg)
-    state = {k: v for k, v in load_file(str(Path(path) / WEIGHTS_FILE)).items() if not k.startswith("lm_head.")}
-    with torch.no_grad():
-        model.score.weight.zero_()
-        model.score.bias.zero_()
-    state.update(model.score.state_dict(prefix="score."))
-    model.load_state_dict(state, strict=True)
-    return model
+    return load_pretrained(path, head="scalar")
 
 
 def make_engine(model, parallel, optim: dict | None, micro_batch_size: int | None) -> TrainingEngine:

@@ -22,7 +22,7 @@ from hybridflow.runtime.batch import Batch
 from hybridflow.runtime.engines.generation import SamplingParams
 from hybridflow.runtime.engines.hybrid import HybridEngine
 from hybridflow.runtime.engines.reshard import MODES as RESHARD_MODES
-from hybridflow.runtime.models.llama import LlamaForCausalLM
+from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
 from hybridflow.simulator.errors import HflowError
@@ -60,7 +60,7 @@ class PolicyWorker(EngineState, Worker):
                 raise HflowError(f"actor generation needs pp_g = 1 and a reshard mode of {', '.join(RESHARD_MODES)} "
                                  f"(got {self.gen_parallel}, '{reshard}')")
             gen = ParallelConfig(tp=self.gen_parallel.tp, dp=self.world_size // self.gen_parallel.tp)
-            self.hybrid = HybridEngine(self.engine, LlamaForCausalLM(self.engine.model.config), gen, mode=reshard)
+            self.hybrid = HybridEngine(self.engine, CausalLM(self.engine.model.config), gen, mode=reshard)
         self._gen_version = -1  # engine step the generation weights were taken at
 
     # ---- rollout ------------------------------------------------------------------------------

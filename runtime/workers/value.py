@@ -4,7 +4,7 @@
 - `reward` / `cost`: a reward or cost model scoring each whole sequence at its last real token.
 
 A critic built from a policy folder takes the policy's backbone and a zero-initialised value head;
-reward and cost models load their own HF folders (LlamaForSequenceClassification).
+reward and cost models load their own HF folders (their family's *ForSequenceClassification).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.models.llama import last_token_values
+from hybridflow.runtime.models.decoder import last_token_values
 from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
 

@@ -1,10 +1,11 @@
-"""Shared helpers of the engine tests: a tiny Llama (E's model) and a seeded token batch."""
+"""Shared helpers of the engine tests: a tiny decoder (E's model) and a seeded token batch."""
 
 from __future__ import annotations
 
 import torch
 
-from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM, LlamaForScore
+from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
+from hybridflow.simulator.decoder_config import DecoderConfig
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
@@ -12,8 +13,8 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 
 def tiny_model(seed: int = 0, score: bool = False, **overrides) -> torch.nn.Module:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(**{**TINY, **overrides})
-    return (LlamaForScore if score else LlamaForCausalLM)(cfg)
+    cfg = DecoderConfig(**{**TINY, **overrides})
+    return (ScoreModel if score else CausalLM)(cfg)
 
 
 def token_batch(n: int = 8, seq: int = 12, vocab: int = 128, seed: int = 1) -> dict[str, torch.Tensor]:

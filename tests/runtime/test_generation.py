@@ -11,7 +11,7 @@ from dist_util import run_distributed
 
 from hybridflow.runtime.engines import fast_decode
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
-from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import model_preset
 
@@ -19,10 +19,10 @@ torch.set_num_threads(1)
 PROMPTS = [[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]]
 
 
-def _model(kv_heads: int = 2, seed: int = 0) -> LlamaForCausalLM:
+def _model(kv_heads: int = 2, seed: int = 0) -> CausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig.from_spec(model_preset("tiny"), num_key_value_heads=kv_heads, num_hidden_layers=2)
-    return LlamaForCausalLM(cfg).eval()
+    cfg = model_preset("tiny").decoder_config(num_key_value_heads=kv_heads, num_hidden_layers=2)
+    return CausalLM(cfg).eval()
 
 
 def _greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
@@ -161,16 +161,20 @@ def test_sampling_follows_the_truncated_distribution():
         assert (sample_tokens(batch[:50], params, g)[0] == 0).all()
 
 
-@pytest.mark.parametrize("shape", [dict(num_key_value_heads=2),
-                                   dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)])
+FUSED_SHAPES = [dict(num_key_value_heads=2),
+                dict(qkv_bias=True, o_bias=True, mlp_bias=True, tie_word_embeddings=True),
+                dict(family="qwen3", qk_norm=True, num_key_value_heads=2)]
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
 def test_fast_decode_step_equals_module_path(shape):
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_hidden_layers=2, **shape)).eval()
+    model = CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2, **shape)).eval()
     with torch.no_grad():  # non-trivial biases and norms, so a dropped term would show
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
-    assert fast_decode.supports(model)
+    assert fast_decode.supports(model, 32)
     ids, mask = left_pad(PROMPTS)
     for params in (SamplingParams(max_new_tokens=10, greedy=True),
                    SamplingParams(max_new_tokens=10, temperature=0.9, top_k=12, eos_token_id=5)):
@@ -181,15 +185,14 @@ def test_fast_decode_step_equals_module_path(shape):
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape", [dict(num_key_value_heads=2),
-                                   dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)])
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
 def test_fused_logits_equal_module_logits(shape):
-    """Prefill and each decode step of `FusedLlama` (fused q|k|v and gate|up, folded norms, paired
+    """Prefill and each decode step of `FusedDecoder` (fused q|k|v and gate|up, folded norms, paired
     RoPE, (batch, kv head) cache) give the module path's logits to 1e-5, padded rows included."""
-    from hybridflow.runtime.models.llama import KVCache, attention_bias_mask, positions_from_mask
+    from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_hidden_layers=2, **shape)).eval()
+    model = CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2, **shape)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -198,7 +201,7 @@ def test_fused_logits_equal_module_logits(shape):
     b, p, r = ids.shape[0], ids.shape[1], 5
     key_mask = torch.cat([mask.bool(), torch.ones(b, r, dtype=torch.bool)], dim=1)
     positions = positions_from_mask(mask)
-    fused = fast_decode.FusedLlama(model, b, p + r)
+    fused = fast_decode.FusedDecoder(model, b, p + r)
     neg = torch.finfo(torch.float32).min
     prefill_mask = torch.zeros(b, 1, p, p).masked_fill_(~attention_bias_mask(key_mask, p, 0), neg)
     step_mask = torch.zeros(b, 1, p + r).masked_fill_(~key_mask[:, None], neg)
@@ -238,14 +241,17 @@ def test_fused_path_sees_weight_updates_between_generations():
 def test_fast_decode_is_skipped_when_modules_must_run():
     model = _model()
     handle = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
-    assert not fast_decode.supports(model)
+    assert not fast_decode.supports(model, 32)
     handle.remove()
-    assert fast_decode.supports(model)
+    assert fast_decode.supports(model, 32)
 
-    class Wrapped(LlamaForCausalLM):
+    class Wrapped(CausalLM):
         pass
 
-    assert not fast_decode.supports(Wrapped(model.config))
+    assert not fast_decode.supports(Wrapped(model.config), 32)
+    # A sliding window the run reaches: the modules mask it, the fused path would not.
+    windowed = CausalLM(model.config.model_copy(update={"family": "mistral", "sliding_window": 16}))
+    assert fast_decode.supports(windowed, 16) and not fast_decode.supports(windowed, 17)
 
 
 def test_rollout_batch_and_input_errors():
@@ -277,7 +283,7 @@ def _tp_worker(rank: int, world: int):
                                                          "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")})
         plan.update({p + "self_attn.o_proj": RowwiseParallel(), p + "mlp.down_proj": RowwiseParallel()})
     parallelize_module(model, mesh, plan)
-    assert not fast_decode.supports(model)  # DTensor weights: the sharded modules run
+    assert not fast_decode.supports(model, 32)  # DTensor weights: the sharded modules run
     ids, mask = left_pad(PROMPTS)
     engine = GenerationEngine(model)
     greedy = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, greedy=True))

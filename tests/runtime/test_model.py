@@ -1,5 +1,6 @@
-"""The Llama model against transformers' LlamaForCausalLM, the HF format round trip, the config
-mapping to the simulator's ModelSpec, the KV cache and the scalar head."""
+"""The decoder (Llama options) against transformers' LlamaForCausalLM, the HF format round trip, the
+config mapping to the simulator's ModelSpec, the KV cache and the scalar head. Every other family:
+test_families.py."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from hybridflow.runtime.models.hf_format import config_from_hf, load_pretrained, save_pretrained  # noqa: E402
-from hybridflow.runtime.models.llama import (  # noqa: E402
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaForScore,
+from hybridflow.runtime.models.decoder import (  # noqa: E402
+    CausalLM,
+    ScoreModel,
     last_token_values,
     num_params,
     positions_from_mask,
 )
+from hybridflow.runtime.models.hf_format import load_pretrained, save_pretrained  # noqa: E402
 from hybridflow.simulator.errors import HflowError  # noqa: E402
-from hybridflow.simulator.model import model_preset  # noqa: E402
+from hybridflow.simulator.families import read_hf_config  # noqa: E402
+from hybridflow.simulator.model import ModelSpec, model_preset  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -72,7 +73,7 @@ def test_logits_equal_transformers_loading_hf_checkpoint(tmp_path, shape):
 def test_transformers_loads_what_we_save(tmp_path, shape):
     torch.manual_seed(3)
     hf_cfg = transformers.LlamaConfig(vocab_size=61, **HF_SHAPES[shape])
-    ours = LlamaForCausalLM(config_from_hf(hf_cfg.to_dict())).eval()
+    ours = CausalLM(read_hf_config(hf_cfg.to_dict()).decoder).eval()
     save_pretrained(ours, tmp_path)
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids, _ = _batch(61)
@@ -93,28 +94,28 @@ def test_parameter_names_are_hugging_face_names():
         assert ours.get_submodule(name) is not None
 
 
-def load_pretrained_from_model(hf) -> LlamaForCausalLM:
-    ours = LlamaForCausalLM(config_from_hf(hf.config.to_dict()))
+def load_pretrained_from_model(hf) -> CausalLM:
+    ours = CausalLM(read_hf_config(hf.config.to_dict()).decoder)
     ours.load_state_dict(hf.state_dict())
     return ours
 
 
 def test_config_maps_to_and_from_model_spec():
     spec = model_preset("tiny")
-    cfg = LlamaConfig.from_spec(spec)
+    cfg = spec.decoder_config()
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
             cfg.vocab_size) == (4, 128, 4, 512, 64)
-    assert cfg.to_spec("tiny") == spec
+    assert ModelSpec.from_decoder_config(cfg, "tiny") == spec
     # ModelSpec's parameter count is the model's real one, for both heads.
-    assert num_params(LlamaForCausalLM(cfg)) == spec.num_params("lm")
-    assert num_params(LlamaForScore(cfg)) == spec.num_params("scalar")
-    gqa = LlamaConfig.from_spec(spec, num_key_value_heads=2)
-    assert num_params(LlamaForCausalLM(gqa)) == gqa.to_spec().num_params()
+    assert num_params(CausalLM(cfg)) == spec.num_params("lm")
+    assert num_params(ScoreModel(cfg)) == spec.num_params("scalar")
+    gqa = spec.decoder_config(num_key_value_heads=2)
+    assert num_params(CausalLM(gqa)) == ModelSpec.from_decoder_config(gqa, "gqa").num_params()
 
 
 def test_kv_cache_matches_full_forward():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_key_value_heads=2)).eval()
+    model = CausalLM(model_preset("tiny").decoder_config(num_key_value_heads=2)).eval()
     ids, mask = _batch(64)
     with torch.no_grad():
         full = model(ids, attention_mask=mask)
@@ -130,13 +131,13 @@ def test_kv_cache_matches_full_forward():
 
 def test_scalar_head_round_trip_and_last_token(tmp_path):
     torch.manual_seed(0)
-    critic = LlamaForScore(LlamaConfig.from_spec(model_preset("tiny"))).eval()
+    critic = ScoreModel(model_preset("tiny").decoder_config()).eval()
     with torch.no_grad():
         critic.score.bias.fill_(0.25)
     save_pretrained(critic, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForSequenceClassification"]
     again = load_pretrained(tmp_path).eval()
-    assert isinstance(again, LlamaForScore) and torch.equal(again.score.bias, critic.score.bias)
+    assert isinstance(again, ScoreModel) and torch.equal(again.score.bias, critic.score.bias)
     ids, mask = _batch(64)
     with torch.no_grad():
         values = critic(ids, attention_mask=mask)
@@ -158,15 +159,16 @@ def test_bad_checkpoints_raise_one_line_errors(tmp_path):
     with pytest.raises(HflowError, match="model_type 'gpt2'"):
         load_pretrained(tmp_path)
     cfg = dict(model_type="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-               num_attention_heads=2, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+               num_attention_heads=2, rope_scaling={"rope_type": "yarn", "factor": 8.0})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(HflowError, match="rope_type 'llama3'"):
+    with pytest.raises(HflowError, match="rope_type 'yarn' is not supported for llama; supported: default, linear, "
+                                         "llama3"):
         load_pretrained(tmp_path)
     cfg.pop("rope_scaling")
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(HflowError, match="no model.safetensors"):
+    with pytest.raises(HflowError, match="no weights here"):
         load_pretrained(tmp_path)
     cfg["num_attention_heads"] = 3
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(HflowError, match="not a valid Llama config"):
+    with pytest.raises(HflowError, match="not a valid llama config"):
         load_pretrained(tmp_path)

@@ -13,7 +13,7 @@ from hybridflow.runtime.engines.hybrid import HybridEngine
 from hybridflow.runtime.engines.parallelize import tp_plan_dims
 from hybridflow.runtime.engines.reshard import ReshardLayout
 from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
-from hybridflow.runtime.models.llama import LlamaForCausalLM
+from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.parallel import ParallelConfig
 
 LAYERS = 4
@@ -34,7 +34,7 @@ def _switch(rank, world):
             trainer.train_step(batch, nll_loss)  # weights that differ from the initial ones
             full = trainer.full_state_dict()
             before = {n: _local(q).clone() for n, q in trainer.model.named_parameters()}
-            gen_model = LlamaForCausalLM(trainer.model.config)
+            gen_model = CausalLM(trainer.model.config)
             dims = tp_plan_dims(gen_model)
             hybrid = HybridEngine(trainer, gen_model, ParallelConfig(tp=t_g, dp=world // t_g), mode=mode)
             release = mode == "hybridflow"

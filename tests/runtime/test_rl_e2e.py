@@ -95,11 +95,11 @@ def test_safe_rlhf_with_a_cost_model(ray_local, tmp_path):
     # The cost is a scalar-head model in HF format (ValueWorker.compute_scores), colocated with the rest.
     import torch
 
+    from hybridflow.runtime.models.decoder import ScoreModel
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForScore
 
     torch.manual_seed(0)
-    cost_model = LlamaForScore(LlamaConfig.from_spec(tiny_plan().roles["actor"].model))
+    cost_model = ScoreModel(tiny_plan().roles["actor"].model.decoder_config())
     save_pretrained(cost_model, tmp_path / "cost")
     plan = tiny_plan("safe-rlhf", [["actor", "ref", "critic", "cost"]], paths={"cost": str(tmp_path / "cost")})
     out, timeline = _run(plan, tmp_path, cost_threshold=0.0, lagrange_lr=0.05)

@@ -8,7 +8,7 @@ import torch
 
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.engines.vllm_rollout import VllmRollout, import_vllm, named_tensors
-from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import model_preset
 
@@ -27,9 +27,9 @@ _SKIP = _vllm_available()
 needs_vllm = pytest.mark.skipif(_SKIP is not None, reason=f"vLLM backend not testable here: {_SKIP}")
 
 
-def _model(seed: int = 0) -> LlamaForCausalLM:
+def _model(seed: int = 0) -> CausalLM:
     torch.manual_seed(seed)  # tiny preset: head_dim 128 / 4 = 32, the CPU backend's minimum
-    return LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"), num_hidden_layers=2)).eval()
+    return CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2)).eval()
 
 
 def test_named_tensors_are_hf_names_and_full_tensors():

@@ -24,13 +24,13 @@ sys.exit(code)
 """
 
 
-def _checkpoint(tmp_path) -> tuple[Path, Path]:
+def _checkpoint(tmp_path, dtype=None) -> tuple[Path, Path]:
     from hybridflow.runtime.engines.training import TrainingEngine
     from hybridflow.runtime.hf_export import copy_model_files
     from hybridflow.runtime.models.hf_format import load_pretrained
 
-    source = policy_folder(tmp_path / "policy", seed=3)
-    engine = TrainingEngine(load_pretrained(source))
+    source = policy_folder(tmp_path / "policy", seed=3, dtype=dtype)
+    engine = TrainingEngine(load_pretrained(source))  # fp32 training weights, whatever the folder's dtype
     iteration = tmp_path / "ckpt" / "iter_000003"
     engine.save(iteration / "actor")
     copy_model_files(source, iteration / "actor")
@@ -39,7 +39,8 @@ def _checkpoint(tmp_path) -> tuple[Path, Path]:
 
 
 def test_export_writes_the_checkpoints_weights_without_ray(tmp_path):
-    ckpt, source = _checkpoint(tmp_path)
+    # A bf16 model comes back bf16 (the source's dtype), here exactly its own weights.
+    ckpt, source = _checkpoint(tmp_path, dtype=torch.bfloat16)
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, "-c", EXPORT, "export", str(ckpt), "--out", str(out)], capture_output=True,
                        text=True, timeout=120)
@@ -47,6 +48,7 @@ def test_export_writes_the_checkpoints_weights_without_ray(tmp_path):
     assert p.stdout.strip().splitlines()[-1] == "False"  # no Ray imported
     got, want = load_file(out / "actor" / "model.safetensors"), load_file(source / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert {t.dtype for t in got.values()} == {torch.bfloat16}
     assert json.loads((out / "actor" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert (out / "actor" / "hflow_tokenizer.json").read_text() == (source / "hflow_tokenizer.json").read_text()
 

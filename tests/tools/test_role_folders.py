@@ -70,13 +70,13 @@ def assert_refused_before_torch_and_ray(cases: list[tuple[list, str]]) -> None:
 def test_run_role_folder_errors_are_one_line_before_torch_or_ray(tmp_path, folder):
     import torch
 
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
     from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 
     shallow = tmp_path / "shallow"
     torch.manual_seed(0)
-    save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(tiny_plan().roles["actor"].model, num_hidden_layers=2)),
+    save_pretrained(CausalLM(tiny_plan().roles["actor"].model.decoder_config(num_hidden_layers=2)),
                     shallow)
     CharTokenizer().save(shallow)
     plan_file = tmp_path / "plan.json"
@@ -99,8 +99,8 @@ def test_bad_folders_at_run_are_one_line_before_torch_or_ray(tmp_path, folder):
     import torch
     from safetensors.torch import load_file, save_file
 
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
     from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 
     no_config = _copy(folder, tmp_path / "no_config")
@@ -124,7 +124,7 @@ def test_bad_folders_at_run_are_one_line_before_torch_or_ray(tmp_path, folder):
     # The character tokenizer has 64 ids; this embedding has 48.
     small_vocab = tmp_path / "small_vocab"
     torch.manual_seed(0)
-    save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(tiny_plan().roles["actor"].model, vocab_size=48)),
+    save_pretrained(CausalLM(tiny_plan().roles["actor"].model.decoder_config(vocab_size=48)),
                     small_vocab)
     CharTokenizer().save(small_vocab)
 
@@ -145,15 +145,15 @@ def test_score_models_must_read_the_actors_token_ids(tmp_path, folder):
     import torch
     from tokenizers import Tokenizer, models
 
+    from hybridflow.runtime.models.decoder import ScoreModel
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForScore
     from hybridflow.simulator.errors import HflowError
     from hybridflow.tools.role_folders import check_role_folders, resolve_role_paths
 
     tiny = tiny_plan().roles["actor"].model
     torch.manual_seed(0)
-    save_pretrained(LlamaForScore(LlamaConfig.from_spec(tiny)), tmp_path / "reward")
-    save_pretrained(LlamaForScore(LlamaConfig.from_spec(tiny, vocab_size=48)), tmp_path / "small")
+    save_pretrained(ScoreModel(tiny.decoder_config()), tmp_path / "reward")
+    save_pretrained(ScoreModel(tiny.decoder_config(vocab_size=48)), tmp_path / "small")
 
     def plan_with(reward, vocab=64):
         plan = tiny_plan("grpo", [["actor", "ref", "reward"]], paths={"actor": str(folder), "reward": str(reward)},

@@ -42,14 +42,14 @@ def test_accuracy_takes_medians_and_leaves_out_driver_ops():
 def test_scoring_reward_model_scores_and_the_critic_head_does_not(tmp_path):
     import torch
 
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
     from hybridflow.runtime.workers.common import load_score_model
     from hybridflow.simulator.model import model_preset
     from hybridflow.tools.bench.sim_accuracy import scoring_reward_model
 
     torch.manual_seed(0)
-    policy = save_pretrained(LlamaForCausalLM(LlamaConfig.from_spec(model_preset("tiny"))), tmp_path / "policy")
+    policy = save_pretrained(CausalLM(model_preset("tiny").decoder_config()), tmp_path / "policy")
     ids = torch.randint(4, 64, (6, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         scores = load_score_model(scoring_reward_model(policy, tmp_path / "rm"))(input_ids=ids)[:, -1]

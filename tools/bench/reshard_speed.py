@@ -33,10 +33,11 @@ def _bench_rank(rank, world, t, t_g, model_kw, repeats):
 
     from hybridflow.runtime.engines.parallelize import apply_tp, tp_local, tp_shard_dim
     from hybridflow.runtime.engines.reshard import Resharder
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
+    from hybridflow.runtime.models.decoder import CausalLM
+    from hybridflow.simulator.decoder_config import DecoderConfig
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**model_kw))
+    model = CausalLM(DecoderConfig(**model_kw))
     full = {n: p.detach().clone() for n, p in model.named_parameters()}
     apply_tp(model, init_device_mesh("cpu", (world // t, t), mesh_dim_names=("dp", "tp"))["tp"])
     shards = {n: tp_local(p.detach()) for n, p in model.named_parameters()}

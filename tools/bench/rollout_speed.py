@@ -61,19 +61,19 @@ def _timed(fn, device: str) -> tuple[float, object]:
 def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), prompt_len: int = 32,
               new_tokens: int = 64, repeats: int = 5, device: str = "cpu", seed: int = 0,
               with_vllm: bool = False) -> list[dict]:
-    from transformers import LlamaForCausalLM as HFLlama
+    from transformers import AutoModelForCausalLM
 
     from hybridflow.runtime.engines.generation import GenerationEngine
+    from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.models.llama import LlamaConfig, LlamaForCausalLM
     from hybridflow.simulator.model import resolve_model
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig.from_spec(resolve_model(preset))
-    ours = LlamaForCausalLM(cfg).to(device).eval()
+    cfg = resolve_model(preset).decoder_config()
+    ours = CausalLM(cfg).to(device).eval()
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(ours, d)
-        hf = HFLlama.from_pretrained(d, dtype=torch.float32).to(device).eval()
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).to(device).eval()
     engine = GenerationEngine(ours)
     vllm_dir = tempfile.TemporaryDirectory() if with_vllm else None
     rollout = None

@@ -1,10 +1,12 @@
-"""A Llama-family decoder, readable top to bottom (nanoGPT / TorchTitan style).
+"""The decoder every supported model family runs, readable top to bottom (nanoGPT / TorchTitan style).
 
 RMSNorm → grouped-query attention with RoPE → RMSNorm → SwiGLU MLP, repeated; a final RMSNorm;
-then either an LM head (`LlamaForCausalLM`) or a scalar head (`LlamaForScore`, for critics and
-reward/cost models). Module and parameter names are exactly those of Hugging Face
-`LlamaForCausalLM` (`model.layers.0.self_attn.q_proj.weight`, …) so state dicts load directly and
-tensor-parallel plans can name the layers.
+then either an LM head (`CausalLM`) or a scalar head (`ScoreModel`, for critics and reward/cost
+models). What differs between Llama, Mistral, Qwen2 and Qwen3 is a `DecoderConfig` option, not a
+copy of this file: biases on q/k/v, o and the MLP; per-head q/k RMSNorm before RoPE (Qwen3); RoPE
+frequency scaling (linear, llama3); a sliding attention window (Mistral, optionally Qwen).
+Module and parameter names are exactly those of Hugging Face (`model.layers.0.self_attn.q_proj.weight`,
+…), so state dicts load directly and tensor-parallel plans (simulator/families.py) name the layers.
 
 The model knows nothing of parallelism. Attention reshapes with the LOCAL head count
 (`view(b, s, -1, head_dim)`), so q/k/v column-sharded by DTensor's `parallelize_module` work
@@ -13,65 +15,13 @@ unchanged, and the KV cache is sized from the actual k/v tensors it receives.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, model_validator
 from torch import nn
 
-from hybridflow.simulator.model import ModelSpec
-
-
-class LlamaConfig(BaseModel):
-    """The shape of a Llama-family model; field names are those of the HF `config.json`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    vocab_size: PositiveInt
-    hidden_size: PositiveInt
-    intermediate_size: PositiveInt
-    num_hidden_layers: PositiveInt
-    num_attention_heads: PositiveInt
-    num_key_value_heads: PositiveInt
-    head_dim: PositiveInt | None = None  # defaults to hidden_size // num_attention_heads
-    rms_norm_eps: PositiveFloat = 1e-6
-    rope_theta: PositiveFloat = 10000.0
-    max_position_embeddings: PositiveInt = 2048
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    initializer_range: PositiveFloat = 0.02
-
-    @model_validator(mode="after")
-    def _shape(self):
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
-                             f"{self.num_attention_heads}; set head_dim explicitly")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads {self.num_key_value_heads}")
-        return self
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, **overrides) -> LlamaConfig:
-        """The runnable config of a simulator `ModelSpec` (e.g. the "tiny" preset)."""
-        fields = dict(
-            vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
-            num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-            head_dim=spec.head_dim, tie_word_embeddings=spec.tied_embeddings, attention_bias=spec.attention_bias,
-        )
-        return cls(**{**fields, **overrides})
-
-    def to_spec(self, name: str = "llama") -> ModelSpec:
-        return ModelSpec(
-            name=name, layers=self.num_hidden_layers, hidden=self.hidden_size, heads=self.num_attention_heads,
-            kv_heads=self.num_key_value_heads, ffn=self.intermediate_size, vocab=self.vocab_size,
-            tied_embeddings=self.tie_word_embeddings, attention_bias=self.attention_bias, head_dim=self.head_dim,
-        )
-
+from hybridflow.simulator.decoder_config import DecoderConfig
 
 # ---- building blocks --------------------------------------------------------------------------
 
@@ -91,6 +41,27 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(cfg: DecoderConfig, device=None) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim/2] in fp32, rescaled as `cfg.rope_scaling` says (as
+    transformers computes them: `linear` divides all by the factor; `llama3` divides the
+    frequencies whose wavelength exceeds original_max/low_freq_factor, keeps those shorter than
+    original_max/high_freq_factor, and blends linearly in between)."""
+    d, rope = cfg.dim_head, cfg.rope_scaling
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float, device=device) / d))
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        old = rope.original_max_position_embeddings
+        low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, blended, scaled)
+    return inv_freq
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
@@ -138,23 +109,29 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer: int):
+    def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
         self.layer = layer
         self.head_dim = cfg.dim_head
+        self.window = cfg.attention_window(layer)  # None: every earlier key
         h, d = cfg.hidden_size, cfg.dim_head
-        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=cfg.o_bias)
+        # Qwen3: each head's q and k normalised over head_dim (one weight shared by all heads), before RoPE.
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
         b, s, _ = x.shape
         # -1: the local head count, whatever share of the heads this rank holds.
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         # Grouped-query attention: each kv head serves heads/kv_heads q heads (no copy of the cache).
@@ -167,7 +144,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         h, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = nn.Linear(h, f, bias=cfg.mlp_bias)
@@ -179,7 +156,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, layer: int):
+    def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
         # Declared in HF's order, so state dicts list the same names in the same order.
         self.self_attn = Attention(cfg, layer)
@@ -200,20 +177,25 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
 
 
-def attention_bias_mask(key_mask: torch.Tensor, q_len: int, past: int) -> torch.Tensor:
-    """Boolean mask [B, 1, q_len, past+q_len]: causal and not padding.
+def attention_bias_mask(key_mask: torch.Tensor, q_len: int, past: int, window: int | None = None) -> torch.Tensor:
+    """Boolean mask [B, 1, q_len, past+q_len]: causal, not padding and, with a sliding `window`,
+    no key `window` or more slots back (slots count padding, as transformers counts them).
 
-    Query i (absolute position past+i) sees key j if j <= past+i and key j is not padding; it
+    Query i (absolute slot past+i) sees key j if j <= past+i and key j is not padding; it
     always sees itself, so a padding row never has every key masked (which would give NaN).
     """
     total = past + q_len
-    if q_len == 1:  # decode step: the new token sees every real key, and itself
+    if q_len == 1:  # decode step: the new token sees every real key in its window, and itself
         mask = key_mask[:, :total].bool().clone()
+        if window is not None:
+            mask[:, :max(0, total - window)] = False
         mask[:, -1] = True
         return mask[:, None, None, :]
     q_pos = torch.arange(past, total, device=key_mask.device)[:, None]
     k_pos = torch.arange(total, device=key_mask.device)[None, :]
     causal = k_pos <= q_pos
+    if window is not None:
+        causal &= k_pos > q_pos - window
     mask = causal[None] & key_mask[:, None, :total].bool()
     mask |= (k_pos == q_pos)[None]
     return mask[:, None]
@@ -222,24 +204,22 @@ def attention_bias_mask(key_mask: torch.Tensor, q_len: int, past: int) -> torch.
 # ---- the models -------------------------------------------------------------------------------
 
 
-class LlamaModel(nn.Module):
+class DecoderModel(nn.Module):
     """Embeddings, decoder layers and the final norm: hidden states [B, S, hidden].
 
     A pipeline stage (engines/pipeline.py) sets `embed_tokens` / `norm` to None where another stage
     holds them and keeps only its layers; the model then maps hidden states to hidden states."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.register_buffer("inv_freq", self._inv_freq(cfg), persistent=False)
-        self.rope_theta, self.head_dim = cfg.rope_theta, cfg.dim_head
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
-    @staticmethod
-    def _inv_freq(cfg: LlamaConfig, device=None) -> torch.Tensor:
-        d = cfg.dim_head
-        return 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float, device=device) / d))
+    def decoder_layers(self) -> list[DecoderLayer]:
+        # A pipeline stage keeps its layers in a ModuleDict keyed by their global index (HF names).
+        return list(self.layers.values() if isinstance(self.layers, nn.ModuleDict) else self.layers)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
@@ -254,31 +234,51 @@ class LlamaModel(nn.Module):
                 position_ids = torch.arange(past, past + s, device=input_ids.device).expand(b, s)
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else input_ids
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
-        if attention_mask is not None:
-            mask = attention_bias_mask(attention_mask, s, past)
-        elif past > 0 and s > 1:
-            mask = attention_bias_mask(torch.ones(b, past + s, dtype=torch.bool, device=x.device), s, past)
-        else:
-            mask = None  # causal over [0, S), or one new token that sees the whole cache
-        if mask is not None:  # additive form, built once here rather than converted in every layer
-            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(
-                ~mask, torch.finfo(x.dtype).min)
-        # A pipeline stage keeps its layers in a ModuleDict keyed by their global index (HF names).
-        for layer in self.layers.values() if isinstance(self.layers, nn.ModuleDict) else self.layers:
-            x = layer(x, cos, sin, mask, cache)
+        layers = self.decoder_layers()
+        # One additive mask per distinct window (built once here rather than in every layer).
+        masks = {w: _additive_mask(attention_mask, b, s, past, w, x) for w in {la.self_attn.window for la in layers}}
+        for layer in layers:
+            x = layer(x, cos, sin, masks[layer.self_attn.window], cache)
         if cache is not None:
             cache.length += s
         return self.norm(x) if self.norm is not None else x
 
 
-class _LlamaBase(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+def _additive_mask(attention_mask, b: int, s: int, past: int, window: int | None, x: torch.Tensor):
+    """The additive mask (0 or dtype min) [B, 1, S, past+S] a layer with `window` needs, or None
+    for plain causal attention over [0, S) or one new token that sees the whole cache."""
+    total = past + s
+    window = window if window is not None and total > window else None  # a window no key is beyond is none
+    if attention_mask is None and window is None and not (past > 0 and s > 1):
+        return None
+    key_mask = attention_mask if attention_mask is not None else torch.ones(b, total, dtype=torch.bool,
+                                                                            device=x.device)
+    mask = attention_bias_mask(key_mask, s, past, window)
+    return torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, torch.finfo(x.dtype).min)
+
+
+class _DecoderWithHead(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = DecoderModel(cfg)
 
     def new_cache(self, max_len: int) -> KVCache:
         return KVCache(self.config.num_hidden_layers, max_len)
+
+    @classmethod
+    def empty(cls, cfg: DecoderConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        """The model with uninitialised weights on `device` in `dtype`, for a checkpoint to fill
+        (no random initialisation of weights that are about to be overwritten)."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        model = model.to_empty(device=device).to(dtype)
+        model.tie_weights()
+        model.model.inv_freq = rope_inv_freq(cfg, device=device)  # fp32, whatever the weights' dtype
+        return model
+
+    def tie_weights(self) -> None:
+        """Share the LM head with the embedding where the config ties them (no head, no tie)."""
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -294,18 +294,21 @@ class _LlamaBase(nn.Module):
                 m.weight.normal_(0.0, std, generator=generator)
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
-        self.model.inv_freq = LlamaModel._inv_freq(self.config, device=self.model.embed_tokens.weight.device)
+        self.model.inv_freq = rope_inv_freq(self.config, device=self.model.embed_tokens.weight.device)
 
 
-class LlamaForCausalLM(_LlamaBase):
-    """Decoder + LM head: logits [B, S, vocab]."""
+class CausalLM(_DecoderWithHead):
+    """Decoder + LM head: logits [B, S, vocab] (HF's `*ForCausalLM`)."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache: KVCache | None = None,
                 last_only: bool = False) -> torch.Tensor:
@@ -316,13 +319,15 @@ class LlamaForCausalLM(_LlamaBase):
         return self.lm_head(h[:, -1:] if last_only else h)
 
 
-class LlamaForScore(_LlamaBase):
+class ScoreModel(_DecoderWithHead):
     """Decoder + scalar head `score` (hidden -> 1, with bias): values [B, S] in fp32.
 
-    Critics read a value per token; reward and cost models read the value at the last real token.
+    HF's `*ForSequenceClassification` with one label (its `score` has no bias; ours starts at 0
+    when read from one). Critics read a value per token; reward and cost models read the value
+    at the last real token.
     """
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__(cfg)
         self.score = nn.Linear(cfg.hidden_size, 1, bias=True)
         self.init_weights()
@@ -344,6 +349,6 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-__all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM", "LlamaForScore", "KVCache", "RMSNorm", "rms_norm",
-           "apply_rope", "rope_cos_sin",
+__all__ = ["DecoderModel", "CausalLM", "ScoreModel", "KVCache", "RMSNorm", "rms_norm",
+           "apply_rope", "rope_cos_sin", "rope_inv_freq",
            "positions_from_mask", "attention_bias_mask", "last_token_values", "num_params"]
