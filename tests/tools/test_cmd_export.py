@@ -1,6 +1,6 @@
 """`hflow-plan export CHECKPOINT --out DIR` on a checkpoint laid out as the trainer writes it (a role's
 TrainingEngine.save plus the model files EngineState.save copies), in a fresh interpreter without Ray;
-its input errors are one line. The sharded case, from a real run, is in tests/runtime/test_export.py."""
+its input errors are one line. The sharded case, from a real run, is in tests/runtime/test_hf_export.py."""
 
 import json
 import subprocess
