@@ -5,7 +5,7 @@ little-endian length + JSON) and the tokenizer files, and raises a one-line Hflo
 config.json, invalid JSON, a family / architecture / option the runtime cannot run (through
 simulator/families.py), a role the folder's head cannot play, no weights, a missing shard named in
 the index, a truncated or malformed shard (file size vs the header's last data offset), tensors
-the config needs missing or misshapen, no tokenizer, and a tokenizer whose largest token id does
+the config needs missing or misshapen (or others it does not describe), no tokenizer, and a tokenizer whose largest token id does
 not fit the model's embedding. It also holds the folder layout (file names, where the weights
 are) that runtime/models/hf_format.py reads and writes. Imports no torch, directly or not.
 """
@@ -166,6 +166,14 @@ def check_model_folder(path: str | Path, role: Role, *, tokenizer: bool = True) 
     if missing:
         raise HflowError(f"{folder}: the weights lack {len(missing)} tensor(s) config.json needs ({', '.join(missing[:3])}"
                          f"{', …' if len(missing) > 3 else ''}); the checkpoint and config.json must describe one model")
+    # Beyond the config's tensors a checkpoint may hold a tied (or, read as a critic, unused) LM head,
+    # our score bias and old RoPE buffers; anything else means config and weights disagree.
+    extra = [n for n in tensors if n not in expected and n not in ("lm_head.weight", "score.bias")
+             and not n.endswith(IGNORED_TENSOR_SUFFIXES)]
+    if extra:
+        raise HflowError(f"{folder}: the weights hold {len(extra)} tensor(s) config.json does not describe "
+                         f"({', '.join(extra[:3])}{', …' if len(extra) > 3 else ''}); the checkpoint and "
+                         "config.json must describe one model")
     wrong = [n for n, shape in expected.items() if tensors[n] != shape]
     if wrong:
         n = wrong[0]

@@ -129,6 +129,8 @@ def test_tensors_the_config_needs(folders, tmp_path):
     _one_line(bad, "actor", r"lack 1[0-9] tensor\(s\) config.json needs \(model.layers.2.")
     (bad / "config.json").write_text(json.dumps(cfg | {"intermediate_size": 64}))
     _one_line(bad, "actor", "has shape .* but config.json implies")
+    (bad / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 1, "layer_types": None}))
+    _one_line(bad, "actor", r"hold 1[0-9] tensor\(s\) config.json does not describe \(model.layers.1.")
 
 
 def test_tokenizer_present_and_consistent(folders, tmp_path):
