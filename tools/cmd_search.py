@@ -92,10 +92,10 @@ def request_from_args(args):
             folder = hf_folder(ref)  # a preset or a ModelSpec file records no path: `run` has no weights for it
             if folder is not None:
                 paths[r] = str(folder)
-    if paths:  # a folder the runtime cannot train is refused now, not after the search
-        from hybridflow.tools.role_folders import check_folders
+    if paths:  # weights the runtime cannot train are refused now, not after the search
+        from hybridflow.tools.role_folders import check_search_folders
 
-        check_folders(paths)
+        check_search_folders(paths)
     return SearchRequest(algorithm=args.algo, models=models, paths=paths, cluster=cluster, workload=workload,
                          reward_function=args.reward_function, cost_function=args.cost_function,
                          max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from hybridflow.runtime.models.folder_check import (
     HFLOW_TOKENIZER_FILE,
+    INDEX_FILE,
+    WEIGHTS_FILE,
     ModelFolder,
     check_model_folder,
     read_json,
@@ -100,6 +102,15 @@ def check_folders(paths: dict[str, str], planned: dict[str, ModelSpec] | None = 
                                  f"differ from {actor.path}'s); the {role} reads the actor's token ids: give it a "
                                  "model trained with the actor's tokenizer")
     return found
+
+
+def check_search_folders(paths: dict[str, str]) -> None:
+    """`search`'s check: a folder that holds weights is checked as `run` will check it, so a plan is not
+    written for weights that cannot run; a folder of config.json alone is planned from it (pricing a
+    model not downloaded), and `run` refuses it."""
+    holding = {r: p for r, p in paths.items() if any((Path(p) / f).is_file() for f in (WEIGHTS_FILE, INDEX_FILE))}
+    if holding:
+        check_folders(holding)
 
 
 def check_role_folders(plan: Plan) -> None:

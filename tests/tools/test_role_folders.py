@@ -103,6 +103,9 @@ def test_bad_folders_at_run_are_one_line_before_torch_or_ray(tmp_path, folder):
     from hybridflow.runtime.models.hf_format import save_pretrained
     from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 
+    config_only = tmp_path / "config_only"  # plannable (search prices it), not runnable
+    config_only.mkdir()
+    shutil.copy(folder / "config.json", config_only)
     no_config = _copy(folder, tmp_path / "no_config")
     (no_config / "config.json").unlink()
     gpt2 = _copy(folder, tmp_path / "gpt2")
@@ -132,13 +135,16 @@ def test_bad_folders_at_run_are_one_line_before_torch_or_ray(tmp_path, folder):
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], paths={"ref": str(folder)}).model_dump_json())
     run = ["run", plan_file, "--actor"]
     assert_refused_before_torch_and_ray([
+        ([*run, config_only], "no weights here"),
         ([*run, no_config], "no config.json"),
         ([*run, gpt2], "gpt2"),
         ([*run, truncated], "truncated"),
         ([*run, sharded], "names shard model-00002-of-00002.safetensors, which is not in the folder"),
         ([*run, small_vocab], "largest token id 63 does not fit the model's embedding (vocab_size 48)"),
-        ([*SEARCH, "--model", truncated], "truncated"),  # search refuses it too, before searching
+        ([*SEARCH, "--model", truncated], "truncated"),  # search refuses weights that cannot run, before searching
     ])
+    assert main([*SEARCH, "--model", str(config_only), "--out", str(tmp_path / "plan2.json"), "--json"]) == 0
+    assert _plan_paths(tmp_path / "plan2.json") == {"actor": str(config_only), "ref": str(config_only)}
 
 
 def test_score_models_must_read_the_actors_token_ids(tmp_path, folder):
