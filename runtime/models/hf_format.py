@@ -53,7 +53,7 @@ def read_config(path: str | Path) -> tuple[DecoderConfig, Head]:
     return cfg.decoder, cfg.head
 
 
-def load_state_dict(path: str | Path, dtype: torch.dtype = torch.float32,
+def read_weights(path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Every tensor of a folder's safetensors file(s), floating ones in `dtype`."""
     state: dict[str, torch.Tensor] = {}
@@ -78,7 +78,7 @@ def load_pretrained(path: str | Path, dtype: torch.dtype = torch.float32, device
     if head == "lm" and own == "scalar":
         raise HflowError(f"{path}: a score model (*ForSequenceClassification) cannot be a causal LM; give a "
                          "*ForCausalLM folder for the policy")
-    state = {k: v for k, v in load_state_dict(path, dtype, device).items()
+    state = {k: v for k, v in read_weights(path, dtype, device).items()
              if not k.endswith(IGNORED_TENSOR_SUFFIXES)}
     if head == "scalar":
         state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}

@@ -1,6 +1,6 @@
 """The decoder (Llama options) against transformers' LlamaForCausalLM, the HF format round trip, the
 config mapping to the simulator's ModelSpec, the KV cache and the scalar head. Every other family:
-test_families.py."""
+test_family_parity.py."""
 
 from __future__ import annotations
 
