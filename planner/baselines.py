@@ -80,7 +80,8 @@ def price_plan(name: str, plan: Plan, cost_model) -> Baseline:
 def _role_plans(req: SearchRequest, group_of: dict[str, str], train: dict[str, ParallelConfig],
                 gen: ParallelConfig | None = None, gen_group: str | None = None) -> dict[str, RolePlan]:
     return {r: RolePlan(model=req.models[r], group=group_of[r], train=train[r],
-                        generate=gen if r == "actor" else None, generate_group=gen_group if r == "actor" else None)
+                        generate=gen if r == "actor" else None, generate_group=gen_group if r == "actor" else None,
+                        path=req.paths.get(r))
             for r in req.roles}
 
 

@@ -20,7 +20,7 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
     roles = {}
     for role, cand in s.choice:
         roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train,
-                               generate=cand.generate if role == "actor" else None)
+                               generate=cand.generate if role == "actor" else None, path=req.paths.get(role))
     return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
                 reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")

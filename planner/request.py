@@ -15,6 +15,7 @@ class SearchRequest(BaseModel):
 
     algorithm: Algorithm = "ppo"
     models: dict[Role, ModelSpec]  # roles that are neural models (they own devices)
+    paths: dict[Role, str] = {}  # HF folders the models were read from: the plan records them for `run`
     cluster: ClusterSpec
     workload: Workload = Workload()
     reward_function: str | None = None  # rule-based reward ("module:function"): owns no devices
@@ -29,6 +30,9 @@ class SearchRequest(BaseModel):
         for role in self.models:
             if role not in allowed:
                 raise ValueError(f"role '{role}' is not used by {self.algorithm} (roles: {', '.join(allowed)})")
+        for role in self.paths:
+            if role not in self.models:
+                raise ValueError(f"role '{role}' has a path but no model")
         for role in REQUIRED_ROLES[self.algorithm]:
             if role not in self.models:
                 raise ValueError(f"{self.algorithm} needs a '{role}' model")

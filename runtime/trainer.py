@@ -14,6 +14,8 @@ responses), hands it to its loggers (runtime/loggers.py) and, with a checkpoint 
 trained models, the optimizer and the driver's state (data order, Lagrange multiplier); `latest`
 is rewritten only after a checkpoint is complete, so a crash mid-save leaves the previous one
 intact and resumable. An iteration that fails (a reward that raises, a NaN score) writes nothing.
+With an export dir, every checkpoint is also written as HF folders (export_dir/iter_N/actor, …) and
+`export_hf()` writes the current weights (export_dir/actor, export_dir/critic).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic, write_json_atomic
 from hybridflow.simulator.model import ModelSpec
-from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.plan import TRAINED_ROLES, Plan
 from hybridflow.simulator.timeline import Timeline, throughput
 
 from .algorithms.functional import masked_mean
@@ -55,8 +57,6 @@ from .worker_group import RoleSpec, WorkerGroup
 from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker
 
-TRAINED = ("actor", "critic")
-
 
 def prune_checkpoints(folder: Path, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` complete checkpoints (a folder `iter_N` with driver.json)
@@ -76,12 +76,14 @@ def prune_checkpoints(folder: Path, keep_last: int) -> list[Path]:
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None,
-                 loggers: Sequence[MetricsLogger] = (), events: RunEvents | None = None):
+                 loggers: Sequence[MetricsLogger] = (), events: RunEvents | None = None,
+                 export_dir: str | Path | None = None):
         self.events = events or RunEvents()
         self.config = config or RunConfig()
         self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.export_dir = Path(export_dir) if export_dir else None
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         check_runnable(plan, self.config)
@@ -279,13 +281,28 @@ class Trainer:
         if not self.checkpoint_dir:
             raise HflowError("no checkpoint directory; pass checkpoint_dir")
         path = self.checkpoint_dir / f"iter_{self.iteration:06d}"
-        for role in TRAINED:
+        for role in TRAINED_ROLES:
             if role in self.groups:
                 self.groups[role].call(role, "save", str(path))
         write_json_atomic(path / "driver.json", self._driver_state())
+        if self.export_dir:
+            self.export_hf(self.export_dir / path.name)
         write_atomic(self.checkpoint_dir / "latest", path.name + "\n")  # last: the checkpoint is complete
-        prune_checkpoints(self.checkpoint_dir, self.config.keep_last)
+        for old in prune_checkpoints(self.checkpoint_dir, self.config.keep_last):
+            if self.export_dir:  # a pruned checkpoint's HF export goes with it
+                shutil.rmtree(self.export_dir / old.name, ignore_errors=True)
         return path
+
+    def export_hf(self, folder: str | Path | None = None) -> list[Path]:
+        """The trained roles' current weights as HF folders: folder/actor (and folder/critic); folder
+        defaults to the export dir."""
+        folder = Path(folder) if folder is not None else self.export_dir
+        if folder is None:
+            raise HflowError("no export directory; pass export_dir or a folder")
+        roles = [r for r in TRAINED_ROLES if r in self.groups]
+        for role in roles:
+            self.groups[role].call(role, "export_hf", str(folder / role))
+        return [folder / r for r in roles]
 
     def load_checkpoint(self) -> Path:
         latest = self.checkpoint_dir / "latest" if self.checkpoint_dir else None
@@ -297,7 +314,7 @@ class Trainer:
         if state["algorithm"] != self.plan.algorithm or state["placement"] != self.plan.placement():
             raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
                              "resume with the same plan")
-        for role in TRAINED:
+        for role in TRAINED_ROLES:
             if role in self.groups:
                 self.groups[role].call(role, "load", str(path))
         self.iteration = state["iteration"]
@@ -308,7 +325,7 @@ class Trainer:
 
     def fingerprints(self) -> dict[str, list[str]]:
         """Per trained role, each rank's hash of parameters + optimizer state (resume checks)."""
-        return {r: self.groups[r].call(r, "fingerprint") for r in TRAINED if r in self.groups}
+        return {r: self.groups[r].call(r, "fingerprint") for r in TRAINED_ROLES if r in self.groups}
 
     # ---- lifetime -----------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -177,11 +177,23 @@ def preset_if_named(data):
     return data
 
 
+def hf_folder(ref: str) -> Path | None:
+    """The Hugging Face model folder `ref` names (a folder, or the config.json in one), absolute;
+    None when `ref` is a preset name or a ModelSpec file."""
+    p = Path(ref)
+    if p.is_dir():
+        return p.resolve()
+    if p.name == "config.json":
+        return p.resolve().parent
+    return None
+
+
 def resolve_model(ref: str) -> ModelSpec:
     """A preset name, a HF model folder / config.json, or a YAML/JSON ModelSpec file."""
+    folder = hf_folder(ref)
+    if folder is not None:
+        return ModelSpec.from_hf_config(folder)
     p = Path(ref)
-    if p.is_dir() or p.name == "config.json":
-        return ModelSpec.from_hf_config(p)
     if p.suffix in (".yaml", ".yml", ".json") and p.exists():
         from .io import load_model_file
 

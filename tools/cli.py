@@ -15,7 +15,7 @@ from hybridflow.tools.cli_help import OneLineErrorParser, examples
 
 # Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
 # planning commands work without the [runtime] extra.
-SUBCOMMANDS = ["simulate", "search", "compare", "run", "quickstart", "profile", "replay"]
+SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,9 @@ from pathlib import Path
 from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.plan import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
+from hybridflow.tools.cmd_search import ROLE_FLAGS
 from hybridflow.tools.outputs import positive_int, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
@@ -32,18 +34,24 @@ def add_parser(subparsers) -> None:
         "run", help="run a plan: RLHF iterations on Ray, measured timeline, predicted vs measured",
         description="Run PLAN's algorithm (ppo, grpo, remax, safe-rlhf, rloo) on Ray with the plan's device groups, "
                     "colocation and parallel configs. The plan is checked against this machine first (devices, "
-                    "memory, weights). Models without a path are the built-in tiny policy, warmed up on the "
+                    "memory, model folders). Each role trains the HF folder the plan records (`search --actor "
+                    "FOLDER`) or --actor FOLDER gives; models without a path are the built-in tiny policy, warmed up on the "
                     "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). Exit code 2: "
                     "bad input; 3: a worker or node was lost.",
         epilog=examples("hflow-plan run examples/plans/tiny-local.json --iterations 5",
                         "hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
                         "--timeline run.png",
-                        "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto"))
+                        "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto",
+                        "hflow-plan run plan.json --actor ./my-sft-model --export-hf trained"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
     p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run")
     p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port') (default: a new local cluster)")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint here every save_every iterations")
+    p.add_argument("--export-hf", metavar="DIR", help="write the trained actor (and critic) as Hugging Face folders: "
+                   "DIR/actor, DIR/critic at the end, and DIR/iter_N/… with every checkpoint")
+    for r in ROLE_FLAGS:
+        p.add_argument(f"--{r}", metavar="FOLDER", help=f"the {r}'s HF model folder (overrides the plan's path)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--keep-last", type=positive_int, metavar="N",
                    help="complete checkpoints to keep; older ones are deleted once a newer one is complete "
@@ -100,6 +108,7 @@ def check_args(args) -> None:
         if prompts.is_file() and prompts.suffix.lower() not in PROMPT_SUFFIXES:
             raise HflowError(f"--prompts {prompts}: give a .jsonl or .parquet file or a `datasets` save_to_disk "
                              "folder with a 'prompt' column")
+    check_export_dir(args.export_hf)
     if args.tensorboard and Path(args.tensorboard).is_file():
         raise HflowError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
     args.logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
@@ -140,12 +149,25 @@ def join_cluster(address: str, checks, events) -> None:
         events.say(f"[yellow]warning:[/] {w}")
 
 
+def check_export_dir(folder: str | None) -> None:
+    """--export-hf DIR replaces DIR/actor and DIR/critic (a run's own earlier exports), nothing else."""
+    if not folder:
+        return
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise HflowError(f"--export-hf {folder}: is a file; give a folder for the exported models")
+    for role in TRAINED_ROLES:
+        target = Path(folder) / role
+        if target.exists() and not (target / "config.json").is_file():
+            raise HflowError(f"--export-hf {folder}: {target} exists and is not a model folder; give another folder")
+
+
 def run(args) -> int:
     from rich.console import Console
 
     from hybridflow.runtime.run_config import with_rollout
     from hybridflow.simulator.plan import Plan
     from hybridflow.tools.comparison import Comparison, comparison_table, speed_line
+    from hybridflow.tools.role_folders import resolve_role_paths
     from hybridflow.tools.run_report import (
         ConsoleEvents,
         export_timeline,
@@ -156,7 +178,8 @@ def run(args) -> int:
 
     check_args(args)
     cfg = run_config(args)
-    plan = with_rollout(Plan.load(args.plan), cfg)  # the run's rollout backend, checked before Ray starts
+    folders = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}  # --actor FOLDER … over the plan's
+    plan = with_rollout(resolve_role_paths(Plan.load(args.plan), folders), cfg)  # rollout backend checked here too
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     checks = check_plan(plan, cfg, args.address, events)
@@ -174,26 +197,32 @@ def run(args) -> int:
         speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else quick_speed_check(args.profile,
                                                                                                       events)
     trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address,
-                      events=events)
+                      events=events, export_dir=args.export_hf)
     trainer.loggers = open_loggers(args.logger_names, run_name=Path(args.plan).stem, tensorboard_dir=args.tensorboard,
                                    params={"plan": args.plan, "algorithm": plan.algorithm, **cfg.model_dump()})
+    exported: list[str] = []
     try:
         with events:
             if args.address:
                 join_cluster(args.address, checks, events)
             metrics = run_with_progress(trainer, args.iterations, args.resume, events)
+            if args.export_hf:
+                events.say(f"writing the trained models as Hugging Face folders in {args.export_hf}")
+                exported = [str(p) for p in trainer.export_hf()]
     finally:
         trainer.shutdown()
         close_loggers(trainer.loggers)
     comparison = Comparison.from_timelines(predicted, trainer.timeline, speed, speed_note)
-    written = export_timeline(trainer.timeline, args.trace, args.timeline, f"{Path(args.plan).stem} (measured)")
+    written = exported + export_timeline(trainer.timeline, args.trace, args.timeline,
+                                         f"{Path(args.plan).stem} (measured)")
     if args.json:
         print(json.dumps({"iterations": metrics,
                           "measured": {"iteration_seconds": comparison.measured_iteration,
                                        "op_seconds": comparison.measured_ops},
                           "predicted": {"iteration_seconds": predicted.iteration_seconds(),
                                         "op_seconds": predicted.op_seconds()} if predicted else None,
-                          "comparison": comparison.json()}))
+                          "comparison": comparison.json(),
+                          **({"exported": exported} if args.export_hf else {})}))
         return 0
     console.print(comparison_table(comparison))
     console.print(speed_line(comparison))

@@ -43,9 +43,9 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--algo", default="ppo", type=algorithm_arg, metavar="ALGO",
                    help="ppo, grpo, remax, safe-rlhf or rloo (any case)")
     m.add_argument("--model", help="every role's model: a preset (llama2-70b …; any case), a HF folder or a "
-                   "ModelSpec YAML")
+                   "ModelSpec YAML; a folder is recorded in the plan as the weights `run` trains")
     for r in ROLE_FLAGS:
-        m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model)")
+        m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model); a folder is recorded in the plan")
     m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
     m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
     w = p.add_argument_group("workload")
@@ -65,7 +65,7 @@ def request_from_args(args):
     from hybridflow.planner.request import SearchRequest
     from hybridflow.simulator.hardware import ClusterSpec, HardwareSpec, hardware_preset
     from hybridflow.simulator.io import load_model_file, read_mapping
-    from hybridflow.simulator.model import resolve_model
+    from hybridflow.simulator.model import hf_folder, resolve_model
     from hybridflow.simulator.plan import ALGORITHM_ROLES
 
     if args.cluster:
@@ -92,12 +92,19 @@ def request_from_args(args):
     for r, fn in rules.items():
         if fn and (":" not in fn or r in given):
             raise HflowError(f"--{r}-function {fn}: give 'module:function' and drop --{r}")
-    models = {}
+    models, paths = {}, {}
     for r in roles:
         ref = given.get(r) or (None if rules.get(r) else args.model)
         if ref:
             models[r] = resolve_model(ref)
-    return SearchRequest(algorithm=args.algo, models=models, cluster=cluster, workload=workload,
+            folder = hf_folder(ref)  # a preset or a ModelSpec file records no path: `run` has no weights for it
+            if folder is not None:
+                paths[r] = str(folder)
+    if paths:  # weights the runtime cannot train are refused now, not after the search
+        from hybridflow.tools.role_folders import check_search_folders
+
+        check_search_folders(paths)
+    return SearchRequest(algorithm=args.algo, models=models, paths=paths, cluster=cluster, workload=workload,
                          reward_function=args.reward_function, cost_function=args.cost_function,
                          max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top)
 

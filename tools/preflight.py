@@ -27,6 +27,7 @@ from hybridflow.simulator.efficiency import EfficiencyParams
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import MemoryBreakdown, check_plan_memory
 from hybridflow.simulator.plan import Plan
+from hybridflow.tools.role_folders import check_role_folders
 
 GiB = 2**30
 # A worker process with torch, Ray and the engines imported, before it holds any model.
@@ -218,7 +219,14 @@ def host_memory_fits(c: RunChecks) -> None:
 
 
 # Run in this order; a check of each role's model folder (config, weights, tokenizer) belongs here too.
-RUN_CHECKS: tuple[Check, ...] = (runtime_runs_it, devices_exist, memory_fits_devices, models_have_weights, host_memory_fits)
+def role_folders_readable(c: RunChecks) -> None:
+    """Each role's model folder: config, family, weights, tokenizer, and the actor's token ids readable by
+    the other roles (tools/role_folders.py)."""
+    check_role_folders(c.plan)
+
+
+RUN_CHECKS: tuple[Check, ...] = (runtime_runs_it, role_folders_readable, devices_exist, memory_fits_devices,
+                                 models_have_weights, host_memory_fits)
 MACHINE_CHECKS: tuple[Check, ...] = (devices_exist, host_memory_fits)  # again, once a cluster is joined
 
 

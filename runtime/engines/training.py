@@ -349,16 +349,17 @@ class TrainingEngine:
             load_tp_local(p.data if not isinstance(p, DTensor) else p, shards[n])
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Whole (unsharded) fp32 weights on CPU, on every rank: for saving in HF format."""
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """Whole (unsharded) fp32 weights on CPU, on every rank: for saving in HF format. A collective:
+        call it on every rank. `rank0_only`: the other ranks get `{}` (cpu_offload gathers to rank 0 alone,
+        so only one process holds a whole copy; pipeline stages are gathered on every rank regardless)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if not self.distributed:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         if self.pipeline is not None:  # every stage's weights, gathered over pp
             return self.pipeline.full_state_dict()
-        # cpu_offload=True would keep the result on rank 0 only; every rank gets it here.
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=rank0_only))
         return {k: v.detach().cpu() for k, v in sd.items()}
 
     def _state_dict_options(self):

@@ -91,12 +91,25 @@ def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini
 
 
 class EngineState:
-    """Checkpoint and fingerprint of a worker's `self.engine` (a TrainingEngine), under path/role.
-    Mixed into the trained workers (actor, critic) so they share one implementation."""
+    """Checkpoint, HF export and fingerprint of a worker's `self.engine` (a TrainingEngine), under
+    path/role. Mixed into the trained workers (actor, critic), which set `self.model_path` (the folder
+    their weights came from), so they share one implementation."""
 
     @register("ONE_TO_ALL")
     def save(self, path: str) -> None:
         self.engine.save(f"{path}/{self.role}")
+        if self.rank == 0:  # the checkpoint carries its model's config and tokenizer (hf_export.py)
+            from hybridflow.runtime.hf_export import copy_model_files
+
+            copy_model_files(self.model_path, f"{path}/{self.role}")
+
+    @register("ONE_TO_ALL")
+    def export_hf(self, path: str) -> None:
+        """Write the current weights as an HF folder at `path` (gathering is collective; rank 0 writes),
+        with the config and tokenizer files of the folder the weights came from."""
+        from hybridflow.runtime.hf_export import export_engine
+
+        export_engine(self.engine, self.role, path, source=self.model_path, rank=self.rank)
 
     @register("ONE_TO_ALL")
     def load(self, path: str) -> None:

@@ -51,7 +51,7 @@ class PolicyWorker(EngineState, Worker):
                  seed: int = 0, reshard: str = "hybridflow", rollout: RolloutBackend = "native", prompt_len: int | None = None):
         super().__init__()
         torch.manual_seed(seed)
-        self.trainable, self.seed = trainable, seed
+        self.trainable, self.seed, self.model_path = trainable, seed, model_path
         self.engine = make_engine(load_causal_lm(model_path), self.parallel, optim, micro_batch_size)
         self.micro_batch_size = micro_batch_size
         self.gen_parallel = ParallelConfig(**generate_parallel) if generate_parallel else self.parallel
@@ -154,14 +154,3 @@ class PolicyWorker(EngineState, Worker):
     def load(self, path: str) -> None:
         super().load(path)
         self._gen_version = -1  # reshard again before the next rollout
-
-    @register("ONE_TO_ALL")
-    def export_hf(self, path: str) -> None:
-        """Write the current weights in HF format (rank 0 writes; gathering is collective)."""
-        from hybridflow.runtime.models.hf_format import save_pretrained
-
-        full = self.engine.full_state_dict()
-        if self.rank == 0:
-            m = CausalLM(self.engine.model.config)
-            m.load_state_dict(full)
-            save_pretrained(m, path)

@@ -32,6 +32,7 @@ class ValueWorker(EngineState, Worker):
                  value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)
+        self.model_path = model_path
         self.engine = make_engine(load_score_model(model_path), self.parallel, optim, micro_batch_size)
         self.micro_batch_size = micro_batch_size
         self.value_clip, self.epochs, self.mini_batches = value_clip, epochs, mini_batches

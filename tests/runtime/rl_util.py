@@ -31,3 +31,19 @@ def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, 
         plan_fields.setdefault("cost_function", "hybridflow.runtime.tasks.builtin:non_digit_cost")
     return Plan(algorithm=algorithm, cluster=ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=max(8, next_index)),
                 workload=workload, groups=groups, roles=roles, **plan_fields)
+
+
+def policy_folder(path, seed: int = 1, dtype=None):
+    """A tiny random causal LM saved as an HF folder with the character tokenizer: weights that differ from
+    the built-in warmed-up policy, so a run that trained them can tell."""
+    import torch
+
+    from hybridflow.runtime.models.decoder import CausalLM
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.tasks.tokenizer import CharTokenizer
+
+    model = CausalLM(TINY.decoder_config())
+    model.init_weights(torch.Generator().manual_seed(seed))
+    save_pretrained(model, path, dtype=dtype)
+    CharTokenizer().save(path)
+    return path
