@@ -18,6 +18,7 @@ from hybridflow.tools.preflight import (
     models_have_weights,
     preflight,
     ray_cluster,
+    role_folders_readable,
     this_machine,
 )
 
@@ -25,6 +26,14 @@ GiB = 2**30
 NO_KL = RunConfig(kl_coef=0.0)  # the plans here have no reference model
 CPU_BOX = Machine("a 2-core box", (Node(cpus=2, memory=16 * GiB),))
 GPU_BOX = Machine("a 1-GPU box", (Node(cpus=16, memory=128 * GiB, gpus=(141 * GiB,)),))
+
+
+# These plans name a placeholder folder: the folder checks are tools/role_folders.py's (test_role_folders.py).
+PLAN_CHECKS = tuple(c for c in RUN_CHECKS if c is not role_folders_readable)
+
+
+def plan_preflight(checks: RunChecks) -> RunChecks:
+    return preflight(checks, PLAN_CHECKS)
 
 
 def plan(model="tiny", devices=2, nodes=1, hardware="a100-80g", path="/weights", **fields) -> Plan:
@@ -38,32 +47,32 @@ def plan(model="tiny", devices=2, nodes=1, hardware="a100-80g", path="/weights",
 
 def test_more_gpus_than_the_node_has_is_refused():
     with pytest.raises(HflowError, match="needs 8 GPUs on one node but a 1-GPU box has 1"):
-        preflight(RunChecks(plan(devices=8), GPU_BOX, NO_KL))
-    ok = preflight(RunChecks(plan(devices=1), GPU_BOX, NO_KL))
+        plan_preflight(RunChecks(plan(devices=8), GPU_BOX, NO_KL))
+    ok = plan_preflight(RunChecks(plan(devices=1), GPU_BOX, NO_KL))
     assert ok.warnings == [] and "1 GPU(s) of 1" in ok.facts
 
 
 def test_virtual_devices_beyond_the_cores_are_a_warning_not_an_error():
-    c = preflight(RunChecks(plan(devices=8, hardware="a100-80g"), CPU_BOX, NO_KL))
+    c = plan_preflight(RunChecks(plan(devices=8, hardware="a100-80g"), CPU_BOX, NO_KL))
     assert any("8 CPU processes on 2 cores" in w and "slower than predicted" in w for w in c.warnings)
     assert any("priced for a100-80g" in w for w in c.warnings)  # a GPU plan on CPU processes
 
 
 def test_host_memory_counts_every_virtual_device():
     small = Machine("a small box", (Node(cpus=2, memory=4 * GiB),))
-    preflight(RunChecks(plan(devices=2), small, NO_KL))  # 2 tiny workers fit
+    plan_preflight(RunChecks(plan(devices=2), small, NO_KL))  # 2 tiny workers fit
     with pytest.raises(HflowError, match=r"the plan's 16 worker processes need about .* but a small box has 4.0 GiB"):
-        preflight(RunChecks(plan(devices=16), small, NO_KL))
+        plan_preflight(RunChecks(plan(devices=16), small, NO_KL))
     assert 16 * WORKER_PROCESS_BYTES > 4 * GiB
 
 
 def test_a_model_larger_than_its_device_is_refused_with_the_breakdown():
     with pytest.raises(HflowError, match=r"needs .* GiB per device \(weights .*optimizer.*\) but one a100-80g offers"):
-        preflight(RunChecks(plan(model="llama2-13b", devices=1), GPU_BOX, NO_KL))
+        plan_preflight(RunChecks(plan(model="llama2-13b", devices=1), GPU_BOX, NO_KL))
     # the plan fits its A100s, but not the smaller GPUs it is about to run on
     small_gpus = Machine("a box of 16 GiB GPUs", (Node(cpus=16, memory=128 * GiB, gpus=(16 * GiB,) * 8),))
     with pytest.raises(HflowError, match="the GPUs of a box of 16 GiB GPUs have 16.0 GiB"):
-        preflight(RunChecks(plan(model="llama2-7b", devices=8), small_gpus, NO_KL))
+        plan_preflight(RunChecks(plan(model="llama2-7b", devices=8), small_gpus, NO_KL))
 
 
 def test_a_preset_without_a_path_is_refused_unless_it_can_be_warmed_up_here():
@@ -79,7 +88,7 @@ def test_a_reward_role_without_a_path_names_the_rule_to_use_instead():
     p = plan(devices=1).model_dump()
     p["roles"]["reward"] = {"model": "tiny", "group": "g", "train": {"dp": 1}}
     with pytest.raises(HflowError, match="role 'reward' has no path.*hybridflow.runtime.tasks.builtin:add_reward"):
-        preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl_coef=0.0)))
+        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl_coef=0.0)))
 
 
 def test_generation_on_separate_devices_is_refused_before_anything_starts():
@@ -87,13 +96,13 @@ def test_generation_on_separate_devices_is_refused_before_anything_starts():
     p["groups"] = [{"name": "g", "devices": [{"node": 0, "index": 0}]}, {"name": "gen", "devices": [{"node": 0, "index": 1}]}]
     p["roles"]["actor"].update(train={"dp": 1}, generate={"dp": 1}, generate_group="gen")
     with pytest.raises(HflowError, match="drop generate_group"):
-        preflight(RunChecks(Plan.model_validate(p), CPU_BOX, NO_KL))
+        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, NO_KL))
 
 
 def test_a_kl_penalty_without_a_reference_model_is_refused():
     with pytest.raises(HflowError, match="kl_coef=0.01 needs a 'ref' model"):
-        preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.01)))
-    preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.0)))
+        plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.01)))
+    plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.0)))
 
 
 def test_a_ray_cluster_is_read_from_ray_nodes():
@@ -114,7 +123,7 @@ def test_a_ray_cluster_is_read_from_ray_nodes():
 
 
 def test_an_unknown_machine_skips_the_machine_checks_and_this_machine_is_read():
-    c = preflight(RunChecks(plan(devices=4096, hardware="a100-80g"), None, NO_KL))  # to be checked once a cluster is joined
+    c = plan_preflight(RunChecks(plan(devices=4096, hardware="a100-80g"), None, NO_KL))  # to be checked once a cluster is joined
     assert c.warnings == []
     here = this_machine()
     assert here.cpus >= 1 and here.nodes[0].memory > 0
