@@ -49,10 +49,10 @@ from .run_events import RunEvents
 from .tasks.builtin import get_task
 from .tasks.data import PromptDataset, PromptSampler
 from .tasks.model_tokenizer import load_tokenizer
-from .tasks.policy_cache import cached_policy, warmup_cost
+from .tasks.policy_cache import cached_policy, check_warmup_shape, warmup_cost
 from .tasks.rewards import load_function
 from .tasks.tokenizer import CharTokenizer, Tokenizer
-from .tasks.warmup import check_warmup_shape, warm_policy
+from .tasks.warmup import warm_policy
 from .worker_group import RoleSpec, WorkerGroup
 from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker

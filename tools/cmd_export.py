@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import TRAINED_ROLES
+from hybridflow.tools.cli_help import examples
 
 
 def add_parser(subparsers) -> None:
@@ -20,7 +21,9 @@ def add_parser(subparsers) -> None:
         "export", help="turn a run's checkpoint into Hugging Face model folders (no Ray, one process)",
         description="Write the actor (and critic) of a checkpoint written by `hflow-plan run --checkpoint-dir` as "
                     "Hugging Face folders that transformers loads: OUT/actor, OUT/critic. CHECKPOINT is one "
-                    "checkpoint (CKPT/iter_000010) or the checkpoint directory (its latest checkpoint).")
+                    "checkpoint (CKPT/iter_000010) or the checkpoint directory (its latest checkpoint).",
+        epilog=examples("hflow-plan export ckpt --out trained",
+                        "hflow-plan export ckpt/iter_000010 --out trained-10"))
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="CKPT/iter_N, or CKPT for its latest checkpoint")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the HF model folders (DIR/actor, DIR/critic)")
     p.set_defaults(func=run)

@@ -23,10 +23,10 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
 from hybridflow.tools.cmd_search import ROLE_FLAGS
-from hybridflow.tools.outputs import positive_int, task_arg
+from hybridflow.tools.outputs import positive_int, rollout_arg, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
-PROMPT_SUFFIXES = (".jsonl", ".json", ".parquet")
+PROMPT_SUFFIXES = (".jsonl", ".parquet")
 
 
 def add_parser(subparsers) -> None:
@@ -38,8 +38,7 @@ def add_parser(subparsers) -> None:
                     "FOLDER`) or --actor FOLDER gives; models without a path are the built-in tiny policy, warmed up on the "
                     "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). Exit code 2: "
                     "bad input; 3: a worker or node was lost.",
-        epilog=examples("hflow-plan run examples/plans/tiny-local.json --iterations 5",
-                        "hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
+        epilog=examples("hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
                         "--timeline run.png",
                         "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto",
                         "hflow-plan run plan.json --actor ./my-sft-model --export-hf trained"))
@@ -63,7 +62,7 @@ def add_parser(subparsers) -> None:
                                                     "(save_to_disk) with a 'prompt' column: text or chat messages")
     p.add_argument("--seed", type=int, help="random seed: data order, sampling, initialisation "
                    f"(default: {RunConfig.model_fields['seed'].default}, or the --config file's)")
-    p.add_argument("--rollout", metavar="BACKEND",
+    p.add_argument("--rollout", metavar="BACKEND", type=rollout_arg,
                    help="generation engine: native or vllm (needs vLLM installed); overrides the plan's "
                         "(default: the plan's, native unless it says otherwise)")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard events in DIR")

@@ -32,6 +32,17 @@ def algorithm_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def rollout_arg(text: str) -> str:
+    """`--rollout`: a generation backend, any case, with "did you mean" on a near miss."""
+    from hybridflow.simulator.names import lookup
+    from hybridflow.simulator.plan import ROLLOUT_BACKENDS
+
+    try:
+        return lookup(text, ROLLOUT_BACKENDS, "rollout backend", known_as="backends")
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def task_arg(text: str) -> str:
     """`--task`: a built-in task, any case, with "did you mean" on a near miss (one line, exit 2)."""
     from hybridflow.runtime.tasks.builtin import get_task

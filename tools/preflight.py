@@ -22,7 +22,13 @@ from hybridflow.runtime import host
 from hybridflow.runtime.plan_support import check_runnable, role_weights
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.runtime.tasks.builtin import get_task
-from hybridflow.runtime.tasks.policy_cache import MEMORY_SHARE, TIME_LIMIT_S, cached_policy, warmup_cost
+from hybridflow.runtime.tasks.policy_cache import (
+    MEMORY_SHARE,
+    TIME_LIMIT_S,
+    cached_policy,
+    check_warmup_shape,
+    warmup_cost,
+)
 from hybridflow.simulator.efficiency import EfficiencyParams
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import MemoryBreakdown, check_plan_memory
@@ -184,6 +190,7 @@ def models_have_weights(c: RunChecks) -> None:
             raise HflowError(f"role '{role}' has no path, and its model '{rp.model.name}' ({cost.params / 1e9:.2g} B "
                              f"parameters) is too large to warm up as a built-in policy: {why}; give the role a path "
                              "(the HF folder of its weights) or use a smaller model such as 'tiny'")
+        check_warmup_shape(rp.model)
         c.facts.append(f"the built-in '{rp.model.name}' policy is warmed up first ({cost.describe()})")
     for name, roles in built_in.items():
         c.facts.append(f"{', '.join(roles)}: the built-in '{name}' policy")
@@ -225,7 +232,7 @@ def role_folders_readable(c: RunChecks) -> None:
     check_role_folders(c.plan)
 
 
-RUN_CHECKS: tuple[Check, ...] = (runtime_runs_it, role_folders_readable, devices_exist, memory_fits_devices,
+RUN_CHECKS: tuple[Check, ...] = (runtime_runs_it, devices_exist, memory_fits_devices, role_folders_readable,
                                  models_have_weights, host_memory_fits)
 MACHINE_CHECKS: tuple[Check, ...] = (devices_exist, host_memory_fits)  # again, once a cluster is joined
 

@@ -22,11 +22,13 @@ from pydantic import BaseModel, ConfigDict
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.families import HFModelConfig, read_hf_config, tensor_shapes
 
+from ..tasks.char_vocab import TOKENIZER_FILE as HFLOW_TOKENIZER_FILE
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-HFLOW_TOKENIZER_FILE = "hflow_tokenizer.json"  # the built-in character tokenizer (runtime/tasks/tokenizer.py)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", HFLOW_TOKENIZER_FILE)
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = (*HF_TOKENIZER_FILES, HFLOW_TOKENIZER_FILE)
 # Tensors a checkpoint may hold that the config does not ask for (old Llama exports kept RoPE buffers).
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 _MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit

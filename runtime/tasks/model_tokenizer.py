@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybridflow.runtime.models.folder_check import HF_TOKENIZER_FILES
 from hybridflow.simulator.errors import HflowError
 
+from .char_vocab import TOKENIZER_FILE
 from .data import Prompt, is_chat, prompt_preview
-from .tokenizer import TOKENIZER_FILE, CharTokenizer, Tokenizer
+from .tokenizer import CharTokenizer, Tokenizer
 
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 GENERATION_CONFIG = "generation_config.json"
 
 

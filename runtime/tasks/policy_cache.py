@@ -17,11 +17,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import activation_bytes_per_token_layer
 from hybridflow.simulator.model import ModelSpec
 
 from ..host import cache_dir
 from .builtin import get_task
+from .char_vocab import VOCAB_SIZE
 
 WARMUP_VERSION = 1
 METRICS_FILE = "warmup.json"
@@ -45,6 +47,15 @@ class WarmupConfig:
     target_greedy_accuracy: float = 0.3
     eval_every: int = 25
     eval_size: int = 256
+
+
+def check_warmup_shape(spec: ModelSpec) -> None:
+    """The warm-up trains character-vocabulary models only: any other vocabulary would sample ids the
+    character tokenizer cannot read, and a real model's weights come from its folder, not from here."""
+    if spec.vocab != VOCAB_SIZE:
+        raise HflowError(f"model '{spec.name}' has a vocabulary of {spec.vocab}: the built-in warm-up only builds "
+                         f"models with the character tokenizer's {VOCAB_SIZE}; set the role's `path` in the plan to "
+                         "the model's Hugging Face folder (weights and tokenizer)")
 
 
 def _key(spec: ModelSpec, cfg: WarmupConfig) -> str:

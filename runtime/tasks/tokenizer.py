@@ -24,11 +24,8 @@ from hybridflow.runtime.engines.generation import left_pad
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 
+from .char_vocab import CHARS, SPECIALS, TOKENIZER_FILE
 from .data import Prompt, is_chat, prompt_preview
-
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-CHARS = "0123456789abcdefghijklmnopqrstuvwxyz +-*=:,.?!()[]/'\"#%&;<>_"
-TOKENIZER_FILE = "hflow_tokenizer.json"
 
 
 class Tokenizer(ABC):

@@ -28,13 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.model import ModelSpec, model_preset
 
 from ..host import cache_dir
 from .builtin import get_task
-from .policy_cache import METRICS_FILE, WarmupConfig, policy_folder, step_flops
+from .policy_cache import METRICS_FILE, WarmupConfig, check_warmup_shape, policy_folder, step_flops
 from .tokenizer import CharTokenizer
 
 
@@ -98,15 +97,6 @@ def greedy_accuracy(model, batch) -> float:
     _, exact = _loss_and_exact(model, *batch)
     return exact.float().mean().item()
 
-
-def check_warmup_shape(spec: ModelSpec) -> None:
-    """The warm-up trains character-vocabulary models only: any other vocabulary would sample ids the
-    character tokenizer cannot read, and a real model's weights come from its folder, not from here."""
-    chars = CharTokenizer().vocab_size
-    if spec.vocab != chars:
-        raise HflowError(f"model '{spec.name}' has a vocabulary of {spec.vocab}: the built-in warm-up only builds "
-                         f"models with the character tokenizer's {chars}; set the role's `path` in the plan to "
-                         "the model's Hugging Face folder (weights and tokenizer)")
 
 
 def warm_policy(spec: ModelSpec | str = "tiny", cfg: WarmupConfig = WarmupConfig(),

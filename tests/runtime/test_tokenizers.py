@@ -125,7 +125,7 @@ def test_chat_prompts_need_a_chat_template(tmp_path):
 
 
 def test_char_tokenizer_is_the_warmed_policy_s_and_never_crashes_on_large_ids(tmp_path):
-    from hybridflow.runtime.tasks.warmup import check_warmup_shape
+    from hybridflow.runtime.tasks.policy_cache import check_warmup_shape
 
     CharTokenizer().save(tmp_path)
     tok = load_tokenizer(tmp_path, model_vocab=64)

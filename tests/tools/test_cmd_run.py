@@ -39,7 +39,8 @@ def test_bad_tokenizer_data_and_logger_inputs_are_one_line_before_ray_starts(tmp
 
     small = build_hf_folder(tmp_path / "small", vocab_size=64)  # a 320-token tokenizer, a 64-row embedding
     plans = {"tiny": tiny_plan("grpo", [["actor", "ref"]]),
-             "7b": tiny_plan("grpo", [["actor", "ref"]], model=model_preset("llama2-7b")),
+             "wide": tiny_plan("grpo", [["actor", "ref"]], model=model_preset("tiny").model_copy(
+                 update={"name": "tiny-wide-vocab", "vocab": 32000})),
              "small": tiny_plan("grpo", [["actor", "ref"]], model=ModelSpec.from_hf_config(small),
                                 paths={"actor": str(small)})}
     for name, plan in plans.items():
@@ -51,8 +52,8 @@ def test_bad_tokenizer_data_and_logger_inputs_are_one_line_before_ray_starts(tmp
         (["tiny.json", "--logger", "tensorboard,neptune"], "unknown logger 'neptune'; choose from tensorboard, wandb"),
         (["tiny.json", "--prompts", "nowhere"], "nowhere: no such prompt file or folder"),
         (["tiny.json", "--prompts", "chat.jsonl"], "the built-in character tokenizer has no chat template"),
-        (["7b.json"], "model 'llama2-7b' has a vocabulary of 32000: the built-in warm-up only builds"),
-        (["small.json"], "the tokenizer has 320 tokens but the model's embedding has 64 rows"),
+        (["wide.json"], "model 'tiny-wide-vocab' has a vocabulary of 32000: the built-in warm-up only builds"),
+        (["small.json"], "the tokenizer's largest token id 319 does not fit the model's embedding (vocab_size 64)"),
     ]:
         argv = ["run", str(tmp_path / argv[0]), *(str(tmp_path / a) if a.endswith((".jsonl", "nowhere")) else a
                                                   for a in argv[1:])]
@@ -67,7 +68,7 @@ def test_rollout_flag_errors_are_one_line(tmp_path, capsys):
 
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
-    cases = [(["--rollout", "sglang"], "unknown rollout backend 'sglang'; choose one of native, vllm")]
+    cases = [(["--rollout", "sglang"], "unknown rollout backend 'sglang'; backends: native, vllm")]
     if importlib.util.find_spec("vllm") is None:  # else it runs: tests/runtime/test_vllm_rollout.py
         cases.append((["--rollout", "vllm"], "the vllm rollout needs vLLM, which is not installed here"))
     for extra, msg in cases:

@@ -86,7 +86,7 @@ def error_cases(folder: Path) -> list[ErrorCase]:
         ErrorCase("run --timeline t.svg", ["run", tiny, "--timeline", "t.svg"], "ending in .png", slow),
         ErrorCase("run --task srot (near miss)", ["run", tiny, "--task", "srot"], "did you mean 'sort'", slow),
         ErrorCase("run --prompts missing.jsonl", ["run", tiny, "--prompts", str(folder / "missing.jsonl")],
-                  "no such file", slow),
+                  "no such prompt file", slow),
         ErrorCase("run a plan larger than the machine (4096 virtual devices)", ["run", crowd],
                   "4096 worker processes need about", "not refused: Ray waited for resources"),
         ErrorCase("run a model too large for its device (13B on one A100)", ["run", heavy], "GiB per device",
