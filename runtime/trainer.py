@@ -6,11 +6,13 @@
     t.timeline                                  # the measured Timeline (source="measured")
 
 One WorkerGroup per device group of the plan, hosting the roles the plan puts there (colocated
-roles share a process per device). The algorithm's loop (algorithms/loops.py) calls the ops of
-runtime/dataflow.py. Per iteration the trainer appends one JSON line of metrics (reward, KL,
-losses, tokens/s, seconds per op) and, with a checkpoint dir, saves the trained models, the
-optimizer and the driver's state (data order, Lagrange multiplier); `latest` is rewritten only
-after a checkpoint is complete, so a crash mid-save leaves the previous one intact and resumable.
+roles share a process per device). The algorithm's loop (its registry entry, simulator/algorithms/)
+calls the ops of runtime/dataflow.py, with the run's settings resolved against the algorithm's
+defaults (RunConfig.for_algorithm). Per iteration the trainer appends one JSON line of metrics
+(reward, KL, losses, tokens/s, seconds per op) and, with a checkpoint dir, saves the trained
+models, the optimizer and the driver's state (data order, the algorithm's driver state such as
+Safe-RLHF's Lagrange multiplier, the KL coefficient); `latest` is rewritten only after a checkpoint
+is complete, so a crash mid-save leaves the previous one intact and resumable.
 """
 
 from __future__ import annotations
@@ -22,16 +24,19 @@ from pathlib import Path
 
 import ray
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic, write_json_atomic
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
 
+from .algorithms.advantages import get_advantage_estimator
 from .algorithms.functional import masked_mean
-from .algorithms.loops import ALGORITHMS
-from .algorithms.losses import LagrangeMultiplier
+from .algorithms.losses import get_policy_loss
 from .batch import Batch
 from .dataflow import Dataflow
+from .engines.generation import SamplingParams
+from .engines.training import OptimConfig
 from .resource_pool import ResourcePool, init_ray
 from .run_config import RunConfig
 from .tasks.data import PromptDataset, PromptSampler
@@ -42,14 +47,11 @@ from .worker_group import RoleSpec, WorkerGroup
 from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker
 
-TRAINED = ("actor", "critic")
-
 
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None):
         self.plan = plan.validate_parallel()
-        self.config = config or RunConfig()
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.address = address
@@ -59,18 +61,20 @@ class Trainer:
         if plan.reshard == "broadcast":
             raise HflowError("reshard 'broadcast' is for generation on separate devices, which the runtime does not "
                              "run; use hybridflow, hybridflow-v or ds-chat")
+        self.algo = get_algorithm(plan.algorithm)
+        given = config or RunConfig()
+        if given.kl.coef > 0 and "coef" in given.kl.model_fields_set and "ref" not in plan.roles:
+            raise HflowError(f"kl coef {given.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
+        self.config = given.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)
+        get_advantage_estimator(self.config.advantage.estimator)  # one-line errors before anything starts
+        get_policy_loss(self.config.loss.kind)
         self.tok = CharTokenizer()
         cfg = self.config
         self.dataset = (PromptDataset.from_file(cfg.prompts_file) if cfg.prompts_file
                         else PromptDataset.from_task(cfg.task, cfg.dataset_size, cfg.seed))
         self.sampler = PromptSampler(len(self.dataset), plan.workload.prompts, cfg.seed)
-        self.reward_fn = self._function(plan.reward_function, "reward") if "reward" not in plan.roles else None
-        self.cost_fn = (self._function(plan.cost_function, "cost")
-                        if plan.algorithm == "safe-rlhf" and "cost" not in plan.roles else None)
-        self.lagrange = (LagrangeMultiplier(cfg.lagrange_init, cfg.lagrange_lr, cfg.cost_threshold, cfg.lagrange_max)
-                         if plan.algorithm == "safe-rlhf" else None)
-        if cfg.kl_coef > 0 and "ref" not in plan.roles:
-            raise HflowError(f"kl_coef={cfg.kl_coef} needs a 'ref' model in the plan; add one or set kl_coef to 0")
+        self.functions = {s: self._function(getattr(plan, f"{s}_function"), s)
+                          for s in self.algo.scores if s not in plan.roles}
         self.groups: dict[str, WorkerGroup] = {}
         self.iteration = 0
         self.timeline = Timeline(source="measured", tokens_per_iteration=plan.workload.tokens_per_iteration,
@@ -92,7 +96,7 @@ class Trainer:
         if role in ("reward", "cost"):
             raise HflowError(f"role '{role}' has no path: give the HF folder of a {role} model, or drop the role "
                              f"and name a {role}_function ('module:function')")
-        if role in ("critic", "ref") and self.plan.roles["actor"].model == rp.model:
+        if role in ("critic", "cost_critic", "ref") and self.plan.roles["actor"].model == rp.model:
             return self._model_path("actor")
         return str(warm_policy(rp.model, WarmupConfig(task=self.config.task, seed=self.config.seed)))
 
@@ -100,23 +104,21 @@ class Trainer:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
         common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed)
         if role in ("actor", "ref"):
-            trainable = role == "actor"
-            kw = dict(trainable=trainable, epochs=w.ppo_epochs, mini_batches=w.mini_batches, **common)
-            if trainable:
+            kw = dict(trainable=role == "actor", epochs=w.ppo_epochs, mini_batches=w.mini_batches,
+                      temperature=cfg.temperature, **common)  # log-probs at the sampling temperature
+            if role == "actor":
                 gen = self.plan.generation_config()
                 kw.update(
                     reshard=self.plan.reshard,
-                    optim={"lr": cfg.actor_lr, "grad_clip": cfg.grad_clip},
-                    generate_parallel=gen.model_dump(),
-                    sampling={"max_new_tokens": w.response_len, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                              "top_k": cfg.top_k, "eos_token_id": self.tok.eos_id, "pad_token_id": self.tok.pad_id},
-                    loss={"policy_loss": cfg.policy_loss, "clip_ratio": cfg.clip_ratio,
-                          "clip_ratio_high": cfg.clip_ratio_high, "entropy_coef": cfg.entropy_coef,
-                          "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0, "kl_kind": cfg.kl_kind})
+                    optim=OptimConfig(lr=cfg.actor_lr, grad_clip=cfg.grad_clip),
+                    generate_parallel=gen,
+                    sampling=SamplingParams(max_new_tokens=w.response_len, temperature=cfg.temperature, top_p=cfg.top_p,
+                                            top_k=cfg.top_k, eos_token_id=self.tok.eos_id, pad_token_id=self.tok.pad_id),
+                    loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len)
             return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
         kw = dict(**common)
-        if role == "critic":
-            kw.update(optim={"lr": cfg.critic_lr, "grad_clip": cfg.grad_clip}, value_clip=cfg.value_clip,
+        if role in TRAINED_ROLES:  # a critic
+            kw.update(optim=OptimConfig(lr=cfg.critic_lr, grad_clip=cfg.grad_clip), value_clip=cfg.value_clip,
                       epochs=w.ppo_epochs, mini_batches=w.mini_batches)
         return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), kw)
 
@@ -145,12 +147,13 @@ class Trainer:
         except BaseException:
             self.shutdown()
             raise
-        self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.reward_fn, self.cost_fn, self.lagrange)
+        self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
         return self
 
     # ---- one iteration ------------------------------------------------------------------------
-    def prompt_batch(self) -> Batch:
-        prompts, cols = self.dataset.take(self.sampler.next_indices())
+    def prompt_batch(self, count: int | None = None) -> Batch:
+        """The next `count` prompts (default: the workload's), each repeated samples_per_prompt times."""
+        prompts, cols = self.dataset.take(self.sampler.next_indices(count))
         ids, mask = self.tok.encode_prompts(prompts, max_len=None)
         if ids.shape[1] > self.plan.workload.prompt_len:
             raise HflowError(f"a prompt has {ids.shape[1]} tokens but the plan's prompt_len is "
@@ -162,14 +165,15 @@ class Trainer:
         self.start()
         self.iteration += 1
         df = self.df
-        df.iteration, df.stats = self.iteration, {}
+        df.start_iteration(self.iteration)
         start = time.time()
         first_event = len(df.events)
-        metrics, batch = ALGORITHMS[self.plan.algorithm](df, self.prompt_batch())
+        metrics, batch = self.algo.loop(df, self.prompt_batch())
         seconds = time.time() - start
         events = df.events[first_event:]
         self.timeline.events.extend(events)
-        rewards = batch["reward_scores"].float()
+        # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
+        rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
         tokens = int(batch["attention_mask"].sum())
         ops: dict[str, float] = {}
@@ -206,14 +210,14 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
         return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": self.sampler.state_dict(),
-                "lagrange": self.lagrange.state_dict() if self.lagrange else None,
-                "placement": self.plan.placement()}
+                "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
+                "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
 
     def save_checkpoint(self) -> Path:
         if not self.checkpoint_dir:
             raise HflowError("no checkpoint directory; pass checkpoint_dir")
         path = self.checkpoint_dir / f"iter_{self.iteration:06d}"
-        for role in TRAINED:
+        for role in TRAINED_ROLES:
             if role in self.groups:
                 self.groups[role].call(role, "save", str(path))
         write_json_atomic(path / "driver.json", self._driver_state())
@@ -230,18 +234,19 @@ class Trainer:
         if state["algorithm"] != self.plan.algorithm or state["placement"] != self.plan.placement():
             raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
                              "resume with the same plan")
-        for role in TRAINED:
+        for role in TRAINED_ROLES:
             if role in self.groups:
                 self.groups[role].call(role, "load", str(path))
         self.iteration = state["iteration"]
         self.sampler.load_state_dict(state["sampler"])
-        if self.lagrange and state["lagrange"]:
-            self.lagrange.load_state_dict(state["lagrange"])
+        if self.df.state is not None and state["algorithm_state"] is not None:
+            self.df.state.load_state_dict(state["algorithm_state"])
+        self.df.kl.load_state_dict(state["kl_coef"])
         return path
 
     def fingerprints(self) -> dict[str, list[str]]:
         """Per trained role, each rank's hash of parameters + optimizer state (resume checks)."""
-        return {r: self.groups[r].call(r, "fingerprint") for r in TRAINED if r in self.groups}
+        return {r: self.groups[r].call(r, "fingerprint") for r in TRAINED_ROLES if r in self.groups}
 
     # ---- lifetime -----------------------------------------------------------------------------
     def shutdown(self) -> None:

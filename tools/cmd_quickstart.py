@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
+from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
 from hybridflow.simulator.errors import HflowError
-
-ALGORITHMS = ("grpo", "ppo")
 
 
 def add_parser(subparsers) -> None:
@@ -23,7 +22,7 @@ def add_parser(subparsers) -> None:
         description="Measure this machine (cached), search the best plan for a tiny-model RLHF run on it, run the "
                     "plan on a local Ray cluster on the built-in digit-sorting task, and print the plan, the "
                     "reward per iteration and predicted vs measured seconds per op.")
-    p.add_argument("--algo", choices=ALGORITHMS, default="grpo", help="algorithm (default grpo)")
+    p.add_argument("--algo", choices=algorithm_names(), default="grpo", help="algorithm (default grpo)")
     p.add_argument("--iterations", type=int, default=40, metavar="N", help="RL iterations (default 40)")
     p.add_argument("--devices", type=int, metavar="N", help="virtual devices (default: this machine's cores)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -37,21 +36,25 @@ def quickstart_request(algorithm: str, cluster):
     from hybridflow.simulator.model import model_preset
     from hybridflow.simulator.workload import Workload
 
+    algo = get_algorithm(algorithm)
     tiny = model_preset("tiny")
-    roles = ("actor", "critic", "ref") if algorithm == "ppo" else ("actor", "ref")
-    samples = 8 if algorithm == "grpo" else 1
+    roles = ("actor", *algo.critics, "ref")  # scores are rule-based: the task's reward (and a demo cost)
+    samples = 1 if algo.critics else 8  # critic-free algorithms compare samples of a prompt
     workload = Workload(prompts=256 // samples, samples_per_prompt=samples, prompt_len=16, response_len=8,
                         micro_batch_size=128, ppo_epochs=1, mini_batches=2)
+    cost = "hybridflow.runtime.tasks.builtin:non_digit_cost" if "cost" in algo.scores else None
     # pp = 1: the runtime runs pipelined training, but the shipped CPU profile measures no pipeline
     # stages, so the quickstart stays where its predictions are calibrated; the runtime generates with pp_g = 1.
     return SearchRequest(algorithm=algorithm, models={r: tiny for r in roles}, cluster=cluster, workload=workload,
-                         reward_function=get_task("sort").reward_function, max_pp=1, max_gen_pp=1, top_k=3)
+                         reward_function=get_task("sort").reward_function, cost_function=cost, max_pp=1,
+                         max_gen_pp=1, top_k=3)
 
 
-def quickstart_config(algorithm: str, seed: int):
+def quickstart_config(seed: int):
+    """The run's settings: learning rates for the tiny model, the algorithm's defaults for the rest."""
     from hybridflow.runtime.run_config import RunConfig
 
-    return RunConfig(seed=seed, task="sort", actor_lr=5e-4, critic_lr=1e-3, kl_coef=0.0 if algorithm == "grpo" else 0.01)
+    return RunConfig(seed=seed, task="sort", actor_lr=5e-4, critic_lr=1e-3)
 
 
 def run(args) -> int:
@@ -86,7 +89,7 @@ def run(args) -> int:
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
     predicted = predicted_timeline(plan, cost_model,
-                                   kl_in_reward=quickstart_config(args.algo, args.seed).kl_in_reward)
+                                   kl_in_reward=quickstart_config(args.seed).for_algorithm(args.algo).kl_in_reward)
     if not args.json:
         from hybridflow.tools.search_report import top_plans_table
 
@@ -96,7 +99,7 @@ def run(args) -> int:
                       f"{hw.intra_node_bandwidth / 1e9:,.2f} GB/s all-reduce links")
         console.print(top_plans_table([plan_summary(scored_to_plan(req, s), s.seconds) for s in result.top],
                                       title=f"best plans for {args.algo} with the tiny model (simulated)"))
-    trainer = Trainer(plan, quickstart_config(args.algo, args.seed))
+    trainer = Trainer(plan, quickstart_config(args.seed))
     try:
         metrics = run_with_progress(trainer, args.iterations, False, console, quiet=args.json)
     finally:

@@ -19,7 +19,7 @@ from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run a plan: RLHF iterations on Ray, measured timeline, predicted vs measured",
-        description="Run PLAN's algorithm (ppo, grpo, remax, safe-rlhf, rloo) on Ray with the plan's device groups, "
+        description="Run PLAN's algorithm (`hflow-plan search --help` lists them) on Ray with the plan's device groups, "
                     "colocation and parallel configs. Models without a path are the built-in tiny policy, warmed up "
                     "on the built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow).")
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
@@ -28,7 +28,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint after every iteration here")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: lr, kl_coef, task, ...)")
+    p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: actor_lr, kl, loss, task, ...; unset ones take "
+                   "the algorithm's defaults)")
     p.add_argument("--task", help="built-in task for prompts and the warm-up policy (sort, add)")
     p.add_argument("--prompts", metavar="FILE", help="prompts from a .jsonl or .parquet file with a 'prompt' column")
     p.add_argument("--seed", type=int, help="random seed (data order, sampling, initialisation)")
@@ -74,7 +75,8 @@ def run(args) -> int:
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     plan = Plan.load(args.plan)
     cfg = run_config(args)
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
+    settings = cfg.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)  # one-line errors before Ray starts
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=settings.kl_in_reward)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address)
     try:

@@ -12,11 +12,10 @@ import json
 import sys
 from pathlib import Path
 
+from hybridflow.simulator.algorithms import ROLES, algorithm_names, get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.outputs import positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
-
-ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
 
 
 def add_request_args(p: argparse.ArgumentParser) -> None:
@@ -27,10 +26,10 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per machine (default 8)")
     c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
     m = p.add_argument_group("models")
-    m.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax", "safe-rlhf", "rloo"])
+    m.add_argument("--algo", default="ppo", choices=algorithm_names())
     m.add_argument("--model", help="every role's model: a preset (llama2-70b …), a HF folder or a ModelSpec YAML")
-    for r in ROLE_FLAGS:
-        m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model)")
+    for r in ROLES:
+        m.add_argument(f"--{r.replace('_', '-')}", dest=r, metavar="MODEL", help=f"the {r} model (overrides --model)")
     m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
     m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
     w = p.add_argument_group("workload")
@@ -55,7 +54,6 @@ def request_from_args(args):
     from hybridflow.simulator.hardware import ClusterSpec, HardwareSpec, hardware_preset
     from hybridflow.simulator.io import load_model_file, read_mapping
     from hybridflow.simulator.model import resolve_model
-    from hybridflow.simulator.plan import ALGORITHM_ROLES
     from hybridflow.simulator.workload import Workload
 
     if args.cluster:
@@ -71,11 +69,11 @@ def request_from_args(args):
         if getattr(args, flag) is not None:
             fields[field] = getattr(args, flag)
     workload = Workload.model_validate(fields)
-    roles = ALGORITHM_ROLES[args.algo]
-    given = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}
+    roles = get_algorithm(args.algo).roles
+    given = {r: getattr(args, r) for r in ROLES if getattr(args, r)}
     unused = [r for r in given if r not in roles]
     if unused:
-        raise HflowError(f"--{unused[0]} is not a role of {args.algo} (roles: {', '.join(roles)}); drop it")
+        raise HflowError(f"--{unused[0].replace('_', '-')} is not a role of {args.algo} (roles: {', '.join(roles)}); drop it")
     if not args.model and "actor" not in given:
         raise HflowError("give --model NAME (a preset such as llama2-7b, a HF folder or a ModelSpec YAML) "
                          "or --actor and the other roles")

@@ -10,10 +10,11 @@ from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline
 
 
-def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool = True) -> Timeline | None:
+def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool | None = None) -> Timeline | None:
     """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it);
     `cost_model` prices it on a measured profile's hardware (default: the plan's own); `kl_in_reward`
-    as the run's RunConfig.kl_in_reward (whether the actor keeps its old-log-prob pass)."""
+    as the run's resolved settings (whether the actor keeps its old-log-prob pass; None: the
+    algorithm's defaults)."""
     from hybridflow.simulator.schedule import simulate
 
     try:
