@@ -121,11 +121,16 @@ M = TypeVar("M", bound=BaseModel)
 
 def merge_settings(defaults: M, given: BaseModel) -> M:
     """`defaults` with the fields `given` sets explicitly (nested models merged the same way), validated
-    as a whole (pydantic's ValidationError on a bad combination)."""
+    as a whole (pydantic's ValidationError, located at the offending field, on a bad combination)."""
+    return type(defaults).model_validate(_merged(defaults, given))
+
+
+def _merged(defaults: BaseModel, given: BaseModel) -> dict:
     data = defaults.model_dump()
     for name in given.model_fields_set & set(type(defaults).model_fields):
         value, default = getattr(given, name), getattr(defaults, name)
         if isinstance(value, BaseModel) and isinstance(default, BaseModel):
-            value = merge_settings(default, value)
-        data[name] = value.model_dump() if isinstance(value, BaseModel) else value
-    return type(defaults).model_validate(data)
+            data[name] = _merged(default, value)
+        else:
+            data[name] = value.model_dump() if isinstance(value, BaseModel) else value
+    return data

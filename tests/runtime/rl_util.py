@@ -42,3 +42,8 @@ def simulated_calls(plan: Plan, kl_in_reward: bool) -> list[tuple[str, str]]:
     graph, _ = plan_dataflow(plan, kl_in_reward)
     return [(graph.nodes[n]["op"], graph.nodes[n]["role"]) for n in call_order(graph)
             if graph.nodes[n]["op"] != "reshard"]
+
+
+def exact_sort_reward(prompt: str, response: str, **_) -> float:
+    """1 for exactly the sorted digits, else 0: a reward whose groups are often all equal (dynamic sampling)."""
+    return float(response.strip() == "".join(sorted(c for c in prompt.split(" ", 1)[-1] if c.isdigit())))
