@@ -177,3 +177,24 @@ def test_dapo_keeps_only_groups_whose_rewards_differ():
     keep = get_algorithm("dapo").hooks.keep_groups(T([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.25]]))
     assert keep.tolist() == [False, True, False, True]
     assert get_algorithm("grpo").hooks.keep_groups(T([[1.0, 1.0]])) is None  # others keep everything
+
+
+def test_dapo_overlong_penalty_by_hand():
+    from hybridflow.runtime.dataflow import overlong_penalty
+
+    # L_max = 10, L_cache = .2·10 = 2: 0 up to 8 tokens, then (8 − |y|)/2: 9 → −.5, 10 → −1 (×1.5 penalty).
+    got = overlong_penalty(T([1, 8, 9, 10]), budget=10, buffer=0.2, penalty=1.5)
+    close(got, [0.0, 0.0, -0.75, -1.5])
+
+
+def test_rollouts_of_different_prompt_widths_concatenate():
+    from hybridflow.runtime.batch import Batch
+    from hybridflow.runtime.dataflow import left_pad_prompts
+
+    b = Batch({"prompt_ids": T([[5, 6]]), "prompt_mask": T([[1, 1]]), "input_ids": T([[5, 6, 7]]),
+               "attention_mask": T([[1, 1, 1]]), "position_ids": T([[0, 1, 2]]), "responses": T([[7]])},
+              non_tensors={"prompt": ["x"]})
+    wide = left_pad_prompts(b, 4)
+    assert wide["input_ids"].tolist() == [[0, 0, 5, 6, 7]] and wide["attention_mask"].tolist() == [[0, 0, 1, 1, 1]]
+    assert wide["responses"].tolist() == [[7]] and list(wide["prompt"]) == ["x"]
+    assert left_pad_prompts(b, 2) is b
