@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import HflowError
@@ -41,7 +42,7 @@ from .settings import RLSettings
 ROLES = ("actor", "critic", "cost_critic", "ref", "reward", "cost")
 TRAINED_ROLES = ("actor", "critic", "cost_critic")
 SCALAR_HEAD_ROLES = ("critic", "cost_critic", "reward", "cost")
-CRITIC_OF = {"reward": "critic", "cost": "cost_critic"}  # the critic that learns each score's value
+CRITIC_OF = MappingProxyType({"reward": "critic", "cost": "cost_critic"})  # the critic of each score stream
 
 Loop = Callable[[Any, Any], tuple[dict, Any]]
 
@@ -51,7 +52,7 @@ class Hooks:
     used through their own methods, so the entry stays importable by the simulator."""
 
     # How a KL penalty in the reward is shared among the score streams (token reward −= share·β·KL).
-    kl_shares: Mapping[str, float] = {"reward": 1.0}
+    kl_shares: Mapping[str, float] = MappingProxyType({"reward": 1.0})
 
     def driver_state(self, settings: RLSettings):
         """State the driver keeps across iterations (checkpointed: state_dict / load_state_dict)."""

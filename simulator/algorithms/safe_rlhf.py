@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from .registry import Hooks, algorithm
 from .settings import AdvantageSettings, KLSettings, LagrangeSettings, RLSettings
@@ -38,7 +39,7 @@ class LagrangeMultiplier:
 
 class Lagrangian(Hooks):
     # PKU splits the KL penalty between the two streams, so its pull on the policy is ½β whatever λ is.
-    kl_shares = {"reward": 0.5, "cost": -0.5}
+    kl_shares = MappingProxyType({"reward": 0.5, "cost": -0.5})
 
     def driver_state(self, settings: RLSettings) -> LagrangeMultiplier:
         return LagrangeMultiplier(settings.lagrange)

@@ -9,10 +9,14 @@ from hybridflow.tools.bench import algorithms as bench
 
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_gets_a_plan_with_the_same_responses_per_iteration(name):
-    plan = bench.bench_plan(name, prompts=16, samples=4)
-    assert plan.workload.sequences == 64 and plan.workload.mini_batches == 2
+    plan = bench.bench_plan(name, prompts=32, samples=4)
+    assert plan.workload.sequences == 128 and plan.workload.mini_batches == 2
     assert set(plan.roles) == {"actor", "ref", *get_algorithm(name).critics}
     assert plan.roles["actor"].group == "g0" and len(plan.groups) == 1
+
+
+def test_moving_average_by_hand():
+    assert bench.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
 
 
 def test_curves_png_draws_one_line_per_algorithm():

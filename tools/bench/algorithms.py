@@ -1,6 +1,6 @@
 """Reward curves of every registered algorithm on the built-in task, one line per algorithm, in one PNG.
 
-    python -m hybridflow.tools.bench.algorithms [--iterations 20] [--prompts 16] [--samples 4]
+    python -m hybridflow.tools.bench.algorithms [--iterations 30] [--prompts 32] [--samples 4]
         [--algos grpo,ppo,...] [--seed 0] [--out docs/img/algorithms.png] [--json FILE]
 
 Each algorithm trains the warmed-up tiny policy (the one `hflow-plan quickstart` uses) on the `sort`
@@ -11,8 +11,9 @@ responses as one sample each of prompts × samples prompts for those with critic
 steps per iteration; the rule-based reward (and, for Safe-RLHF, the demo cost of non-digit
 characters). All roles share one device. The curve is the mean reward of each iteration's rollout
 (before any filter: DAPO's dynamic sampling keeps only the groups it trains on, not those it
-generated). One seed, a few dozen iterations: the curves show each algorithm working, not a
-ranking.
+generated), averaged over a window of 5 iterations (the raw values faint behind): every algorithm
+sees the same prompts in an iteration, so their ups and downs are the prompts' difficulty. One
+seed, a few dozen iterations: the curves show each algorithm learning, not a ranking.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hybridflow.tools.outputs import positive_int, run_main, write_outputs
 
 TASK = "sort"
 COST_FUNCTION = "hybridflow.runtime.tasks.builtin:non_digit_cost"
+SMOOTH = 5  # iterations averaged in a plotted point
 
 
 def bench_plan(name: str, prompts: int, samples: int):
@@ -69,6 +71,11 @@ def run_algorithm(name: str, args) -> list[float]:
     return rewards
 
 
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the (up to) window − 1 before it."""
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
 def curves_png(curves: dict[str, list[float]], title: str) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -78,9 +85,12 @@ def curves_png(curves: dict[str, list[float]], title: str) -> bytes:
     ax = fig.add_subplot(1, 1, 1)
     styles = ("-", "--", "-.", ":")
     for i, (name, rewards) in enumerate(curves.items()):
-        ax.plot(range(1, len(rewards) + 1), rewards, styles[i // 10 % len(styles)], label=name, linewidth=1.6)
+        x = range(1, len(rewards) + 1)
+        raw = ax.plot(x, rewards, linewidth=0.6, alpha=0.25)[0]
+        ax.plot(x, moving_average(rewards, SMOOTH), styles[i // 10 % len(styles)], color=raw.get_color(),
+                label=name, linewidth=1.8)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("mean reward of the iteration's rollout")
+    ax.set_ylabel(f"mean reward of the rollout ({SMOOTH}-iteration average)")
     ax.set_title(title, fontsize=10)
     ax.grid(color="#dddddd", linewidth=0.5)
     ax.legend(fontsize=8, loc="lower right", ncol=2)
@@ -92,8 +102,8 @@ def curves_png(curves: dict[str, list[float]], title: str) -> bytes:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="algorithms", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iterations", type=positive_int, default=20, help="iterations per algorithm (default 20)")
-    ap.add_argument("--prompts", type=positive_int, default=16, help="prompts per iteration (default 16)")
+    ap.add_argument("--iterations", type=positive_int, default=30, help="iterations per algorithm (default 30)")
+    ap.add_argument("--prompts", type=positive_int, default=32, help="prompts per iteration (default 32)")
     ap.add_argument("--samples", type=positive_int, default=4, help="samples per prompt, critic-free (default 4)")
     ap.add_argument("--algos", help="comma-separated algorithms (default: every registered one)")
     ap.add_argument("--seed", type=int, default=0)
@@ -107,16 +117,26 @@ def main(argv: list[str] | None = None) -> int:
         raise HflowError(f"{args.out}: the picture is a PNG; give a file name ending in .png")
     if args.samples < 2 and any(not get_algorithm(n).critics for n in names):
         raise HflowError("--samples must be at least 2: the critic-free algorithms compare the samples of a prompt")
-    curves = {n: run_algorithm(n, args) for n in names}
+    import ray
+
+    from hybridflow.runtime.resource_pool import init_ray
+
+    init_ray(num_cpus=2)  # one local Ray cluster for every algorithm's trainer
+    try:
+        curves = {n: run_algorithm(n, args) for n in names}
+    finally:
+        ray.shutdown()
     title = (f"{TASK} task, tiny model: {args.prompts * args.samples} responses per iteration, "
              f"seed {args.seed} (python -m hybridflow.tools.bench.algorithms)")
     outputs = [(args.out, curves_png(curves, title))]
-    summary = {n: {"first": r[0], "last3": sum(r[-3:]) / len(r[-3:]), "curve": r} for n, r in curves.items()}
+    summary = {n: {"first3": sum(r[:3]) / len(r[:3]), "last3": sum(r[-3:]) / len(r[-3:]), "curve": r}
+               for n, r in curves.items()}
     if args.json:
         outputs.append((args.json, json.dumps(summary, indent=1) + "\n"))
     write_outputs(outputs)
     for n, s in summary.items():
-        print(f"{n:>22}: reward {s['first']:.3f} → {s['last3']:.3f} (mean of the last three, {s['last3'] - s['first']:+.3f})")
+        print(f"{n:>22}: mean reward of the first three iterations {s['first3']:.3f}, of the last three "
+              f"{s['last3']:.3f} ({s['last3'] - s['first3']:+.3f})")
     return 0
 
 
