@@ -1,7 +1,7 @@
 """Reward curves of every registered algorithm on the built-in task, one line per algorithm, in one PNG.
 
     python -m hybridflow.tools.bench.algorithms [--iterations 30] [--prompts 32] [--samples 4]
-        [--algos grpo,ppo,...] [--seed 0] [--out docs/img/algorithms.png] [--json FILE]
+        [--algos grpo,ppo,...] [--seed 0] [--out docs/algorithms.png] [--json FILE]
 
 Each algorithm trains the warmed-up tiny policy (the one `hflow-plan quickstart` uses) on the `sort`
 task for the same number of iterations, from the same start, with its own default settings
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=positive_int, default=4, help="samples per prompt, critic-free (default 4)")
     ap.add_argument("--algos", help="comma-separated algorithms (default: every registered one)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="docs/img/algorithms.png", help="the PNG (default docs/img/algorithms.png)")
+    ap.add_argument("--out", default="docs/algorithms.png", help="the PNG (default docs/algorithms.png)")
     ap.add_argument("--json", metavar="FILE", help="also write the curves as JSON")
     args = ap.parse_args(argv)
     names = args.algos.split(",") if args.algos else list(algorithm_names())
