@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.hardware import GiB
 from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import TRAINED_ROLES, DeviceGroup, Plan, RolePlan, role_head
+from hybridflow.simulator.plan import DeviceGroup, Plan, RolePlan, role_head
 
 from .configs import train_configs
 from .placement import allocations, assign_devices, size_options

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.memory import MemoryBreakdown
-from hybridflow.simulator.plan import TRAINED_ROLES
 from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 
 from .configs import generate_configs
@@ -71,7 +71,8 @@ def all_plans(req: SearchRequest, cost_model) -> Iterator[Scored]:
     """Every feasible plan of the request, priced (seconds of one iteration)."""
     graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
                            cost_model="cost" in req.models, hybrid_engine=True,
-                           old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles))
+                           old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
+                                                                  get_algorithm(req.algorithm).kl_in_reward))
     rp = RolePricer(req, graph, cost_model)
     driver = rp.driver_seconds()
     gaps = call_gaps(graph, getattr(cost_model, "overheads", None))  # as the search and simulate

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.hardware import ClusterSpec, GiB
 from hybridflow.simulator.memory import MemoryBreakdown, role_memory
-from hybridflow.simulator.plan import TRAINED_ROLES, role_head
+from hybridflow.simulator.plan import role_head
 
 from .configs import train_configs
 from .placement import allocations, set_partitions

@@ -1,7 +1,7 @@
 """Placements (which models share devices) and allocations (how many devices each set gets).
 
 Placement: every partition of the algorithm's models into colocation sets — Bell(4) = 15 for
-PPO, Bell(5) = 52 for Safe-RLHF.
+PPO, Bell(6) = 203 for Safe-RLHF (reward and cost critics).
 
 Allocation rule. A set gets either whole nodes (k · devices_per_node, k ≥ 1) or, when it is
 smaller than a node, a proper divisor of devices_per_node; sub-node sets share the nodes left

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import networkx as nx
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.cost import price_op
 from hybridflow.simulator.dataflow import call_order
 from hybridflow.simulator.errors import HflowError
@@ -35,7 +36,7 @@ from hybridflow.simulator.memory import (
     train_transient,
 )
 from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import TRAINED_ROLES, role_head
+from hybridflow.simulator.plan import role_head
 
 from .configs import generate_configs, train_configs
 from .request import SearchRequest
@@ -124,7 +125,9 @@ class RolePricer:
     def driver_seconds(self) -> dict[Hashable, float]:
         """Controller-side ops (advantage, rule-based rewards): their price does not depend on the plan."""
         view = SimpleNamespace(workload=self.req.workload, roles=self.req.models)
-        return {n: price_op(self.cm, view, self.node_attrs[n]["op"], self.node_attrs[n]["role"]).seconds
+        return {n: price_op(self.cm, view, self.node_attrs[n]["op"], self.node_attrs[n]["role"],
+                            baseline=bool(self.node_attrs[n].get("baseline")),
+                            resampled=bool(self.node_attrs[n].get("resampled"))).seconds
                 for n in self.driver_nodes}
 
     def states(self, role: str, n: int) -> MemoryBreakdown:
@@ -137,8 +140,9 @@ class RolePricer:
 
     def _seqs(self, node) -> int:
         # cost.price_op: the ReMax greedy pass and its reward score one response per prompt
-        a, w = self.node_attrs[node], self.req.workload
-        return w.prompts if a["op"] == "generate_baseline" or a.get("baseline") else w.sequences
+        a = self.node_attrs[node]
+        return self.req.workload.op_sequences(baseline=a["op"] == "generate_baseline" or bool(a.get("baseline")),
+                                              resampled=bool(a.get("resampled")))
 
     # ---- per training config: what does not depend on the set ------------------------------------
     def static(self, role: str, n: int) -> list:

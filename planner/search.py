@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 
@@ -94,7 +95,8 @@ class Planner:
         self.cm = cost_model or CostModel(req.cluster)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
                                     cost_model="cost" in req.models, hybrid_engine=True,
-                                    old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles))
+                                    old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
+                                                                             get_algorithm(req.algorithm).kl_in_reward))
         self.roles = req.roles
         self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard)
         self.sets = SetPricer(self.pricer)

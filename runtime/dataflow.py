@@ -1,10 +1,13 @@
-"""Dataflow: the ops an RLHF driver loop calls, each one call on the worker group the plan names.
+"""Dataflow: the ops an algorithm's driver loop calls, each one call on the worker group the plan names.
 
-The algorithms (algorithms/loops.py) are short sequences of these ops. Ops on disjoint groups
-overlap: `ref_logprob`, `actor_logprob` and `values` return pending calls that `gather` waits for
-together, and `update` steps the critic and the actor at the same time. Every op lands in the
-measured Timeline with the worker's own start and end (workers time themselves; see
-workers/common.py); rule-based rewards and advantages run in the driver (group "driver").
+The algorithms (simulator/algorithms/, one file each) are short loops over these ops; the
+simulator runs the same loops on a recording dataflow, so every call made here is in the graph it
+prices (tests compare `calls`, the (op, role) of each call in issue order, with that graph). Ops on
+disjoint groups overlap: `ref_logprob`, `actor_logprob` and `values` return pending calls that
+`gather` waits for together, and `update` steps the critics and the actor at the same time. Every
+op lands in the measured Timeline with the worker's own start and end (workers time themselves;
+see workers/common.py); rule-based scores and advantages run in the driver (group "driver").
+Algorithm-specific steps are the entry's hooks (Safe-RLHF's λ, DAPO's group filter), called here.
 
 With one PPO epoch of one mini-batch and no KL in the reward, `actor_logprob` is skipped: the
 actor's update takes its own log-probs, detached, as the old ones and reports the KL statistic
@@ -14,19 +17,21 @@ actor's update takes its own log-probs, detached, as the old ones and reports th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
+from hybridflow.simulator.algorithms import CRITIC_OF, get_algorithm
 from hybridflow.simulator.dataflow import needs_old_logprob_pass
-from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Event
 
 from .algorithms.advantages import get_advantage_estimator
-from .algorithms.functional import masked_mean
-from .algorithms.losses import LagrangeMultiplier, kl_in_reward, scores_to_token_rewards
+from .algorithms.functional import masked, masked_mean
+from .algorithms.losses import KLController, kl_penalty, scores_to_token_rewards
 from .batch import Batch
 from .calls import CallFuture
 from .engines.packing import inverse_order
@@ -37,6 +42,10 @@ from .tasks.tokenizer import Tokenizer
 from .worker_group import WorkerGroup
 
 SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
+VALUE_FIELD = {"critic": "values", "cost_critic": "cost_values"}  # each critic's values in the batch
+RETURN_FIELD = {"critic": "returns", "cost_critic": "cost_returns"}  # and the returns it learns
+PROMPT_FIELDS = ("prompt_ids", "prompt_mask")  # left-padded prompts
+FULL_FIELDS = ("input_ids", "attention_mask", "position_ids")  # left-padded prompt + response
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Pending:
     role: str
     future: CallFuture
     back: torch.Tensor | None = None  # rows of the result in the batch's order (after a balanced call)
+    rename: dict[str, str] = field(default_factory=dict)  # result field → batch field
 
 
 def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | None:
@@ -60,18 +70,52 @@ def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | N
     return ranked[torch.sort(rank, stable=True).indices]
 
 
+def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: float, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) with L_max = `budget` and L_cache =
+    `buffer`·budget: 0 up to L_max − L_cache, then ((L_max − L_cache) − |y|) / L_cache down to −1 at
+    L_max (times `penalty`). Responses stop at the budget here, so the −1 beyond it never applies."""
+    cache = buffer * budget
+    return penalty * ((budget - cache - lengths.float()) / cache).clamp(-1.0, 0.0)
+
+
+def left_pad_prompts(batch: Batch, width: int) -> Batch:
+    """The batch with its left-padded prompt part widened to `width` columns (to concatenate rollouts
+    whose longest prompts differ)."""
+    extra = width - batch["prompt_ids"].shape[1]
+    if extra <= 0:
+        return batch
+    out = Batch(dict(batch.tensors.items()), dict(batch.non_tensors), dict(batch.meta))
+    for k in (*PROMPT_FIELDS, *FULL_FIELDS):
+        if k in batch:
+            out[k] = F.pad(batch[k], (extra, 0))
+    return out
+
+
 class Dataflow:
     def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], config: RunConfig, tokenizer: Tokenizer,
-                 reward_fn=None, cost_fn=None, lagrange: LagrangeMultiplier | None = None,
+                 functions: dict | None = None, prompts: Callable[[int], Batch] | None = None,
                  origin: float | None = None):
+        """config: the run's settings resolved for the plan's algorithm (RunConfig.for_algorithm);
+        functions: rule-based scores by stream ("reward", "cost"); prompts(n): n more prompts, each
+        repeated samples_per_prompt times (dynamic sampling)."""
         self.plan, self.groups, self.config, self.tok = plan, groups, config, tokenizer
-        self.reward_fn, self.cost_fn, self.lagrange = reward_fn, cost_fn, lagrange
+        self.algo = get_algorithm(plan.algorithm)
+        self.functions, self.prompts = functions or {}, prompts
         self.origin = time.time() if origin is None else origin
         self.events: list[Event] = []
-        self.iteration = 0
-        self.stats: dict[str, float] = {}
-        self._gen_ranks: list[tuple[int, int]] | None = None
+        self.state = self.algo.hooks.driver_state(config)  # e.g. Safe-RLHF's Lagrange multiplier
+        self.kl = KLController(config.kl)
         self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.roles, config.kl_in_reward)
+        self._gen_ranks: list[tuple[int, int]] | None = None
+        self.start_iteration(0)
+
+    def start_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+        self.stats: dict[str, float] = {}
+        self.calls: list[tuple[str, str]] = []  # (op, role) as issued; the simulator's graph has the same
+        self.resampled_calls: list[tuple[str, str]] = []  # dynamic sampling's extra rounds
+        self._resampling = False
+        self.rollout_scores: torch.Tensor | None = None  # fill_batch: the first round's rewards, unfiltered
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def has(self, role: str) -> bool:
@@ -79,6 +123,9 @@ class Dataflow:
 
     def _group_name(self, role: str) -> str:
         return self.plan.roles[role].group
+
+    def _log(self, op: str, role: str) -> None:
+        (self.resampled_calls if self._resampling else self.calls).append((op, role))
 
     def _record(self, role: str, group: str, timing: dict) -> None:
         for op, (start, end, *nbytes) in timing.items():
@@ -91,30 +138,37 @@ class Dataflow:
 
     @contextmanager
     def _on_driver(self, op: str, role: str):
+        self._log(op, role)
         start = time.time()
         yield
         self._record(role, "driver", {op: (start, time.time())})
 
-    def _call(self, role: str, method: str, batch: Batch) -> Pending:
+    def _call(self, op: str, role: str, method: str, batch: Batch) -> Pending:
+        self._log(op, role)
         return Pending(role, self.groups[role].call_async(role, method, batch))
 
-    def _call_balanced(self, role: str, method: str, batch: Batch) -> Pending:
+    def _call_balanced(self, op: str, role: str, method: str, batch: Batch) -> Pending:
         """`_call` with the rows spread evenly over the role's dp ranks; results come back in batch order."""
         order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp)
         if order is None:
-            return self._call(role, method, batch)
+            return self._call(op, role, method, batch)
+        self._log(op, role)
         return Pending(role, self.groups[role].call_async(role, method, batch[order]), inverse_order(order))
 
     # ---- rollout ------------------------------------------------------------------------------
-    def generate(self, batch: Batch, greedy: bool = False) -> Batch:
-        """Responses for the prompts: one shard per generation replica, read from its tp_g rank 0."""
+    def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
+        """Responses for the prompts: one shard per generation replica, read from its tp_g rank 0.
+        greedy (ReMax's baseline): one response per prompt, not per sample (its consecutive copies)."""
+        if greedy:
+            batch = batch[torch.arange(0, len(batch), self.plan.workload.samples_per_prompt)]
         group = self.groups["actor"]
         if self._gen_ranks is None:
             self._gen_ranks = group.call("actor", "generation_ranks")  # [(replica, tp_g rank)] by rank
         replicas = 1 + max(rep for rep, _ in self._gen_ranks)
-        shards, pad = shard(batch.select("prompt_ids", "prompt_mask", meta=False), replicas)
+        shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), replicas)
+        self._log("generate_baseline" if greedy else "generate", "actor")
         outs = group.call("actor", "generate", [shards[rep] for rep, _ in self._gen_ranks],
-                          iteration=self.iteration, greedy=greedy)
+                          iteration=self.iteration, greedy=greedy, sample_round=sample_round)
         readers = sorted((rep, r) for r, (rep, tp) in enumerate(self._gen_ranks) if tp == 0)
         timing: dict[str, list[float]] = {}
         for _, r in readers:  # an op spans from the first replica's start to the last one's end
@@ -134,86 +188,151 @@ class Dataflow:
         rows = batch["data_row"].tolist() if "data_row" in batch else None
         return {"rows": rows, "source": batch.meta.get("data_source", "")}
 
-    def _rule_scores(self, batch: Batch, fn, role: str) -> torch.Tensor:
-        with self._on_driver(role, role):
+    def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
+        with self._on_driver(stream, stream):
             prompts = list(batch["prompt"])
             fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
-            ref = self.plan.reward_function if role == "reward" else self.plan.cost_function
-            return score_responses(fn, prompts, self.responses_text(batch), fields, name=f"{role} function '{ref}'",
-                                   **self._origin(batch))
+            ref = getattr(self.plan, f"{stream}_function")
+            return score_responses(self.functions[stream], prompts, self.responses_text(batch), fields,
+                                   name=f"{stream} function '{ref}'", **self._origin(batch))
 
     def score(self, batch: Batch) -> Batch:
-        """`reward_scores` (and `cost_scores` for Safe-RLHF): from a score model or a rule-based function;
-        a score that is not a finite number ends the run with a one-line error."""
-        models = [r for r in ("reward", "cost") if self.has(r)]
-        pending = [self._call(r, "compute_scores", batch.select(*SEQ_FIELDS, meta=False)) for r in models]
-        if not self.has("reward"):
-            batch["reward_scores"] = self._rule_scores(batch, self.reward_fn, "reward")
-        if self.plan.algorithm == "safe-rlhf" and not self.has("cost"):
-            batch["cost_scores"] = self._rule_scores(batch, self.cost_fn, "cost")
+        """`reward_scores` (and `cost_scores` for a constrained algorithm): score models first, then the
+        rule-based functions on the driver while the models work. A score that is not a finite number
+        ends the run with a one-line error."""
+        streams = self.algo.scores
+        models = [s for s in streams if self.has(s)]
+        pending = [self._call(s, s, "compute_scores", batch.select(*SEQ_FIELDS, meta=False)) for s in models]
+        for s in streams:
+            if not self.has(s):
+                batch[f"{s}_scores"] = self._rule_scores(batch, s)
         batch = self.gather(batch, *pending)
-        for r in models:
-            check_finite_scores(batch[f"{r}_scores"], f"{r} model {self.plan.roles[r].path}", list(batch["prompt"]),
+        for s in models:
+            check_finite_scores(batch[f"{s}_scores"], f"{s} model {self.plan.roles[s].path}", list(batch["prompt"]),
                                 **self._origin(batch))
         return batch
+
+    def fill_batch(self, batch: Batch) -> Batch:
+        """Dynamic sampling: keep the prompt groups the algorithm's `keep_groups` hook accepts and top the
+        batch up with groups of new prompts (generated and scored the same way) for at most
+        workload.max_sampling_rounds rounds in all; what is still missing then is filled with the
+        rejected groups, so the batch keeps its size. Kept groups come first."""
+        group = self.plan.workload.samples_per_prompt
+        want = len(batch) // group
+        kept, rejected, n_kept, rounds, generated = [], [], 0, 1, want
+        self.rollout_scores = batch["reward_scores"]
+        while True:
+            scores = batch["reward_scores"].float().view(-1, group)
+            keep = self.algo.hooks.keep_groups(scores)
+            if keep is None:
+                return batch
+            rows = keep.repeat_interleave(group)
+            kept.append(batch[rows.nonzero().flatten()])
+            rejected.append(batch[(~rows).nonzero().flatten()])
+            n_kept += int(keep.sum())
+            if n_kept >= want or rounds >= self.plan.workload.max_sampling_rounds or self.prompts is None:
+                break
+            self._resampling = True
+            try:
+                batch = self.score(self.generate(self.prompts(want - n_kept), sample_round=rounds))
+            finally:
+                self._resampling = False
+            rounds, generated = rounds + 1, generated + (want - n_kept)
+        parts = [b for b in kept + rejected if len(b)]
+        width = max(b["prompt_ids"].shape[1] for b in parts)
+        full = Batch.concat([left_pad_prompts(b, width) for b in parts])[: want * group]
+        self.stats.update({"sampling/rounds": float(rounds), "sampling/kept_groups": float(min(n_kept, want)),
+                           "sampling/filter_rate": 1.0 - n_kept / generated})
+        return full
 
     # ---- log-probs and values -----------------------------------------------------------------
     def ref_logprob(self, batch: Batch) -> Pending | None:
         if not self.has("ref"):
             return None
-        return self._call_balanced("ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
+        return self._call_balanced("ref_logprob", "ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
 
     def actor_logprob(self, batch: Batch) -> Pending | None:
         """The old log-probs, unless the update's own serve (one epoch of one mini-batch, no KL in the reward)."""
         if not self.old_logprob_pass:
             return None
-        return self._call_balanced("actor", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))
+        return self._call_balanced("actor_logprob", "actor", "compute_log_prob",
+                                   batch.select(*SEQ_FIELDS, meta=False))
 
-    def values(self, batch: Batch) -> Pending | None:
-        if not self.has("critic"):
+    def values(self, batch: Batch, critic: str = "critic") -> Pending | None:
+        if not self.has(critic):
             return None
-        return self._call_balanced("critic", "compute_values", batch.select(*SEQ_FIELDS, meta=False))
+        p = self._call_balanced("values", critic, "compute_values", batch.select(*SEQ_FIELDS, meta=False))
+        p.rename = {"values": VALUE_FIELD[critic]}
+        return p
 
     def gather(self, batch: Batch, *pending: Pending | None) -> Batch:
         for p in pending:
             if p is not None:
                 out = self._take_timing(p.role, p.future.get())
-                batch = batch.union(out if p.back is None else out[p.back])
+                out = out if p.back is None else out[p.back]
+                if p.rename:
+                    out = Batch({p.rename.get(k, k): v for k, v in out.tensors.items()})
+                batch = batch.union(out)
         return batch
 
     # ---- advantages ---------------------------------------------------------------------------
-    def advantage(self, batch: Batch, estimator: str, baseline: torch.Tensor | None = None) -> Batch:
-        cfg, w = self.config, self.plan.workload
+    def _shaped(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s = self.config.shaping
+        if s.overlong_buffer is None:
+            return scores
+        budget = self.plan.workload.response_len
+        return scores + overlong_penalty(mask.sum(-1), budget, s.overlong_buffer, s.overlong_penalty)
+
+    def advantage(self, batch: Batch, baseline: Batch | None = None) -> Batch:
+        """Each score stream's advantages by the run's estimator (with its critic's values), combined by the
+        algorithm's hook; each critic's returns. `baseline`: ReMax's scored greedy rollout."""
+        cfg, w, hooks = self.config, self.plan.workload, self.algo.hooks
         with self._on_driver("advantage", "driver"):
             mask = batch["response_mask"]
-            scores = batch["reward_scores"].float()
-            if self.plan.algorithm == "safe-rlhf":  # PPO-Lagrangian: the critic learns (r − λc)/(1 + λ)
-                lam = self.lagrange.value
-                scores = (scores - lam * batch["cost_scores"].float()) / (1.0 + lam)
-            if "ref_log_probs" in batch and "old_log_probs" in batch:  # else the update reports it
+            scores = {s: batch[f"{s}_scores"].float() for s in self.algo.scores}
+            scores["reward"] = self._shaped(scores["reward"], mask)
+            self.stats.update(hooks.on_scores(self.state, scores))
+            have_kl = "ref_log_probs" in batch and "old_log_probs" in batch
+            if have_kl:  # else the update reports it
                 self.stats["kl"] = masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask).item()
-            if cfg.kl_mode == "reward" and cfg.kl_coef > 0 and "ref_log_probs" in batch:
-                rewards, _ = kl_in_reward(scores, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                                          cfg.kl_coef, cfg.kl_kind)
-            else:
-                rewards = scores_to_token_rewards(scores, mask)
-            adv, ret = get_advantage_estimator(estimator)(
-                rewards, mask, values=batch["values"] if "values" in batch else None,
-                group_size=w.samples_per_prompt, baseline=baseline, gamma=cfg.gamma, lam=cfg.lam)
-            batch["advantages"], batch["returns"] = adv, ret
+            kl = None
+            if cfg.kl_in_reward and have_kl:
+                kl = masked(kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], cfg.kl.estimator), mask)
+            estimator = get_advantage_estimator(cfg.advantage.estimator)
+            advantages = {}
+            for s in self.algo.scores:
+                rewards = scores_to_token_rewards(scores[s], mask)
+                if kl is not None:
+                    rewards = rewards - hooks.kl_shares.get(s, 0.0) * self.kl.value * kl
+                critic = CRITIC_OF[s]
+                advantages[s], returns = estimator(
+                    rewards, mask, cfg.advantage, values=batch[VALUE_FIELD[critic]] if self.has(critic) else None,
+                    group_size=w.samples_per_prompt,
+                    baseline=None if baseline is None else  # one greedy score per prompt, for each of its samples
+                    baseline[f"{s}_scores"].float().repeat_interleave(w.samples_per_prompt))
+                if self.has(critic):
+                    batch[RETURN_FIELD[critic]] = returns
+            batch["advantages"] = hooks.combine(advantages, self.state)
+            if kl is not None:
+                self.stats["kl_coef"] = self.kl.value
+                self.kl.update(masked_mean(kl, mask).item(), len(batch))
         return batch
 
     # ---- updates ------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        """Critic and actor steps, concurrently when they live on disjoint groups."""
+        """The critics' and the actor's steps, concurrently when they live on disjoint groups."""
         fields = [*SEQ_FIELDS, "response_mask", "advantages"]
         calls = []
-        if self.has("critic"):
-            calls.append(self._call_balanced("critic", "update", batch.select(*fields, "values", "returns", meta=False)))
+        for s in self.algo.scores:
+            critic = CRITIC_OF[s]
+            if self.has(critic):
+                sub = Batch({**{k: batch[k] for k in fields}, "values": batch[VALUE_FIELD[critic]],
+                             "returns": batch[RETURN_FIELD[critic]]})
+                calls.append(self._call_balanced("critic_update", critic, "update", sub))
         extra = ["old_log_probs"] if "old_log_probs" in batch else []
-        if "ref_log_probs" in batch and (self.config.kl_mode == "loss" or not extra):  # KL loss or KL statistic
+        if "ref_log_probs" in batch and (self.config.kl.placement == "loss" or not extra):  # KL loss or statistic
             extra.append("ref_log_probs")
-        calls.append(self._call_balanced("actor", "update", batch.select(*fields, *extra, meta=False)))
+        calls.append(self._call_balanced("actor_update", "actor", "update", batch.select(*fields, *extra, meta=False)))
         metrics: dict[str, float] = {}
         for p in calls:
             per_rank = p.future.get()
@@ -228,8 +347,3 @@ class Dataflow:
         if "actor/kl" in metrics and "kl" not in self.stats:  # one pass: KL(π_old ‖ π_ref) from the update
             self.stats["kl"] = metrics["actor/kl"]
         return metrics
-
-    def update_lagrange(self, batch: Batch) -> None:
-        if self.lagrange is None:
-            raise HflowError("safe-rlhf needs a Lagrange multiplier")
-        self.stats["lagrange"] = self.lagrange.update(batch["cost_scores"].float().mean().item())

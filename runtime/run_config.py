@@ -2,27 +2,32 @@
 
 A Plan fixes the algorithm, the models, the workload shape and where everything runs; this says
 what to train on (a built-in task or the user's prompt file and reward function), how to sample
-and how to weigh the losses. Defaults suit the tiny model on the built-in `sort` task.
+and how to weigh the losses. Run-level defaults suit the tiny model on the built-in `sort` task.
+
+The algorithm's settings (`loss`, `kl`, `advantage`, `shaping`, `lagrange`: simulator/algorithms/
+settings.py) have per-algorithm defaults in its registry entry; `for_algorithm` fills every field
+the config leaves unset from them (a YAML `kl: {coef: 0.02}` keeps the algorithm's KL placement
+and estimator), so each default lives in one place.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    ValidationError,
     field_validator,
 )
 
-from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.algorithms import RLSettings, get_algorithm, merge_settings
+from hybridflow.simulator.errors import HflowError, describe_validation_error
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.plan import ROLLOUT_BACKENDS, Plan, RolloutBackend
 
@@ -32,7 +37,7 @@ from .tasks.policy_cache import WarmupConfig
 VLLM_CPU_MIN_HEAD_DIM = 32  # vLLM-CPU's attention kernels refuse smaller heads
 
 
-class RunConfig(BaseModel):
+class RunConfig(RLSettings):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int = 0
@@ -45,7 +50,7 @@ class RunConfig(BaseModel):
     # prompts through it, as one user message (with the generation prompt added)
     chat_template: bool = False
     # ---- sampling ------------------------------------------------------------------------------
-    temperature: NonNegativeFloat = 1.0
+    temperature: NonNegativeFloat = 1.0  # log-probs are taken at it too (0: greedy, log-probs at 1)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     rollout: RolloutBackend | None = None  # the generation engine; None: the plan's (its actor's `rollout`)
@@ -53,22 +58,7 @@ class RunConfig(BaseModel):
     actor_lr: PositiveFloat = 2e-4
     critic_lr: PositiveFloat = 1e-3
     grad_clip: NonNegativeFloat = 1.0
-    policy_loss: str = "ppo"
-    clip_ratio: PositiveFloat = 0.2
-    clip_ratio_high: PositiveFloat | None = None
     value_clip: PositiveFloat | None = 0.2
-    entropy_coef: NonNegativeFloat = 0.0
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
-    lam: float = Field(0.95, ge=0.0, le=1.0)
-    # ---- KL to the reference policy ------------------------------------------------------------
-    kl_coef: NonNegativeFloat = 0.01
-    kl_mode: Literal["reward", "loss"] = "reward"  # folded into the token rewards, or a loss term
-    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k1"
-    # ---- Safe-RLHF -----------------------------------------------------------------------------
-    cost_threshold: float = 0.0
-    lagrange_init: PositiveFloat = 1.0
-    lagrange_lr: NonNegativeFloat = 0.05
-    lagrange_max: PositiveFloat | None = 10.0
     # ---- checkpoints and outputs ---------------------------------------------------------------
     save_every: PositiveInt = 1  # iterations between checkpoints (with a checkpoint dir)
     # a few sampled prompts, responses and rewards go to the metrics and the console on the first
@@ -86,11 +76,18 @@ class RunConfig(BaseModel):
         """How a role without weights gets its built-in policy on this run's task and seed."""
         return WarmupConfig(task=self.task, seed=self.seed)
 
-    @property
-    def kl_in_reward(self) -> bool:
-        """Whether a KL penalty is folded into the rewards (it then needs the old log-probs before the
-        advantages, so the actor keeps its separate `actor_logprob` pass)."""
-        return self.kl_mode == "reward" and self.kl_coef > 0
+    def for_algorithm(self, algorithm: str, has_ref: bool = True) -> RunConfig:
+        """This config with `algorithm`'s default settings under every RL field it leaves unset; without a
+        reference model (`has_ref` False) the KL is off unless the config sets its coefficient."""
+        algo = get_algorithm(algorithm)
+        try:
+            merged = merge_settings(algo.defaults, self)
+        except ValidationError as e:
+            raise HflowError(describe_validation_error(e, f"run config for {algorithm}")) from None
+        update = {name: getattr(merged, name) for name in RLSettings.model_fields}
+        if not has_ref and "coef" not in (self.kl.model_fields_set if "kl" in self.model_fields_set else set()):
+            update["kl"] = merged.kl.model_copy(update={"coef": 0.0})
+        return self.model_copy(update=update)
 
 
 def check_vllm_installed(model: ModelSpec) -> None:

@@ -6,16 +6,18 @@
     t.timeline                                  # the measured Timeline (source="measured")
 
 One WorkerGroup per device group of the plan, hosting the roles the plan puts there (colocated
-roles share a process per device). The algorithm's loop (algorithms/loops.py) calls the ops of
-runtime/dataflow.py. Prompts are encoded and responses decoded with the actor folder's own
-tokenizer (tasks/model_tokenizer.py). Per iteration the trainer appends one JSON line of metrics
-(reward, KL, losses, tokens/s, seconds per op; every `sample_log_every` iterations a few sampled
-responses), hands it to its loggers (runtime/loggers.py) and, with a checkpoint dir, saves the
-trained models, the optimizer and the driver's state (data order, Lagrange multiplier); `latest`
-is rewritten only after a checkpoint is complete, so a crash mid-save leaves the previous one
-intact and resumable. An iteration that fails (a reward that raises, a NaN score) writes nothing.
-With an export dir, every checkpoint is also written as HF folders (export_dir/iter_N/actor, …) and
-`export_hf()` writes the current weights (export_dir/actor, export_dir/critic).
+roles share a process per device). The algorithm's loop (its registry entry, simulator/algorithms/)
+calls the ops of runtime/dataflow.py, with the run's settings resolved against the algorithm's
+defaults (RunConfig.for_algorithm). Prompts are encoded and responses decoded with the actor
+folder's own tokenizer (tasks/model_tokenizer.py). Per iteration the trainer appends one JSON line
+of metrics (reward, KL, losses, tokens/s, seconds per op; every `sample_log_every` iterations a few
+sampled responses), hands it to its loggers (runtime/loggers.py) and, with a checkpoint dir, saves
+the trained models, the optimizer and the driver's state (data order, the algorithm's driver state
+such as Safe-RLHF's Lagrange multiplier, the KL coefficient); `latest` is rewritten only after a
+checkpoint is complete, so a crash mid-save leaves the previous one intact and resumable. An
+iteration that fails (a reward that raises, a NaN score) writes nothing. With an export dir, every
+checkpoint is also written as HF folders (export_dir/iter_N/actor, …) and `export_hf()` writes the
+current weights (export_dir/actor, export_dir/critic).
 """
 
 from __future__ import annotations
@@ -30,17 +32,20 @@ from pathlib import Path
 import ray
 import torch
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic, write_json_atomic
 from hybridflow.simulator.model import ModelSpec
-from hybridflow.simulator.plan import TRAINED_ROLES, Plan
+from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline, throughput
 
+from .algorithms.advantages import get_advantage_estimator
 from .algorithms.functional import masked_mean
-from .algorithms.loops import ALGORITHMS
-from .algorithms.losses import LagrangeMultiplier
+from .algorithms.losses import get_policy_loss
 from .batch import Batch
 from .dataflow import Dataflow
+from .engines.generation import SamplingParams
+from .engines.training import OptimConfig
 from .loggers import MetricsLogger
 from .plan_support import check_runnable, role_weights
 from .resource_pool import ResourcePool, init_ray
@@ -86,7 +91,12 @@ class Trainer:
         self.export_dir = Path(export_dir) if export_dir else None
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
-        check_runnable(plan, self.config)
+        self.algo = get_algorithm(plan.algorithm)
+        given = self.config
+        check_runnable(plan, given)
+        self.config = given.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)
+        get_advantage_estimator(self.config.advantage.estimator)  # one-line errors before anything starts
+        get_policy_loss(self.config.loss.kind)
         self.tok = self._tokenizer()
         cfg = self.config
         self.dataset = (PromptDataset.from_file(cfg.prompts_file) if cfg.prompts_file
@@ -94,11 +104,8 @@ class Trainer:
         if cfg.chat_template or self.dataset.has_chat():
             self.tok.require_chat_template()
         self.sampler = PromptSampler(len(self.dataset), plan.workload.prompts, cfg.seed)
-        self.reward_fn = self._function(plan.reward_function, "reward") if "reward" not in plan.roles else None
-        self.cost_fn = (self._function(plan.cost_function, "cost")
-                        if plan.algorithm == "safe-rlhf" and "cost" not in plan.roles else None)
-        self.lagrange = (LagrangeMultiplier(cfg.lagrange_init, cfg.lagrange_lr, cfg.cost_threshold, cfg.lagrange_max)
-                         if plan.algorithm == "safe-rlhf" else None)
+        self.functions = {s: self._function(getattr(plan, f"{s}_function"), s)
+                          for s in self.algo.scores if s not in plan.roles}
         self.groups: dict[str, WorkerGroup] = {}
         self.iteration = 0
         self.timeline = Timeline(source="measured", tokens_per_iteration=plan.workload.tokens_per_iteration,
@@ -117,8 +124,8 @@ class Trainer:
         checking that every model the warm-up would build has its vocabulary (before anything starts)."""
         actor = self.plan.roles["actor"]
         for role, rp in self.plan.roles.items():
-            if not rp.path and (role == "actor" or (role in ("critic", "ref") and rp.model != actor.model)):
-                check_warmup_shape(rp.model)
+            if role_weights(self.plan, role, get_task(self.config.task).reward_function) is None:
+                check_warmup_shape(rp.model)  # the built-in policy: warmed up here, character vocabulary only
         if actor.path:
             return load_tokenizer(actor.path, model_vocab=ModelSpec.from_hf_config(actor.path).vocab)
         return CharTokenizer()
@@ -140,23 +147,21 @@ class Trainer:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
         common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed)
         if role in ("actor", "ref"):
-            trainable = role == "actor"
-            kw = dict(trainable=trainable, epochs=w.ppo_epochs, mini_batches=w.mini_batches, **common)
-            if trainable:
+            kw = dict(trainable=role == "actor", epochs=w.ppo_epochs, mini_batches=w.mini_batches,
+                      temperature=cfg.temperature, **common)  # log-probs at the sampling temperature
+            if role == "actor":
                 gen = self.plan.generation_config()
                 kw.update(
                     reshard=self.plan.reshard, rollout=rp.rollout, prompt_len=w.prompt_len,
-                    optim={"lr": cfg.actor_lr, "grad_clip": cfg.grad_clip},
-                    generate_parallel=gen.model_dump(),
-                    sampling={"max_new_tokens": w.response_len, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                              "top_k": cfg.top_k, "eos_token_id": self.tok.eos_ids, "pad_token_id": self.tok.pad_id},
-                    loss={"policy_loss": cfg.policy_loss, "clip_ratio": cfg.clip_ratio,
-                          "clip_ratio_high": cfg.clip_ratio_high, "entropy_coef": cfg.entropy_coef,
-                          "kl_coef": cfg.kl_coef if cfg.kl_mode == "loss" else 0.0, "kl_kind": cfg.kl_kind})
+                    optim=OptimConfig(lr=cfg.actor_lr, grad_clip=cfg.grad_clip),
+                    generate_parallel=gen,
+                    sampling=SamplingParams(max_new_tokens=w.response_len, temperature=cfg.temperature, top_p=cfg.top_p,
+                                            top_k=cfg.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id),
+                    loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len)
             return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
         kw = dict(**common)
-        if role == "critic":
-            kw.update(optim={"lr": cfg.critic_lr, "grad_clip": cfg.grad_clip}, value_clip=cfg.value_clip,
+        if role in TRAINED_ROLES:  # a critic
+            kw.update(optim=OptimConfig(lr=cfg.critic_lr, grad_clip=cfg.grad_clip), value_clip=cfg.value_clip,
                       epochs=w.ppo_epochs, mini_batches=w.mini_batches)
         return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), kw)
 
@@ -191,12 +196,13 @@ class Trainer:
         except BaseException:
             self.shutdown()
             raise
-        self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.reward_fn, self.cost_fn, self.lagrange)
+        self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
         return self
 
     # ---- one iteration ------------------------------------------------------------------------
-    def prompt_batch(self) -> Batch:
-        rows = self.sampler.next_indices()
+    def prompt_batch(self, count: int | None = None) -> Batch:
+        """The next `count` prompts (default: the workload's), each repeated samples_per_prompt times."""
+        rows = self.sampler.next_indices(count)
         prompts, cols = self.dataset.take(rows)
         ids, mask = self.tok.encode_prompts(prompts, self.config.chat_template, max_len=self.plan.workload.prompt_len)
         batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "data_row": torch.tensor(rows)},
@@ -222,16 +228,17 @@ class Trainer:
         """One iteration; `iteration` counts only those that finished (a failing one writes nothing)."""
         self.start()
         df = self.df
-        df.iteration, df.stats = self.iteration + 1, {}
+        df.start_iteration(self.iteration + 1)
         start = time.time()
         first_event = len(df.events)
-        metrics, batch = ALGORITHMS[self.plan.algorithm](df, self.prompt_batch())
+        metrics, batch = self.algo.loop(df, self.prompt_batch())
         wall = time.time() - start
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
         seconds = self.timeline.iteration_seconds(self.iteration)  # the span of its ops, as simulated
-        rewards = batch["reward_scores"].float()
+        # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
+        rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
         tokens = int(batch["attention_mask"].sum())
         ops: dict[str, float] = {}
@@ -274,8 +281,8 @@ class Trainer:
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
         return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": self.sampler.state_dict(),
-                "lagrange": self.lagrange.state_dict() if self.lagrange else None,
-                "placement": self.plan.placement()}
+                "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
+                "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
 
     def save_checkpoint(self) -> Path:
         if not self.checkpoint_dir:
@@ -319,8 +326,9 @@ class Trainer:
                 self.groups[role].call(role, "load", str(path))
         self.iteration = state["iteration"]
         self.sampler.load_state_dict(state["sampler"])
-        if self.lagrange and state["lagrange"]:
-            self.lagrange.load_state_dict(state["lagrange"])
+        if self.df.state is not None and state["algorithm_state"] is not None:
+            self.df.state.load_state_dict(state["algorithm_state"])
+        self.df.kl.load_state_dict(state["kl_coef"])
         return path
 
     def fingerprints(self) -> dict[str, list[str]]:

@@ -4,12 +4,12 @@ from .errors import HflowError
 from .hardware import HARDWARE_PRESETS, ClusterSpec, HardwareSpec, hardware_preset
 from .model import MODEL_PRESETS, ModelSpec, model_preset, resolve_model
 from .parallel import ParallelConfig
-from .plan import ALGORITHM_ROLES, Device, DeviceGroup, Plan, RolePlan, role_head
+from .plan import Device, DeviceGroup, Plan, RolePlan, role_head
 from .timeline import OPS, Event, Timeline
 from .workload import Workload
 
 __all__ = [
-    "ALGORITHM_ROLES", "HARDWARE_PRESETS", "MODEL_PRESETS", "OPS", "ClusterSpec", "Device", "DeviceGroup",
+    "HARDWARE_PRESETS", "MODEL_PRESETS", "OPS", "ClusterSpec", "Device", "DeviceGroup",
     "Event", "HardwareSpec", "HflowError", "ModelSpec", "ParallelConfig", "Plan", "RolePlan", "Timeline",
     "Workload", "hardware_preset", "model_preset", "resolve_model", "role_head",
 ]

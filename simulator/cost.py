@@ -302,15 +302,17 @@ class CostModel:
 FORWARD_OPS = ("actor_logprob", "ref_logprob", "values", "reward", "cost")
 
 
-def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False) -> OpCost:
+def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False, resampled: bool = False) -> OpCost:
     """The OpCost of one op of `plan` run by `role` ("driver" or a rule-based reward/cost: the single
-    controller's CPU). baseline: the ReMax greedy pass (one sequence per prompt, not per sample)."""
+    controller's CPU). baseline: the ReMax greedy pass (one sequence per prompt, not per sample);
+    resampled: a dynamically sampled rollout or score (the expected extra rounds, Workload.op_sequences)."""
+    from .algorithms import TRAINED_ROLES
     from .errors import HflowError
     from .memory import kv_free_bytes, plan_recompute, state_bytes
-    from .plan import TRAINED_ROLES, role_head
+    from .plan import role_head
 
     w, p = plan.workload, cm.params
-    seqs = w.prompts if baseline or op == "generate_baseline" else w.sequences
+    seqs = w.op_sequences(baseline=baseline or op == "generate_baseline", resampled=resampled)
     if op == "advantage" or role not in plan.roles:
         if op in ("reward", "cost"):  # a rule-based function on the driver
             return _cost(0.0, 0.0, driver=seqs * p.rule_reward_seconds_per_sequence)

@@ -7,16 +7,9 @@ rule-based reward or cost) and `order` (the driver's call order). Edges are data
 Sorting by `order` gives a topological order: the order in which the single controller issues
 the calls (verl's ray_trainer loop), which is also the order ops of one colocation group run in.
 
-Algorithms (roles as in plan.ALGORITHM_ROLES):
-  ppo        [reshard] → generate → {ref_logprob, actor_logprob, values, reward} → advantage
-             → {critic_update, actor_update}
-  grpo/rloo  as PPO without a critic (group-relative / leave-one-out baselines are driver math
-             over `samples_per_prompt` responses per prompt)
-  remax      as GRPO plus a greedy `generate_baseline` and its reward (`reward_baseline`); the
-             advantage is r(sampled) − r(greedy)
-  safe-rlhf  as PPO plus the `cost` model. The critic is ONE model with two value heads (reward
-             value and cost value), as HybridFlow's five-model Safe-RLHF (actor, critic, ref,
-             reward, cost; Bell(5) = 52 placements) has it — the Safe-RLHF paper trains two critics.
+The graph of an algorithm is not described here: `build_dataflow` runs the algorithm's own driver
+loop (simulator/algorithms/, the one the runtime executes) against a recording dataflow
+(algorithms/recording.py), so what is priced is what is run.
 
 Old log-probs: with one PPO epoch of one mini-batch the policy that runs the update's forward is
 still the one that sampled, so the update's own log-probs, detached, are the old ones (TRL and verl
@@ -37,30 +30,19 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 
 import networkx as nx
 
+from .algorithms import ROLES, get_algorithm
+from .algorithms.recording import DRIVER, record_dataflow
 from .errors import HflowError
-
-ALGORITHMS = ("ppo", "grpo", "remax", "safe-rlhf", "rloo")
-DRIVER = "driver"  # the lane and role of controller-side work
-CRITIC_ALGORITHMS = ("ppo", "safe-rlhf")
-MODEL_ROLES = ("actor", "critic", "ref", "reward", "cost")
 
 Lanes = str | tuple[str, ...]  # the device group(s) an op occupies
 
 
-def _add(g: nx.DiGraph, node: str, op: str, role: str, after: Iterable[str] = (), driver: bool = False,
-         **attrs) -> None:
-    g.add_node(node, op=op, role=role, driver=driver, order=float(len(g)), **attrs)
-    for src in after:
-        if src in g:
-            g.add_edge(src, node)
-
-
-def needs_old_logprob_pass(workload, roles: Iterable[str], kl_in_reward: bool = True) -> bool:
+def needs_old_logprob_pass(workload, roles: Iterable[str], kl_in_reward: bool) -> bool:
     """Whether the actor needs a forward of its own for the old log-probs (`actor_logprob`).
 
     Not with one PPO epoch of one mini-batch (`workload`: a Workload), unless the run folds a KL
-    penalty into the rewards (`kl_in_reward`; the runtime's default RunConfig does whenever the plan
-    has a 'ref' model, so that is assumed unless the caller knows better).
+    penalty into the rewards (`kl_in_reward`: a run's settings, or the algorithm's defaults,
+    `Algorithm.kl_in_reward`) and the plan has the 'ref' model it needs.
     """
     return workload.ppo_epochs > 1 or workload.mini_batches > 1 or (kl_in_reward and "ref" in set(roles))
 
@@ -68,7 +50,7 @@ def needs_old_logprob_pass(workload, roles: Iterable[str], kl_in_reward: bool = 
 def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, cost_model: bool,
                    hybrid_engine: bool, offload: bool | Collection[str] = False,
                    placement: Iterable[Iterable[str]] | None = None, old_logprob_pass: bool = True) -> nx.DiGraph:
-    """One iteration of `algorithm` as a DAG of op instances.
+    """One iteration of `algorithm` as a DAG of op instances, recorded from its driver loop.
 
     roles: the models the plan has ("ref" may be missing: no KL term). reward_model/cost_model:
     False when the reward/cost is a rule-based function the driver runs. hybrid_engine: the actor
@@ -78,54 +60,19 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     share a group — by default all of them do. old_logprob_pass: False drops `actor_logprob` (the
     update's own log-probs serve as the old ones; see needs_old_logprob_pass).
     """
-    if algorithm not in ALGORITHMS:
-        raise HflowError(f"unknown algorithm '{algorithm}'; known: {', '.join(ALGORITHMS)}")
+    algo = get_algorithm(algorithm)
     roles = set(roles)
-    unknown = roles - set(MODEL_ROLES)
+    unknown = roles - set(ROLES)
     if unknown:
-        raise HflowError(f"unknown role(s) {', '.join(sorted(unknown))}; roles are {', '.join(MODEL_ROLES)}")
-    if "actor" not in roles:
-        raise HflowError(f"{algorithm} needs an 'actor' model")
-    with_critic = algorithm in CRITIC_ALGORITHMS
-    if with_critic and "critic" not in roles:
-        raise HflowError(f"{algorithm} needs a 'critic' model")
-
-    g = nx.DiGraph(algorithm=algorithm)
-    sync = "reshard" if hybrid_engine else "broadcast"
-    _add(g, sync, "reshard", "actor", broadcast=not hybrid_engine)
-    _add(g, "generate", "generate", "actor", after=[sync])
-    scored = ["generate"]
-    if algorithm == "remax":
-        _add(g, "generate_baseline", "generate_baseline", "actor", after=[sync], baseline=True)
-    # The runtime issues the log-prob and value calls first, then scores (runtime/algorithms/loops.py):
-    # the insertion order is the call order, so a reward model sharing a group queues behind them.
-    # ref first, then the actor's old log-probs, then the values: loops.py's `pending = ref, actor, values`.
-    inputs = []
-    if "ref" in roles:
-        _add(g, "ref_logprob", "ref_logprob", "ref", after=scored)
-        inputs.append("ref_logprob")
-    if old_logprob_pass:
-        _add(g, "actor_logprob", "actor_logprob", "actor", after=scored)
-        inputs.append("actor_logprob")
-    if with_critic:
-        _add(g, "values", "values", "critic", after=scored)
-        inputs.append("values")
-    _add(g, "reward", "reward", "reward", after=scored, driver=not reward_model)
-    inputs.append("reward")
-    if algorithm == "remax":
-        _add(g, "reward_baseline", "reward", "reward", after=["generate_baseline"], driver=not reward_model,
-             baseline=True)
-        inputs.append("reward_baseline")
-    if algorithm == "safe-rlhf":
-        _add(g, "cost", "cost", "cost", after=scored, driver=not cost_model)
-        inputs.append("cost")
-    _add(g, "advantage", "advantage", DRIVER, after=inputs, driver=True)
-    if with_critic:
-        _add(g, "critic_update", "critic_update", "critic", after=["advantage", "values"])
-    _add(g, "actor_update", "actor_update", "actor", after=["advantage", "actor_logprob"])
-
+        raise HflowError(f"unknown role(s) {', '.join(sorted(unknown))}; roles are {', '.join(ROLES)}")
+    try:
+        algo.check_roles(roles, {s: "function" for s in algo.scores})  # rule-based scores are always possible here
+    except ValueError as e:
+        raise HflowError(str(e)) from None
+    g = record_dataflow(algo, roles, reward_model=reward_model, cost_model=cost_model, hybrid_engine=hybrid_engine,
+                        old_logprob_pass=old_logprob_pass)
     if offload:
-        which = set(MODEL_ROLES) if offload is True else set(offload)
+        which = set(ROLES) if offload is True else set(offload)
         groups = [list(p) for p in placement] if placement is not None else [sorted(roles)]
         lane_of = {}
         for i, members in enumerate(groups):

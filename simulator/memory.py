@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from .algorithms import TRAINED_ROLES
 from .efficiency import EfficiencyParams
 from .errors import HflowError
 from .hardware import GiB, HardwareSpec
@@ -203,7 +204,7 @@ def _configs(model: ModelSpec, n: int, devices_per_node: int) -> list[ParallelCo
 def _least_transient(model: ModelSpec, role: str, n: int, workload: Workload, devices_per_node: int) -> float | None:
     """The smallest transient any config over n devices gives this role (None: no config exists).
     States do not depend on the config (everything is sharded over all n devices)."""
-    from .plan import TRAINED_ROLES, role_head
+    from .plan import role_head
 
     head, best = role_head(role), None
     for cfg in _configs(model, n, devices_per_node):
@@ -224,7 +225,7 @@ def fits_on(models: list[tuple[ModelSpec, str]], devices: int, workload: Workloa
     """Can these colocated (model, role) pairs share `devices` devices under some parallel configs?
     Roles say which are trained (actor, critic: Adam states, recomputation allowed) and which
     generate (actor). Offload: idle models' states live in host memory."""
-    from .plan import TRAINED_ROLES, role_head
+    from .plan import role_head
 
     p = params or EfficiencyParams.for_hardware(cluster.hardware)
     key = (tuple(models), devices, workload, cluster, offload, p)
@@ -277,13 +278,14 @@ class RoleMemory(BaseModel):
     generate_bytes_per_device: float | None = None  # actor on separate generation devices: their peak
 
 
+# The ops each role can run (the work whose transients a group's peak is taken over).
 _OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", "values"),
-        "ref": ("ref_logprob",), "reward": ("reward",), "cost": ("cost",)}
+        "cost_critic": ("critic_update", "values"), "ref": ("ref_logprob",), "reward": ("reward",), "cost": ("cost",)}
 
 
 def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
     """(states by role, [(role, op, resident states, transient)]) for one device group."""
-    from .plan import TRAINED_ROLES, role_head
+    from .plan import role_head
 
     usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
     states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES)
@@ -344,7 +346,7 @@ def plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleM
         gen_t = [t for r, o, _, t in phases if o == "generate"]
         rm = RoleMemory(role=role, group=rp.group, bytes_per_device=peak.total, fits=ok, capacity=limit,
                         breakdown=peak, own=own, peak_op=peak_op,
-                        recompute=recompute[role] and role in ("actor", "critic"))
+                        recompute=recompute[role] and role in TRAINED_ROLES)
         if role == "actor":
             if rp.generate_group:
                 _, gphases, gpeak, _, gok = _group_peak(plan, rp.generate_group, False, p)

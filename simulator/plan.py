@@ -9,48 +9,40 @@ actor's `rollout` names: the native KV-cache engine or vLLM.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .algorithms import ROLES, SCALAR_HEAD_ROLES, get_algorithm
 from .errors import HflowError, describe_validation_error
 from .hardware import ClusterSpec
 from .model import Head, ModelSpec, preset_if_named
-from .names import lookup
 from .parallel import ParallelConfig
 from .workload import Workload
 
 PLAN_VERSION = 1
 
-Role = Literal["actor", "critic", "ref", "reward", "cost"]
-Algorithm = Literal["ppo", "grpo", "remax", "safe-rlhf", "rloo"]
+Role = Literal[ROLES]  # the role vocabulary (algorithms/registry.py); each algorithm uses some of them
 ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
 RolloutBackend = Literal["native", "vllm"]  # the engine that generates the actor's responses
 ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
 
-# Every role an algorithm can use, in call order of the dataflow. `ref` may be dropped (no KL);
-# `reward`/`cost` may be rule-based functions instead of models (then they own no devices).
-ALGORITHM_ROLES: dict[str, tuple[str, ...]] = {
-    "ppo": ("actor", "critic", "ref", "reward"),
-    "grpo": ("actor", "ref", "reward"),
-    "remax": ("actor", "ref", "reward"),
-    "safe-rlhf": ("actor", "critic", "ref", "reward", "cost"),
-    "rloo": ("actor", "ref", "reward"),
-}
-REQUIRED_ROLES: dict[str, tuple[str, ...]] = {
-    "ppo": ("actor", "critic"),
-    "grpo": ("actor",),
-    "remax": ("actor",),
-    "safe-rlhf": ("actor", "critic"),
-    "rloo": ("actor",),
-}
-TRAINED_ROLES = ("actor", "critic")
-SCALAR_HEAD_ROLES = ("critic", "reward", "cost")
+
+def known_algorithm(name: str) -> str:
+    """Pydantic validator: an algorithm name the registry knows (ValueError with the known names)."""
+    try:
+        get_algorithm(name)
+    except HflowError as e:
+        raise ValueError(str(e)) from None
+    return name
+
+
+AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
 
 
 def algorithm_name(name: str) -> str:
     """The algorithm `name` means (any case; one-line error with "did you mean" otherwise)."""
-    return lookup(name, ALGORITHM_ROLES, "algorithm")
+    return get_algorithm(name).name
 
 
 def role_head(role: str) -> Head:
@@ -94,7 +86,7 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = PLAN_VERSION
-    algorithm: Algorithm = "ppo"
+    algorithm: AlgorithmName = "ppo"
     cluster: ClusterSpec
     workload: Workload = Workload()
     groups: list[DeviceGroup]
@@ -129,10 +121,9 @@ class Plan(BaseModel):
                 if (d.node, d.index) in seen:
                     raise ValueError(f"device {d.node}:{d.index} is in both '{seen[(d.node, d.index)]}' and '{g.name}'")
                 seen[(d.node, d.index)] = g.name
-        allowed = ALGORITHM_ROLES[self.algorithm]
+        get_algorithm(self.algorithm).check_roles(self.roles, {"reward": self.reward_function,
+                                                               "cost": self.cost_function})
         for role, rp in self.roles.items():
-            if role not in allowed:
-                raise ValueError(f"role '{role}' is not used by {self.algorithm} (roles: {', '.join(allowed)})")
             for gname in (rp.group, rp.generate_group):
                 if gname is not None and gname not in groups:
                     raise ValueError(f"role '{role}' names unknown group '{gname}' (groups: {', '.join(groups)})")
@@ -142,13 +133,6 @@ class Plan(BaseModel):
                                  f"but group '{rp.group}' has {size}")
             if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
                 raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
-        for role in REQUIRED_ROLES[self.algorithm]:
-            if role not in self.roles:
-                raise ValueError(f"{self.algorithm} needs a '{role}' model")
-        if "reward" not in self.roles and not self.reward_function:
-            raise ValueError("give a 'reward' model or a reward_function ('module:function')")
-        if self.algorithm == "safe-rlhf" and "cost" not in self.roles and not self.cost_function:
-            raise ValueError("safe-rlhf needs a 'cost' model or a cost_function ('module:function')")
         return self
 
     # ---- views ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping
 
 import networkx as nx
 
+from .algorithms import get_algorithm
 from .dataflow import (
     DRIVER,
     Lanes,
@@ -86,10 +87,13 @@ def makespan(times: Mapping[Hashable, tuple[float, float]]) -> float:
 
 
 # ---- a Plan ---------------------------------------------------------------------------------
-def plan_dataflow(plan: Plan, kl_in_reward: bool = True) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
+def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
     """One iteration of the plan's dataflow and the device group(s) each op runs on. `kl_in_reward`:
-    whether the run folds a KL penalty into the rewards (dataflow.needs_old_logprob_pass)."""
+    whether the run folds a KL penalty into the rewards (dataflow.needs_old_logprob_pass); None: as
+    the algorithm's default settings do."""
     actor = plan.roles["actor"]
+    if kl_in_reward is None:
+        kl_in_reward = get_algorithm(plan.algorithm).kl_in_reward
     graph = build_dataflow(plan.algorithm, plan.roles, reward_model="reward" in plan.roles,
                            cost_model="cost" in plan.roles, hybrid_engine=actor.generate_group is None,
                            old_logprob_pass=needs_old_logprob_pass(plan.workload, plan.roles, kl_in_reward))
@@ -116,9 +120,9 @@ def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None) -> dict[Hasha
     cache: dict[tuple[str, str, bool], object] = {}
     out = {}
     for n, a in graph.nodes(data=True):
-        key = (a["op"], a["role"], bool(a.get("baseline")))
+        key = (a["op"], a["role"], bool(a.get("baseline")), bool(a.get("resampled")))
         if key not in cache:
-            cache[key] = price_op(cm, plan, a["op"], a["role"], baseline=key[2])
+            cache[key] = price_op(cm, plan, a["op"], a["role"], baseline=key[2], resampled=key[3])
         out[n] = cache[key]
     return out
 
@@ -165,7 +169,7 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
     return {n: pair for n, a in graph.nodes(data=True) if not a["driver"] and a["op"] != "generate"}
 
 
-def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool = True) -> Timeline:
+def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool | None = None) -> Timeline:
     """The simulated Timeline of `iterations` iterations of `plan` (source="simulated")."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import TRAINED_ROLES
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
 
 

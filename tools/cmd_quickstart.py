@@ -13,12 +13,10 @@ import argparse
 import json
 import sys
 
+from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.names import lookup
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import positive_int
-
-ALGORITHMS = ("grpo", "ppo")
+from hybridflow.tools.outputs import algorithm_arg, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -30,19 +28,13 @@ def add_parser(subparsers) -> None:
                     "the tiny policy (a few minutes on 2 cores; cached after).",
         epilog=examples("hflow-plan quickstart", "hflow-plan quickstart --algo ppo --iterations 20",
                         "hflow-plan quickstart --devices 1 --seed 1 --json"))
-    p.add_argument("--algo", default="grpo", type=quickstart_algorithm, metavar="ALGO", help="grpo or ppo (any case)")
+    p.add_argument("--algo", default="grpo", type=algorithm_arg, metavar="ALGO",
+                   help=f"{', '.join(algorithm_names())} (any case)")
     p.add_argument("--iterations", type=at_least_two, default=40, metavar="N", help="RL iterations (at least 2)")
     p.add_argument("--devices", type=positive_int, metavar="N", help="virtual devices (default: this machine's cores)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.set_defaults(func=run)
-
-
-def quickstart_algorithm(text: str) -> str:
-    try:
-        return lookup(text, ALGORITHMS, "quickstart algorithm")
-    except HflowError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def at_least_two(text: str) -> int:
@@ -58,21 +50,25 @@ def quickstart_request(algorithm: str, cluster):
     from hybridflow.simulator.model import model_preset
     from hybridflow.simulator.workload import Workload
 
+    algo = get_algorithm(algorithm)
     tiny = model_preset("tiny")
-    roles = ("actor", "critic", "ref") if algorithm == "ppo" else ("actor", "ref")
-    samples = 8 if algorithm == "grpo" else 1
+    roles = ("actor", *algo.critics, "ref")  # scores are rule-based: the task's reward (and a demo cost)
+    samples = 1 if algo.critics else 8  # critic-free algorithms compare samples of a prompt
     workload = Workload(prompts=256 // samples, samples_per_prompt=samples, prompt_len=16, response_len=8,
                         micro_batch_size=128, ppo_epochs=1, mini_batches=2)
+    cost = "hybridflow.runtime.tasks.builtin:non_digit_cost" if "cost" in algo.scores else None
     # pp = 1: the runtime runs pipelined training, but the shipped CPU profile measures no pipeline
     # stages, so the quickstart stays where its predictions are calibrated; the runtime generates with pp_g = 1.
     return SearchRequest(algorithm=algorithm, models={r: tiny for r in roles}, cluster=cluster, workload=workload,
-                         reward_function=get_task("sort").reward_function, max_pp=1, max_gen_pp=1, top_k=3)
+                         reward_function=get_task("sort").reward_function, cost_function=cost, max_pp=1,
+                         max_gen_pp=1, top_k=3)
 
 
-def quickstart_config(algorithm: str, seed: int):
+def quickstart_config(seed: int):
+    """The run's settings: learning rates for the tiny model, the algorithm's defaults for the rest."""
     from hybridflow.runtime.run_config import RunConfig
 
-    return RunConfig(seed=seed, task="sort", actor_lr=5e-4, critic_lr=1e-3, kl_coef=0.0 if algorithm == "grpo" else 0.01)
+    return RunConfig(seed=seed, task="sort", actor_lr=5e-4, critic_lr=1e-3)
 
 
 def run(args) -> int:
@@ -105,8 +101,8 @@ def run(args) -> int:
         raise HflowError(f"no plan fits {args.algo} with the tiny model on {cluster.devices_per_node} device(s)")
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
-    cfg = quickstart_config(args.algo, args.seed)
-    predicted = predicted_timeline(plan, cost_model, kl_in_reward=cfg.kl_in_reward)
+    cfg = quickstart_config(args.seed)
+    predicted = predicted_timeline(plan, cost_model, kl_in_reward=cfg.for_algorithm(args.algo).kl_in_reward)
     if not args.json:
         from hybridflow.tools.search_report import top_plans_table
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.runtime.run_config import RunConfig
+from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.cmd_search import ROLE_FLAGS
+from hybridflow.tools.cmd_search import role_flag
 from hybridflow.tools.outputs import positive_int, rollout_arg, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
@@ -32,7 +32,7 @@ PROMPT_SUFFIXES = (".jsonl", ".parquet")
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", help="run a plan: RLHF iterations on Ray, measured timeline, predicted vs measured",
-        description="Run PLAN's algorithm (ppo, grpo, remax, safe-rlhf, rloo) on Ray with the plan's device groups, "
+        description="Run PLAN's algorithm (`hflow-plan search --help` lists them) on Ray with the plan's device groups, "
                     "colocation and parallel configs. The plan is checked against this machine first (devices, "
                     "memory, model folders). Each role trains the HF folder the plan records (`search --actor "
                     "FOLDER`) or --actor FOLDER gives; models without a path are the built-in tiny policy, warmed up on the "
@@ -49,13 +49,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint here every save_every iterations")
     p.add_argument("--export-hf", metavar="DIR", help="write the trained actor (and critic) as Hugging Face folders: "
                    "DIR/actor, DIR/critic at the end, and DIR/iter_N/… with every checkpoint")
-    for r in ROLE_FLAGS:
-        p.add_argument(f"--{r}", metavar="FOLDER", help=f"the {r}'s HF model folder (overrides the plan's path)")
+    for r in ROLES:
+        p.add_argument(role_flag(r), dest=r, metavar="FOLDER", help=f"the {r}'s HF model folder (overrides the plan's "
+                       "path)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--keep-last", type=positive_int, metavar="N",
                    help="complete checkpoints to keep; older ones are deleted once a newer one is complete "
                         f"(default: {RunConfig.model_fields['keep_last'].default})")
-    p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: lr, kl_coef, task, ...)")
+    p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: actor_lr, kl, loss, task, ...; "
+                   "unset ones take the algorithm's defaults)")
     p.add_argument("--task", type=task_arg, help="built-in task for prompts and the warm-up policy: sort or add "
                    f"(default: {RunConfig.model_fields['task'].default}, or the --config file's)")
     p.add_argument("--prompts", metavar="PATH", help="prompts from a .jsonl or .parquet file or a `datasets` folder "
@@ -177,14 +179,15 @@ def run(args) -> int:
 
     check_args(args)
     cfg = run_config(args)
-    folders = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}  # --actor FOLDER … over the plan's
+    folders = {r: getattr(args, r) for r in ROLES if getattr(args, r)}  # --actor FOLDER … over the plan's
     plan = with_rollout(resolve_role_paths(Plan.load(args.plan), folders), cfg)  # rollout backend checked here too
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     checks = check_plan(plan, cfg, args.address, events)
     if args.profile:
         events.say(f"pricing the plan on profile '{args.profile}'")
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=cfg.kl_in_reward)
+    settings = cfg.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)  # one-line errors before Ray starts
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=settings.kl_in_reward)
     events.say("loading the runtime (torch, Ray)")
     try:
         from hybridflow.runtime.trainer import Trainer

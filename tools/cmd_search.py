@@ -12,13 +12,13 @@ import json
 import sys
 from pathlib import Path
 
+from hybridflow.simulator.algorithms import ROLES, algorithm_names, get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.workload import Workload
 from hybridflow.tools.cli_help import examples
 from hybridflow.tools.outputs import algorithm_arg, positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
-ROLE_FLAGS = ("actor", "critic", "ref", "reward", "cost")
 # (flag, Workload field, help): the workload flags override the --workload file's fields
 WORKLOAD_FLAGS = (
     ("prompt-len", "prompt_len", "prompt tokens"),
@@ -31,6 +31,11 @@ WORKLOAD_FLAGS = (
 )
 
 
+def role_flag(role: str) -> str:
+    """The command-line flag of a role: --actor, --cost-critic."""
+    return f"--{role.replace('_', '-')}"
+
+
 def add_request_args(p: argparse.ArgumentParser) -> None:
     """The flags `search` and `compare` share: cluster, algorithm, models, workload."""
     c = p.add_argument_group("cluster")
@@ -41,11 +46,12 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
     m = p.add_argument_group("models")
     m.add_argument("--algo", default="ppo", type=algorithm_arg, metavar="ALGO",
-                   help="ppo, grpo, remax, safe-rlhf or rloo (any case)")
+                   help=f"{', '.join(algorithm_names())} (any case)")
     m.add_argument("--model", help="every role's model: a preset (llama2-70b …; any case), a HF folder or a "
                    "ModelSpec YAML; a folder is recorded in the plan as the weights `run` trains")
-    for r in ROLE_FLAGS:
-        m.add_argument(f"--{r}", metavar="MODEL", help=f"the {r} model (overrides --model); a folder is recorded in the plan")
+    for r in ROLES:
+        m.add_argument(role_flag(r), dest=r, metavar="MODEL",
+                       help=f"the {r} model (overrides --model); a folder is recorded in the plan")
     m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
     m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
     w = p.add_argument_group("workload")
@@ -66,7 +72,6 @@ def request_from_args(args):
     from hybridflow.simulator.hardware import ClusterSpec, HardwareSpec, hardware_preset
     from hybridflow.simulator.io import load_model_file, read_mapping
     from hybridflow.simulator.model import hf_folder, resolve_model
-    from hybridflow.simulator.plan import ALGORITHM_ROLES
 
     if args.cluster:
         cluster = load_model_file(ClusterSpec, args.cluster)
@@ -80,11 +85,11 @@ def request_from_args(args):
         if value is not None:
             fields[field] = value
     workload = Workload.model_validate(fields)
-    roles = ALGORITHM_ROLES[args.algo]
-    given = {r: getattr(args, r) for r in ROLE_FLAGS if getattr(args, r)}
+    roles = get_algorithm(args.algo).roles
+    given = {r: getattr(args, r) for r in ROLES if getattr(args, r)}
     unused = [r for r in given if r not in roles]
     if unused:
-        raise HflowError(f"--{unused[0]} is not a role of {args.algo} (roles: {', '.join(roles)}); drop it")
+        raise HflowError(f"{role_flag(unused[0])} is not a role of {args.algo} (roles: {', '.join(roles)}); drop it")
     if not args.model and "actor" not in given:
         raise HflowError("give --model NAME (a preset such as llama2-7b, a HF folder or a ModelSpec YAML) "
                          "or --actor and the other roles")

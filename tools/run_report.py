@@ -23,10 +23,11 @@ LOG_EVERY_STEPS = 25  # into a file (no bar drawn), a warm-up line every so many
 SPEED_CHECK_MAX_SECONDS = 0.09  # the quick speed check re-times the profile's points up to this long
 
 
-def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool = True) -> Timeline | None:
+def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool | None = None) -> Timeline | None:
     """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it);
     `cost_model` prices it on a measured profile's hardware (default: the plan's own); `kl_in_reward`
-    as the run's RunConfig.kl_in_reward (whether the actor keeps its old-log-prob pass)."""
+    as the run's resolved settings (whether the actor keeps its old-log-prob pass; None: the
+    algorithm's defaults)."""
     from hybridflow.simulator.schedule import simulate
 
     try:

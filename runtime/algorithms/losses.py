@@ -1,28 +1,30 @@
-"""Policy and value losses, KL penalties, the entropy bonus and Safe-RLHF's Lagrange multiplier.
+"""Policy and value losses, loss aggregation, KL penalties and the adaptive KL controller.
 
-Pure functions on [B, T] tensors over response tokens; every mean is a token-mean over the
-response mask. Policy losses live in a small registry with one signature:
+Pure functions on [B, T] tensors over response tokens. Policy losses live in a small registry with
+one signature; they return per-token losses, which `aggregate` turns into one number:
 
-    loss_fn(logprobs, old_logprobs, advantages, mask, *, clip_ratio=0.2, clip_ratio_high=None)
-        -> (loss, stats)
+    loss_fn(logprobs, old_logprobs, advantages, mask, settings: PolicyLossSettings)
+        -> (per-token loss [B, T], stats)
+
+Log-ratios are clamped to ±LOG_RATIO_CLAMP before `exp`: a ratio of inf would make a finite loss
+(the clipped branch wins the max) with a NaN gradient (0 · inf through the other branch).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
 
-from .functional import masked_mean
+from .functional import masked, masked_mean, masked_sum
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+LOG_RATIO_CLAMP = 20.0
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
@@ -40,47 +42,99 @@ def get_policy_loss(name: str) -> PolicyLossFn:
         raise HflowError(f"unknown policy loss '{name}'; known: {', '.join(POLICY_LOSSES)}") from None
 
 
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, norm_length: int | None = None) -> Tensor:
+    """One loss from per-token losses ℓ_{i,t} over the rows i of the batch and their response tokens t:
+
+    - token-mean:               Σ_i Σ_t ℓ / Σ_i |o_i|                (DAPO's token-level loss)
+    - seq-mean-token-mean:      (1/G) Σ_i (1/|o_i|) Σ_t ℓ            (the GRPO paper)
+    - seq-mean-token-sum:       (1/G) Σ_i Σ_t ℓ
+    - seq-mean-token-sum-norm:  (1/G) Σ_i Σ_t ℓ / L                  (Dr.GRPO: L a constant, the response budget)
+
+    An all-masked row adds 0 and still counts among the G rows of the seq-mean modes."""
+    if mode == "token-mean":
+        return masked_mean(per_token, mask)
+    rows = per_token.shape[0]
+    if mode == "seq-mean-token-mean":
+        return masked_mean(per_token, mask, -1).sum() / rows
+    if mode == "seq-mean-token-sum":
+        return masked_sum(per_token, mask, -1).sum() / rows
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_length:
+            raise HflowError("loss aggregation seq-mean-token-sum-norm needs the response budget (norm_length)")
+        return masked_sum(per_token, mask, -1).sum() / (rows * norm_length)
+    raise HflowError(f"unknown loss aggregation '{mode}'; use token-mean, seq-mean-token-mean, seq-mean-token-sum "
+                     "or seq-mean-token-sum-norm")
+
+
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    return (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
 @register_policy_loss("ppo")
-def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                  clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-                  **_) -> tuple[Tensor, dict[str, float]]:
-    """PPO's clipped surrogate: mean over tokens of max(−A·r, −A·clip(r, 1−ε, 1+ε_high)), r = π/π_old."""
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
-    log_ratio = logprobs - old_logprobs
+def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                  settings: PolicyLossSettings) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped surrogate per token: max(−A·r, −A·clip(r, 1−ε, 1+ε_high)), r = π/π_old (Schulman et al.
+    2017; ε_high ≠ ε is DAPO's clip-higher). With `clip_ratio_c` = c, dual-clip (Ye et al. 2020): for
+    A < 0 the loss is also capped at −c·A, so a huge ratio on a bad action cannot dominate."""
+    high = settings.clip_ratio if settings.clip_ratio_high is None else settings.clip_ratio_high
+    log_ratio = _log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    stats = {
-        "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), mask).item(),
-        "approx_kl": masked_mean(-log_ratio, mask).item(),
-    }
+    clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_ratio, 1.0 + high)
+    loss = torch.maximum(unclipped, clipped)
+    stats = {"clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), mask).item(),
+             "approx_kl": masked_mean(-log_ratio, mask).item()}
+    if settings.clip_ratio_c is not None:
+        cap = -advantages * settings.clip_ratio_c
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        stats["clipfrac_lower"] = masked_mean(capped.to(logprobs.dtype), mask).item()
     return loss, stats
 
 
 @register_policy_loss("reinforce")
 def reinforce_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                   **_) -> tuple[Tensor, dict[str, float]]:
-    """Unclipped importance-weighted policy gradient: mean over tokens of −A·π/π_old."""
-    log_ratio = logprobs - old_logprobs
-    loss = masked_mean(-advantages * torch.exp(log_ratio), mask)
-    return loss, {"clipfrac": 0.0, "approx_kl": masked_mean(-log_ratio, mask).item()}
+                   settings: PolicyLossSettings) -> tuple[Tensor, dict[str, float]]:
+    """Unclipped importance-weighted policy gradient per token: −A·π/π_old."""
+    log_ratio = _log_ratio(logprobs, old_logprobs)
+    return -advantages * torch.exp(log_ratio), {"clipfrac": 0.0, "approx_kl": masked_mean(-log_ratio, mask).item()}
+
+
+@register_policy_loss("gspo")
+def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+              settings: PolicyLossSettings) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025): the sequence-level ratio s_i = (π(y_i|x)/π_old(y_i|x))^(1/|y_i|)
+    = exp((1/|y_i|) Σ_t log r_{i,t}), clipped per sequence: max(−A_i·s_i, −A_i·clip(s_i, 1−ε, 1+ε_high)),
+    the same on each of the sequence's tokens (aggregate with seq-mean-token-mean for the paper's
+    (1/G) Σ_i). Each token carries s_i's gradient through the GSPO-token form
+    s_{i,t} = sg[s_i]·π(y_t)/sg[π(y_t)], whose value is s_i."""
+    high = settings.clip_ratio if settings.clip_ratio_high is None else settings.clip_ratio_high
+    token_log_ratio = _log_ratio(logprobs, old_logprobs)
+    seq_log_ratio = masked_mean(token_log_ratio, mask, -1).detach()[:, None]
+    log_s = (logprobs - logprobs.detach() + seq_log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    s = torch.exp(log_s)
+    unclipped = -advantages * s
+    clipped = -advantages * torch.clamp(s, 1.0 - settings.clip_ratio, 1.0 + high)
+    return torch.maximum(unclipped, clipped), {
+        "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), mask).item(),
+        "approx_kl": masked_mean(-token_log_ratio, mask).item()}
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k1") -> Tensor:
-    """Per-token estimate of KL(π ‖ π_ref) from samples of π (Schulman, "Approximating KL divergence"):
-    k1 = log π − log π_ref; k2 = ½(log π − log π_ref)²; k3 = e^{log π_ref − log π} − (log π_ref − log π) − 1;
-    abs = |log π − log π_ref|."""
+    """Per-token estimate of KL(π ‖ π_ref) from samples of π (Schulman, "Approximating KL divergence"),
+    d = log π − log π_ref: k1 = d; k2 = ½d²; k3 = e^{−d} + d − 1; abs = |d|. As a loss term only k2 and k3
+    regularise (E[∇k1] = E[∇log π] = 0); the settings refuse k1 there."""
     d = logprobs - ref_logprobs
     if kind == "k1":
         return d
     if kind == "k2":
         return 0.5 * d * d
     if kind == "k3":
-        return torch.exp(-d) - (-d) - 1.0
+        d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return torch.exp(-d) + d - 1.0
     if kind == "abs":
         return d.abs()
-    raise HflowError(f"unknown KL estimator '{kind}'; pick one of {', '.join(KL_ESTIMATORS)}")
+    raise HflowError(f"unknown KL estimator '{kind}'; pick one of k1, k2, k3, abs")
 
 
 def scores_to_token_rewards(scores: Tensor, mask: Tensor) -> Tensor:
@@ -97,69 +151,60 @@ def kl_in_reward(scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: T
                  kind: str = "k1") -> tuple[Tensor, float]:
     """Token rewards with the KL penalty folded in: score on the last token minus β·KL on every token.
     Returns (token_rewards, mean token KL)."""
-    kl = kl_penalty(logprobs, ref_logprobs, kind) * mask.to(logprobs.dtype)
+    kl = masked(kl_penalty(logprobs, ref_logprobs, kind), mask)
     return scores_to_token_rewards(scores, mask) - beta * kl, masked_mean(kl, mask).item()
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
                clip_range: float | None = 0.2) -> tuple[Tensor, dict[str, float]]:
-    """Clipped value loss: ½·mean over tokens of max((V − R)², (V_old + clip(V − V_old, ±c) − R)²)."""
+    """Clipped value loss: ½·mean over tokens of max((V − R)², (V_old + clip(V − V_old, ±c) − R)²);
+    `vf_clipfrac` is the share of tokens where |V − V_old| > c (the clamp bites)."""
     err = (values - returns) ** 2
     if clip_range is None:
         return 0.5 * masked_mean(err, mask), {"vf_clipfrac": 0.0}
-    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
-    err_clipped = (clipped - returns) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
-    return loss, {"vf_clipfrac": masked_mean((err_clipped > err).to(values.dtype), mask).item()}
+    delta = values - old_values
+    clipped = old_values + torch.clamp(delta, -clip_range, clip_range)
+    loss = 0.5 * masked_mean(torch.maximum(err, (clipped - returns) ** 2), mask)
+    return loss, {"vf_clipfrac": masked_mean((delta.abs() > clip_range).to(values.dtype), mask).item()}
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean entropy of the policy; subtracted from the loss times `entropy_coef`."""
-    return masked_mean(entropy, mask)
-
-
-def actor_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-               policy_loss: str = "ppo", clip_ratio: float = 0.2, clip_ratio_high: float | None = None,
-               entropy: Tensor | None = None, entropy_coef: float = 0.0, ref_logprobs: Tensor | None = None,
-               kl_coef: float = 0.0, kl_kind: str = "k3") -> tuple[Tensor, dict[str, float]]:
-    """The actor's full objective: policy loss − entropy_coef·entropy + kl_coef·KL (KL as a loss term).
-    With `ref_logprobs` the stats also hold `kl`, the token-mean of log π − log π_ref (k1)."""
-    loss, stats = get_policy_loss(policy_loss)(logprobs, old_logprobs, advantages, mask, clip_ratio=clip_ratio,
-                                               clip_ratio_high=clip_ratio_high)
+def actor_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+               settings: PolicyLossSettings, *, norm_length: int | None = None, entropy: Tensor | None = None,
+               ref_logprobs: Tensor | None = None, kl: KLSettings | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The actor's objective: policy loss − entropy_coef·entropy (+ β·KL when `kl` puts it in the loss),
+    each aggregated as `settings.aggregation` says. With `ref_logprobs` the stats also hold `kl`, the
+    token-mean of log π − log π_ref (k1)."""
+    per_token, stats = get_policy_loss(settings.kind)(logprobs, old_logprobs, advantages, mask, settings)
+    loss = aggregate(per_token, mask, settings.aggregation, norm_length)
     stats["pg_loss"] = loss.item()
-    if entropy is not None and entropy_coef:
-        ent = entropy_bonus(entropy, mask)
-        loss = loss - entropy_coef * ent
+    if entropy is not None and settings.entropy_coef:
+        ent = aggregate(entropy, mask, settings.aggregation, norm_length)
+        loss = loss - settings.entropy_coef * ent
         stats["entropy"] = ent.item()
     if ref_logprobs is not None:
         stats["kl"] = masked_mean(logprobs.detach() - ref_logprobs, mask).item()
-    if ref_logprobs is not None and kl_coef:
-        kl = masked_mean(kl_penalty(logprobs, ref_logprobs, kl_kind), mask)
-        loss = loss + kl_coef * kl
-        stats["kl_loss"] = kl.item()
+    if ref_logprobs is not None and kl is not None and kl.placement == "loss" and kl.coef:
+        term = aggregate(kl_penalty(logprobs, ref_logprobs, kl.estimator), mask, settings.aggregation, norm_length)
+        loss = loss + kl.coef * term
+        stats["kl_loss"] = term.item()
     return loss, stats
 
 
-@dataclass
-class LagrangeMultiplier:
-    """Safe-RLHF's λ on the cost constraint E[cost] ≤ threshold, kept as log λ so it stays positive
-    (Dai et al. 2024): the loss −(J_c − d)·λ is minimised over log λ by gradient descent, i.e.
-    log λ ← log λ + lr·(J_c − d)·λ; λ is capped at `max_value`."""
+class KLController:
+    """β of a KL penalty in the reward: fixed, or with `target` set adaptive (Ziegler et al. 2019):
+    β ← β·(1 + clip(KL/target − 1, −0.2, 0.2)·n/horizon) after n sequences at mean KL."""
 
-    value: float = 1.0
-    lr: float = 0.1
-    threshold: float = 0.0
-    max_value: float | None = None
+    def __init__(self, settings: KLSettings):
+        self.value, self.target, self.horizon = settings.coef, settings.target, settings.horizon
 
-    def update(self, mean_cost: float) -> float:
-        log_lam = math.log(self.value) + self.lr * (mean_cost - self.threshold) * self.value
-        lam = math.exp(log_lam)
-        self.value = min(lam, self.max_value) if self.max_value is not None else lam
+    def update(self, kl: float, n: int) -> float:
+        if self.target is not None:
+            error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n / self.horizon
         return self.value
 
-    def state_dict(self) -> dict[str, float | None]:
-        return {"value": self.value, "lr": self.lr, "threshold": self.threshold, "max_value": self.max_value}
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value, self.lr, self.threshold = state["value"], state["lr"], state["threshold"]
-        self.max_value = state.get("max_value")
+        self.value = state["value"]

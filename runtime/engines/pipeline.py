@@ -208,9 +208,10 @@ class PipelineRunner:
         # A prediction needs a real token before it: a row's first real token has none (as packed at pp = 1).
         predicted = None if real is None else real & F.pad(real[:, :-1], (1, 0))
         ids = micro["input_ids"].to(out.device)
-        res = {"logits": out, "log_probs": clean(token_log_probs(out, ids), predicted)}
+        scaled = self.engine.tempered(out)
+        res = {"logits": out, "log_probs": clean(token_log_probs(scaled, ids), predicted)}
         if entropy:
-            res["entropy"] = clean(token_entropy(out), predicted)
+            res["entropy"] = clean(token_entropy(scaled), predicted)
         return res
 
     def _loss(self, out: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -241,8 +242,7 @@ class PipelineRunner:
         box = [(dict(job.sums), job.finite)]
         dist.broadcast_object_list(box, src=self.last_rank, group=self.group)
         sums, finite = box[0]
-        if not finite:
-            raise HflowError(f"loss is not finite at step {eng.step}; lower the learning rate or check the batch")
+        sums["nonfinite_loss"] = float(not finite)  # the engine skips the step (every stage alike)
         return eng._finish_step(sums, self.clip_grad_norm_(eng.optim_config.grad_clip))
 
     def clip_grad_norm_(self, max_norm: float) -> float:

@@ -21,7 +21,11 @@ caller's layout.
 
 Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
 tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
-The engine knows nothing of Ray; workers wrap it.
+They are those of softmax(logits / temperature): a policy sampled at temperature T is scored by the
+distribution it was sampled from. The engine knows nothing of Ray; workers wrap it.
+
+A step whose gradient norm is not finite (or whose loss was not, on any rank) is skipped: no
+optimizer update, the metrics say `skipped`; `max_skipped_steps` of them in a row stop with an error.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 from tensordict import TensorDict
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
@@ -73,6 +77,8 @@ class OptimConfig(BaseModel):
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: NonNegativeFloat = 1.0  # 0 turns clipping off
     warmup_steps: int = Field(0, ge=0)  # linear warm-up of the learning rate
+    # A step whose gradient norm (or loss) is not finite is skipped; this many in a row stop the run.
+    max_skipped_steps: PositiveInt = 3
 
 
 # ---- token statistics from logits ---------------------------------------------------------------
@@ -142,9 +148,13 @@ class TrainingEngine:
 
     def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
                  optim: OptimConfig | None = None, micro_batch_size: int | None = None,
-                 mixed_precision: bool | None = None):
+                 mixed_precision: bool | None = None, temperature: float = 1.0):
+        if temperature <= 0:
+            raise HflowError(f"temperature {temperature}: log-probs need a positive temperature")
         self.optim_config = optim or OptimConfig()
         self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.skipped_in_a_row = 0
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.parallel = parallel or ParallelConfig()
         self.mesh = None
@@ -219,10 +229,15 @@ class TrainingEngine:
         unpack = packed.unpack if packed is not None else (lambda x: x)
         if not self.is_lm:
             return {"values": unpack(out.float())}
-        res = {"logits": unpack(out), "log_probs": unpack(token_log_probs(out, ids))}
+        scaled = self.tempered(out)
+        res = {"logits": unpack(out), "log_probs": unpack(token_log_probs(scaled, ids))}
         if entropy:
-            res["entropy"] = unpack(token_entropy(out))
+            res["entropy"] = unpack(token_entropy(scaled))
         return res
+
+    def tempered(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits of the distribution the policy samples from (logits / temperature)."""
+        return logits if self.temperature == 1.0 else logits.float() / self.temperature
 
     @torch.no_grad()
     def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False) -> TensorDict:
@@ -294,9 +309,8 @@ class TrainingEngine:
                 self.model.set_reshard_after_backward(last, recurse=True)
             result = loss_fn(self.forward(micro, entropy=entropy), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
-            if not torch.isfinite(loss):
-                raise HflowError(f"loss is {loss.item()} at step {self.step}; lower the learning rate or check the batch")
-            (loss * weight).backward()
+            sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
+            (loss * weight).backward()  # every rank backs up every micro-batch: FSDP's collectives stay matched
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
@@ -305,13 +319,24 @@ class TrainingEngine:
         return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
 
     def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp."""
-        lr = self._set_lr()
-        self.optimizer.step()
-        self.step += 1
+        """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.
+        A non-finite gradient norm (global: every rank sees the same) or loss on any rank skips the step."""
+        sums = {"nonfinite_loss": 0.0, **sums}
         keys = list(sums)
         metrics = dict(zip(keys, self._dp_mean([sums[k] for k in keys]), strict=True))
-        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step)
+        skip = not math.isfinite(grad_norm) or metrics.pop("nonfinite_loss") > 0
+        lr = self._set_lr()
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= self.optim_config.max_skipped_steps:
+                raise HflowError(f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite gradient or loss "
+                                 f"(after step {self.step}); lower the learning rate or check the rewards")
+        else:
+            self.optimizer.step()
+            self.step += 1
+            self.skipped_in_a_row = 0
+        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step, skipped=float(skip))
         return metrics
 
     # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------

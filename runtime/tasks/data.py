@@ -152,11 +152,13 @@ class PromptSampler:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.size, generator=g).tolist()
 
-    def next_indices(self) -> list[int]:
+    def next_indices(self, count: int | None = None) -> list[int]:
+        """The next `count` indices (default: a batch)."""
+        count = self.batch_size if count is None else count
         out: list[int] = []
-        while len(out) < self.batch_size:
+        while len(out) < count:
             order = self._order(self.epoch)
-            take = min(self.batch_size - len(out), self.size - self.cursor)
+            take = min(count - len(out), self.size - self.cursor)
             out += order[self.cursor:self.cursor + take]
             self.cursor += take
             if self.cursor == self.size:

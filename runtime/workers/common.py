@@ -45,9 +45,9 @@ def load_score_model(path: str | Path) -> ScoreModel:
     return load_pretrained(path, head="scalar")
 
 
-def make_engine(model, parallel, optim: dict | None, micro_batch_size: int | None) -> TrainingEngine:
-    return TrainingEngine(model, parallel, optim=OptimConfig(**optim) if optim else None,
-                          micro_batch_size=micro_batch_size)
+def make_engine(model, parallel, optim: OptimConfig | None, micro_batch_size: int | None,
+                temperature: float = 1.0) -> TrainingEngine:
+    return TrainingEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
 
 
 def response_slice(per_token: torch.Tensor, width: int) -> torch.Tensor:
@@ -73,21 +73,27 @@ def engine_fingerprint(engine: TrainingEngine) -> str:
 
 
 def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini_batches: int,
-                micro_batch_size: int | None, entropy: bool = True) -> dict[str, float]:
+                micro_batch_size: int | None, entropy: bool = True,
+                token_weights: str | None = "response_mask") -> dict[str, float]:
     """`epochs` passes over the local batch in `mini_batches` optimizer steps each (fixed order, so a
-    resumed run repeats it exactly); returns the metrics averaged over the steps. The losses are
-    token-means over `response_mask`, so micro-batches count by their share of those tokens."""
+    resumed run repeats it exactly); returns the metrics averaged over the steps taken, and
+    `skipped_steps`, the steps the engine skipped for a non-finite gradient. `token_weights`: the
+    mask of a token-mean loss (micro-batches count by their share of its tokens); None for a loss
+    that is a mean over sequences (they count by rows)."""
     td = batch.tensors
     parts = max(1, min(mini_batches, len(batch)))
     sums: dict[str, float] = {}
-    steps = 0
+    steps = skipped = 0
     for _ in range(epochs):
         for mb in td.chunk(parts):
-            m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights="response_mask", entropy=entropy)
+            m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights=token_weights, entropy=entropy)
+            if m.pop("skipped"):
+                skipped += 1
+                continue
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    return {**{k: v / steps for k, v in sums.items()}, "skipped_steps": float(skipped)}
 
 
 class EngineState:

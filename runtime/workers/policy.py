@@ -25,9 +25,11 @@ from hybridflow.runtime.engines.generation import SamplingParams
 from hybridflow.runtime.engines.hybrid import HybridEngine
 from hybridflow.runtime.engines.reshard import MODES as RESHARD_MODES
 from hybridflow.runtime.engines.rollout import RolloutEngine
+from hybridflow.runtime.engines.training import OptimConfig
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
+from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
@@ -45,18 +47,25 @@ from .common import (
 
 
 class PolicyWorker(EngineState, Worker):
-    def __init__(self, model_path: str, *, trainable: bool = True, optim: dict | None = None,
-                 micro_batch_size: int | None = None, generate_parallel: dict | None = None,
-                 sampling: dict | None = None, loss: dict | None = None, epochs: int = 1, mini_batches: int = 1,
-                 seed: int = 0, reshard: str = "hybridflow", rollout: RolloutBackend = "native", prompt_len: int | None = None):
+    def __init__(self, model_path: str, *, trainable: bool = True, optim: OptimConfig | None = None,
+                 micro_batch_size: int | None = None, generate_parallel: ParallelConfig | None = None,
+                 sampling: SamplingParams | None = None, loss: PolicyLossSettings | None = None,
+                 kl: KLSettings | None = None, norm_length: int | None = None, temperature: float = 1.0,
+                 epochs: int = 1, mini_batches: int = 1, seed: int = 0, reshard: str = "hybridflow",
+                 rollout: RolloutBackend = "native", prompt_len: int | None = None):
+        """temperature: the sampling temperature; every log-prob (old, reference, training) is taken from
+        logits / temperature, the distribution the responses were drawn from (greedy, 0: at 1)."""
         super().__init__()
         torch.manual_seed(seed)
+        if trainable and loss is None:
+            raise HflowError("the actor needs its loss settings (PolicyLossSettings)")
         self.trainable, self.seed, self.model_path = trainable, seed, model_path
-        self.engine = make_engine(load_causal_lm(model_path), self.parallel, optim, micro_batch_size)
+        self.engine = make_engine(load_causal_lm(model_path), self.parallel, optim, micro_batch_size,
+                                  temperature=temperature or 1.0)
         self.micro_batch_size = micro_batch_size
-        self.gen_parallel = ParallelConfig(**generate_parallel) if generate_parallel else self.parallel
-        self.sampling = SamplingParams(**(sampling or {}))
-        self.loss = dict(loss or {})
+        self.gen_parallel = generate_parallel or self.parallel
+        self.sampling = sampling or SamplingParams()
+        self.loss, self.kl, self.norm_length = loss, kl, norm_length
         self.epochs, self.mini_batches = epochs, mini_batches
         self.rollout: RolloutEngine | None = None
         if trainable:
@@ -83,8 +92,9 @@ class PolicyWorker(EngineState, Worker):
         return self.rollout.generation_ranks(self.rank)
 
     @register("ALL_TO_ALL")
-    def generate(self, shard: Batch, iteration: int, greedy: bool = False) -> Batch:
-        """Sample responses to this rank's prompt shard (`prompt_ids`/`prompt_mask`, left-padded)."""
+    def generate(self, shard: Batch, iteration: int, greedy: bool = False, sample_round: int = 0) -> Batch:
+        """Sample responses to this rank's prompt shard (`prompt_ids`/`prompt_mask`, left-padded);
+        `sample_round`: dynamic sampling's later rounds of the same iteration draw fresh randomness."""
         timing: dict = {}
         if self._gen_version != self.engine.step:  # weights changed since the last switch
             with timed(timing, "reshard"):
@@ -92,7 +102,8 @@ class PolicyWorker(EngineState, Worker):
             timing["reshard"].append(float(received))
             self._gen_version = self.engine.step
         replica, _ = self.generation_ranks()
-        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration * 1009 + replica)
+        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration * 1009 + replica
+                                                            + sample_round * 7_919_993)
         params = self.sampling.model_copy(update={"greedy": True}) if greedy else self.sampling
         with timed(timing, "generate_baseline" if greedy else "generate"):
             out = self.rollout.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
@@ -118,18 +129,15 @@ class PolicyWorker(EngineState, Worker):
     # ---- training -----------------------------------------------------------------------------
     def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:
         width = micro["responses"].shape[1]
-        cfg = self.loss
         logprobs = response_slice(outputs["log_probs"], width)
         # One epoch of one mini-batch: this forward's policy is the one that sampled, so its own
         # log-probs, detached, are the old ones (ratio 1, gradient of the plain policy gradient).
         old = micro["old_log_probs"] if "old_log_probs" in micro.keys() else logprobs.detach()
         entropy = outputs.get("entropy")
-        return actor_loss(
-            logprobs, old, micro["advantages"], micro["response_mask"], policy_loss=cfg.get("policy_loss", "ppo"),
-            clip_ratio=cfg.get("clip_ratio", 0.2), clip_ratio_high=cfg.get("clip_ratio_high"),
-            entropy=None if entropy is None else response_slice(entropy, width),
-            entropy_coef=cfg.get("entropy_coef", 0.0), ref_logprobs=micro.get("ref_log_probs", None),
-            kl_coef=cfg.get("kl_coef", 0.0), kl_kind=cfg.get("kl_kind", "k3"))
+        return actor_loss(logprobs, old, micro["advantages"], micro["response_mask"], self.loss,
+                          norm_length=self.norm_length,
+                          entropy=None if entropy is None else response_slice(entropy, width),
+                          ref_logprobs=micro.get("ref_log_probs", None), kl=self.kl)
 
     @register("DP_COMPUTE")
     def update(self, batch: Batch) -> list[dict]:
@@ -143,10 +151,12 @@ class PolicyWorker(EngineState, Worker):
         timing: dict = {}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         keys += [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
+        # A token-mean loss weighs micro-batches by their response tokens; a mean over sequences by rows.
+        weights = "response_mask" if self.loss.aggregation == "token-mean" else None
         with timed(timing, "actor_update"):
             metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
                                   self.mini_batches, self.micro_batch_size,
-                                  entropy=bool(self.loss.get("entropy_coef", 0.0)))
+                                  entropy=bool(self.loss.entropy_coef), token_weights=weights)
         return [{**metrics, "timing": timing}]
 
     # ---- state --------------------------------------------------------------------------------

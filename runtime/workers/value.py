@@ -1,6 +1,7 @@
 """ValueWorker: one implementation for every scalar-head role.
 
-- `critic`: per-token values of the response (trained with the clipped value loss);
+- `critic` / `cost_critic`: per-token values of the response (trained with the clipped value loss
+  on the returns of the reward / the cost);
 - `reward` / `cost`: a reward or cost model scoring each whole sequence at its last real token.
 
 A critic built from a policy folder takes the policy's backbone and a zero-initialised value head;
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.engines.training import OptimConfig
 from hybridflow.runtime.models.decoder import last_token_values
 from hybridflow.runtime.protocols import register
 from hybridflow.runtime.worker import Worker
@@ -28,7 +30,7 @@ from .common import (
 
 
 class ValueWorker(EngineState, Worker):
-    def __init__(self, model_path: str, *, optim: dict | None = None, micro_batch_size: int | None = None,
+    def __init__(self, model_path: str, *, optim: OptimConfig | None = None, micro_batch_size: int | None = None,
                  value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)

@@ -124,3 +124,16 @@ def test_max_pp_one_gives_pipeline_free_plans(capsys):
     for s in out["top"]:
         for p in s["parallel"].values():
             assert all(cfg["pp"] == 1 for cfg in p.values())
+
+
+def test_every_registered_algorithm_is_a_choice_and_roles_come_from_the_registry(capsys, tmp_path):
+    from hybridflow.simulator.algorithms import get_algorithm
+
+    out = _json(capsys, ["search", *SMALL, "--algo", "dapo", "--reward-function", "m:f",
+                         "--json", "--top", "1", "--out", str(tmp_path / "dapo.json")])
+    _check_summary(out["best"], ["actor", "ref"])
+    assert Plan.load(tmp_path / "dapo.json").algorithm == "dapo"
+    out = _json(capsys, ["search", *SMALL, "--algo", "safe-rlhf", "--cost-critic", "llama2-7b", "--json", "--top", "1"])
+    _check_summary(out["best"], list(get_algorithm("safe-rlhf").roles))
+    assert main(["search", *SMALL, "--algo", "ppo", "--cost-critic", "llama2-7b"]) == 2
+    assert "--cost-critic is not a role of ppo" in capsys.readouterr().err

@@ -105,7 +105,7 @@ def test_generation_pipeline_cap_changes_the_70b_plan():
     assert found.best.seconds >= free.best.seconds
 
 
-def test_safe_rlhf_five_models_small():
+def test_safe_rlhf_six_models_small():
     m = small_model(layers=2, hidden=512, heads=4, kv_heads=4, ffn=1408, vocab=4000)
     req = SearchRequest.for_algorithm("safe-rlhf", m, small_cluster(1, 2, gib=4.0), SMALL_WORKLOAD)
     _check(req)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.model import ModelSpec, model_preset
 
 TINY = model_preset("tiny")
+# Algorithms test_rl_e2e.py runs end to end in several placements; test_algorithms_e2e.py runs the others.
+PLACEMENT_TESTED = ("ppo", "rloo", "remax", "safe-rlhf")
 
 
 def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, devices: list[int] | None = None,
@@ -25,9 +28,9 @@ def tiny_plan(algorithm: str = "ppo", placement: list[list[str]] | None = None, 
             roles[role] = RolePlan(model=model, group=f"g{i}", train=train.get(role, ParallelConfig(dp=n)),
                                    generate=generate if role == "actor" else None, path=(paths or {}).get(role))
     workload = workload or Workload(prompts=8, prompt_len=16, response_len=8, samples_per_prompt=1,
-                                    micro_batch_size=8)
+                                    micro_batch_size=8, mini_batches=1)
     plan_fields.setdefault("reward_function", "hybridflow.runtime.tasks.builtin:sort_reward")
-    if algorithm == "safe-rlhf" and "cost" not in roles:
+    if "cost" in get_algorithm(algorithm).scores and "cost" not in roles:
         plan_fields.setdefault("cost_function", "hybridflow.runtime.tasks.builtin:non_digit_cost")
     return Plan(algorithm=algorithm, cluster=ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=max(8, next_index)),
                 workload=workload, groups=groups, roles=roles, **plan_fields)
@@ -47,3 +50,18 @@ def policy_folder(path, seed: int = 1, dtype=None):
     save_pretrained(model, path, dtype=dtype)
     CharTokenizer().save(path)
     return path
+
+
+def simulated_calls(plan: Plan, kl_in_reward: bool) -> list[tuple[str, str]]:
+    """(op, role) of the simulator's graph of `plan` in call order, as the runtime's Dataflow logs its calls."""
+    from hybridflow.simulator.dataflow import call_order
+    from hybridflow.simulator.schedule import plan_dataflow
+
+    graph, _ = plan_dataflow(plan, kl_in_reward)
+    return [(graph.nodes[n]["op"], graph.nodes[n]["role"]) for n in call_order(graph)
+            if graph.nodes[n]["op"] != "reshard"]
+
+
+def exact_sort_reward(prompt: str, response: str, **_) -> float:
+    """1 for exactly the sorted digits, else 0: a reward whose groups are often all equal (dynamic sampling)."""
+    return float(response.strip() == "".join(sorted(c for c in prompt.split(" ", 1)[-1] if c.isdigit())))

@@ -20,7 +20,7 @@ def _run(plan, tmp_path):
 
 
 def test_ppo_actor_and_critic_in_two_pipeline_stages(ray_local, tmp_path):
-    w = Workload(prompts=4, samples_per_prompt=1, prompt_len=16, response_len=8, micro_batch_size=2)
+    w = Workload(prompts=4, samples_per_prompt=1, prompt_len=16, response_len=8, micro_batch_size=2, mini_batches=1)
     pp2 = ParallelConfig(pp=2)
     plan = tiny_plan("ppo", [["actor", "ref", "critic"]], [2], workload=w,
                      train={"actor": pp2, "ref": ParallelConfig(dp=2), "critic": pp2},

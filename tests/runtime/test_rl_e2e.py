@@ -1,11 +1,13 @@
-"""End to end on a local Ray cluster with the tiny model: each algorithm for two iterations, the
-measured timeline (disjoint groups overlap), and checkpoint/resume bit-identical to a straight run."""
+"""End to end on a local Ray cluster with the tiny model: PPO, RLOO, ReMax and Safe-RLHF for five iterations
+in several placements (test_algorithms_e2e.py runs the other algorithms), each run's calls equal to the
+simulator's graph of its plan; the measured timeline (disjoint groups overlap), GRPO through the CLI,
+and checkpoint/resume bit-identical to a straight run."""
 
 import json
 import math
 
 import pytest
-from rl_util import tiny_plan
+from rl_util import simulated_calls, tiny_plan
 
 from hybridflow.runtime.run_events import RunEvents
 from hybridflow.simulator import OPS, ParallelConfig, Workload
@@ -13,9 +15,10 @@ from hybridflow.simulator import OPS, ParallelConfig, Workload
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 COMMON_OPS = {"reshard", "generate", "reward", "actor_logprob", "ref_logprob", "advantage", "actor_update"}
+ITERATIONS = 5
 
 
-def _run(plan, tmp_path, iterations=2, **kw):
+def _run(plan, tmp_path, iterations=ITERATIONS, **kw):
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
 
@@ -23,28 +26,30 @@ def _run(plan, tmp_path, iterations=2, **kw):
     with Trainer(plan, RunConfig(**kw), metrics_path=metrics_path) as t:
         out = t.run(iterations)
         timeline = t.timeline
+        assert t.df.calls == simulated_calls(plan, t.config.kl_in_reward)  # what ran is what the simulator prices
     lines = [json.loads(x) for x in metrics_path.read_text().splitlines()]
     assert lines == json.loads(json.dumps(out))  # one JSON line per iteration, as returned
     return out, timeline
 
 
 def _check_common(out, timeline, ops):
-    assert [m["iteration"] for m in out] == [1, 2]
+    its = list(range(1, ITERATIONS + 1))
+    assert [m["iteration"] for m in out] == its
     for m in out:
         assert 0.0 <= m["reward_mean"] <= 1.0
         assert m["actor/step"] == m["iteration"]
         assert math.isfinite(m["actor/pg_loss"]) and m["tokens_per_second"] > 0
         assert set(m["op_seconds"]) == ops, set(m["op_seconds"]) ^ ops
     assert timeline.source == "measured" and {e.op for e in timeline.events} <= set(OPS)
-    assert timeline.iterations() == [1, 2]
+    assert timeline.iterations() == its
 
 
-def test_ppo_two_iterations_and_disjoint_groups_overlap(ray_local, tmp_path):
+def test_ppo_and_disjoint_groups_overlap(ray_local, tmp_path):
     plan = tiny_plan("ppo", [["actor", "ref"], ["critic"]])
     out, timeline = _run(plan, tmp_path)
     _check_common(out, timeline, COMMON_OPS | {"values", "critic_update"})
     assert all(math.isfinite(m["critic/loss"]) and m["critic/step"] == m["iteration"] for m in out)
-    for it in (1, 2):
+    for it in range(1, ITERATIONS + 1):
         evs = {(e.op, e.group): e for e in timeline.events if e.iteration == it}
         actor, critic = evs[("actor_update", "g0")], evs[("critic_update", "g1")]
         overlap = min(actor.end, critic.end) - max(actor.start, critic.start)
@@ -75,8 +80,9 @@ def test_cli_run_grpo_data_parallel_writes_metrics_trace_and_timeline(ray_local,
 
 
 def test_rloo_separate_reference_group(ray_local, tmp_path):
-    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8)
-    out, timeline = _run(tiny_plan("rloo", [["actor"], ["ref"]], workload=w), tmp_path, kl_mode="loss", kl_kind="k3")
+    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8, mini_batches=1)
+    out, timeline = _run(tiny_plan("rloo", [["actor"], ["ref"]], workload=w), tmp_path,
+                         kl={"placement": "loss", "estimator": "k3"})
     # one epoch of one mini-batch, KL in the loss: the update's own log-probs are the old ones
     _check_common(out, timeline, COMMON_OPS - {"actor_logprob"})
     assert all("actor/kl_loss" in m and math.isfinite(m["kl"]) for m in out)
@@ -89,7 +95,7 @@ def test_remax_tensor_parallel_training_resharded_for_generation(ray_local, tmp_
     out, timeline = _run(plan, tmp_path)
     _check_common(out, timeline, COMMON_OPS | {"generate_baseline"})
     reshard = [e for e in timeline.events if e.op == "reshard"]
-    assert len(reshard) == 2 and all(e.bytes > 0 for e in reshard)  # once per iteration, bytes counted
+    assert len(reshard) == ITERATIONS and all(e.bytes > 0 for e in reshard)  # once per iteration, bytes counted
 
 
 def test_safe_rlhf_with_a_cost_model(ray_local, tmp_path):
@@ -102,13 +108,17 @@ def test_safe_rlhf_with_a_cost_model(ray_local, tmp_path):
     torch.manual_seed(0)
     cost_model = ScoreModel(tiny_plan().roles["actor"].model.decoder_config())
     save_pretrained(cost_model, tmp_path / "cost")
-    plan = tiny_plan("safe-rlhf", [["actor", "ref", "critic", "cost"]], paths={"cost": str(tmp_path / "cost")})
-    out, timeline = _run(plan, tmp_path, cost_threshold=0.0, lagrange_lr=0.05)
+    plan = tiny_plan("safe-rlhf", [["actor", "ref", "critic", "cost_critic", "cost"]],
+                     paths={"cost": str(tmp_path / "cost")})
+    out, timeline = _run(plan, tmp_path, lagrange={"threshold": 0.0, "lr": 0.05})
     _check_common(out, timeline, COMMON_OPS | {"values", "critic_update", "cost"})
     assert {e.group for e in timeline.events if e.op == "cost"} == {"g0"}  # scored on the devices, not the driver
+    assert {e.role for e in timeline.events if e.op == "critic_update"} == {"critic", "cost_critic"}
+    assert all(math.isfinite(m["cost_critic/loss"]) for m in out)
     lam = 1.0
-    for m in out:  # λ ← exp(log λ + lr·(mean cost − threshold)·λ)
-        lam = math.exp(math.log(lam) + 0.05 * m["cost_mean"] * lam)
+    for i, m in enumerate(out):  # λ first: exp(log λ + lr·(mean cost of the episodes so far − threshold)·λ)
+        assert m["episode_cost"] == pytest.approx(sum(x["cost_mean"] for x in out[:i + 1]) / (i + 1), rel=1e-5)
+        lam = math.exp(math.log(lam) + 0.05 * m["episode_cost"] * lam)
         assert m["lagrange"] == pytest.approx(lam, rel=1e-6)
 
 
@@ -162,7 +172,7 @@ def test_dead_worker_is_a_clear_error_and_the_last_checkpoint_resumes(ray_local,
     from hybridflow.tools.run_report import ConsoleEvents, run_with_progress
 
     plan = tiny_plan("grpo", [["actor", "ref"]], workload=Workload(prompts=4, samples_per_prompt=2, prompt_len=16,
-                                                                    response_len=8, micro_batch_size=8))
+                                                                    response_len=8, micro_batch_size=8, mini_batches=1))
     ckpt = tmp_path / "ckpt"
     t = Trainer(plan, checkpoint_dir=ckpt)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from hybridflow.runtime.algorithms.losses import actor_loss
 from hybridflow.runtime.dataflow import dp_balanced_order
 from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine, token_log_probs
 from hybridflow.runtime.workers.policy import PolicyWorker
+from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 
 PROMPT, RESPONSE = 6, 5
 
@@ -35,9 +37,10 @@ def rl_batch(n: int = 8, seed: int = 0) -> TensorDict:
                       batch_size=[n])
 
 
-def actor_loss_fn(**loss):
+def actor_loss_fn(kl: KLSettings | None = None, **loss):
     """The actor worker's own loss function (PolicyWorker._loss_fn) with these loss settings."""
-    return lambda outputs, micro: PolicyWorker._loss_fn(SimpleNamespace(loss=loss), outputs, micro)
+    worker = SimpleNamespace(loss=PolicyLossSettings(**loss), kl=kl, norm_length=RESPONSE)
+    return lambda outputs, micro: PolicyWorker._loss_fn(worker, outputs, micro)
 
 
 def grads(engine: TrainingEngine) -> list[torch.Tensor]:
@@ -55,7 +58,7 @@ def test_one_pass_update_equals_two_pass_update(kl_coef):
         batch["ref_log_probs"] = ref[:, -RESPONSE:]
     with_old = batch.clone()
     with_old["old_log_probs"] = two.compute_log_probs(batch.select(*fields))["log_probs"][:, -RESPONSE:]
-    loss_fn = actor_loss_fn(kl_coef=kl_coef, kl_kind="k3")
+    loss_fn = actor_loss_fn(kl=KLSettings(coef=kl_coef, placement="loss", estimator="k3"))
     m_two = two.train_step(with_old, loss_fn, 3, token_weights="response_mask")
     m_one = one.train_step(batch, loss_fn, 3, token_weights="response_mask", entropy=False)
     assert m_one["loss"] == pytest.approx(m_two["loss"], abs=1e-6)
@@ -68,24 +71,69 @@ def test_one_pass_update_equals_two_pass_update(kl_coef):
         assert m_one["kl"] == pytest.approx(m_two["kl"], abs=1e-6)
 
 
-def plain_whole_batch_grads(model: torch.nn.Module, batch: TensorDict) -> list[torch.Tensor]:
-    """The reference: the whole batch in one masked forward (no buckets, no repacking), token-mean loss."""
+def plain_whole_batch_grads(model: torch.nn.Module, batch: TensorDict, aggregation: str = "token-mean"):
+    """The reference: the whole batch in one masked forward (no buckets, no repacking), one loss."""
     model.zero_grad(set_to_none=True)
     out = model(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     lp = token_log_probs(out, batch["input_ids"])[:, -RESPONSE:]
-    loss, _ = actor_loss(lp, lp.detach(), batch["advantages"], batch["response_mask"])
+    loss, _ = actor_loss(lp, lp.detach(), batch["advantages"], batch["response_mask"],
+                         PolicyLossSettings(aggregation=aggregation), norm_length=RESPONSE)
     loss.backward()
     return [p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("micro", [1, 3, 8])
-def test_length_buckets_give_the_whole_batch_gradient(micro):
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_length_buckets_give_the_whole_batch_gradient(micro, aggregation):
+    # Micro-batches weigh by their share of tokens for a token-mean, of rows for a mean over sequences.
     model, batch = tiny_model(), rl_batch(n=8, seed=2)
-    expect = plain_whole_batch_grads(copy.deepcopy(model), batch)
+    expect = plain_whole_batch_grads(copy.deepcopy(model), batch, aggregation)
     engine = TrainingEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
-    engine.train_step(batch, actor_loss_fn(), micro, token_weights="response_mask", entropy=False)
+    weights = "response_mask" if aggregation == "token-mean" else None
+    engine.train_step(batch, actor_loss_fn(aggregation=aggregation), micro, token_weights=weights, entropy=False)
     for a, b in zip(grads(engine), expect, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_log_probs_are_taken_at_the_sampling_temperature():
+    model, batch = tiny_model(), rl_batch(n=4, seed=4)
+    with torch.no_grad():
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    expect = token_log_probs(logits / 0.5, batch["input_ids"])
+    got = TrainingEngine(model, temperature=0.5).compute_log_probs(batch)["log_probs"]
+    mask = batch["attention_mask"].bool() & torch.nn.functional.pad(batch["attention_mask"][:, :-1].bool(), (1, 0))
+    torch.testing.assert_close(got[mask], expect[mask], rtol=1e-5, atol=1e-5)
+    at_one = TrainingEngine(model).compute_log_probs(batch)["log_probs"]
+    assert not torch.allclose(at_one[mask], got[mask])
+
+
+def test_a_non_finite_gradient_skips_the_step_and_a_few_in_a_row_stop():
+    from hybridflow.simulator.errors import HflowError
+
+    engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1e-2, max_skipped_steps=3))
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    batch = rl_batch(n=4, seed=5)
+
+    def poisoned(outputs, micro):  # a finite loss with a NaN gradient: min(e^(x+1000), 1) backs 0·inf up
+        big = torch.exp(outputs["log_probs"] + 1000.0)
+        return torch.minimum(big, torch.ones_like(big)).sum()
+
+    def nan_grad(outputs, micro):
+        return (outputs["log_probs"] * torch.tensor(float("nan"))).sum()
+
+    for i in range(2):
+        m = engine.train_step(batch, nan_grad, 2)
+        assert m["skipped"] == 1.0 and m["step"] == 0, i
+    for a, b in zip(before, engine.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # no NaN written into the weights
+    good = engine.train_step(batch, lambda o, mi: -o["log_probs"].sum() / 100, 2)
+    assert good["skipped"] == 0.0 and good["step"] == 1  # and the streak starts again
+    m = engine.train_step(batch, poisoned, 2)
+    assert math.isfinite(m["loss"]) and not math.isfinite(m["grad_norm"]) and m["skipped"] == 1.0
+    engine.train_step(batch, nan_grad, 2)
+    with pytest.raises(HflowError, match="3 optimizer steps in a row had a non-finite gradient"):
+        engine.train_step(batch, nan_grad, 2)
+    assert all(torch.isfinite(p).all() for p in engine.model.parameters())
 
 
 def test_repacked_log_probs_match_the_masked_forward():

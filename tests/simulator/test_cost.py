@@ -88,7 +88,7 @@ def test_sum_of_max_matches_brute_force():
 
 
 def test_train_single_device_by_hand():
-    w = Workload(prompts=64, prompt_len=512, response_len=512, micro_batch_size=4)
+    w = Workload(prompts=64, prompt_len=512, response_len=512, micro_batch_size=4, mini_batches=1)
     c = cm().train(LLAMA7, "lm", ParallelConfig(), w)
     s = 1024
     seq_flops = s * (2 * MATMUL_PARAMS + 4 * 32 * 4096 * (s + 1) / 2)
@@ -102,7 +102,7 @@ def test_train_single_device_by_hand():
 
 
 def test_train_tp_allreduces_and_pipeline_bubble_by_hand():
-    w = Workload(prompts=64, prompt_len=512, response_len=512, micro_batch_size=4)
+    w = Workload(prompts=64, prompt_len=512, response_len=512, micro_batch_size=4, mini_batches=1)
     tp2 = cm().train(LLAMA7, "lm", ParallelConfig(tp=2), w)
     micro = 64 // 4
     ar = 2 * (1 / 2) * (2 * 4 * 1024 * 4096) / (300e9 * 0.78)  # b·s·h bf16 over 2 GPUs on NVLink

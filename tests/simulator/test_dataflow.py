@@ -2,27 +2,28 @@ import networkx as nx
 import pytest
 
 from hybridflow.simulator import OPS, HflowError
+from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
 from hybridflow.simulator.dataflow import (
-    ALGORITHMS,
     add_offload_ops,
     build_dataflow,
     call_order,
+    needs_old_logprob_pass,
     unroll,
 )
-from hybridflow.simulator.plan import ALGORITHM_ROLES
+from hybridflow.simulator.workload import Workload
 
 
 def flow(algo, roles=None, **kw):
     opts = dict(reward_model=True, cost_model=True, hybrid_engine=True, offload=False)
     opts.update(kw)
-    return build_dataflow(algo, roles or ALGORITHM_ROLES[algo], **opts)
+    return build_dataflow(algo, roles or get_algorithm(algo).roles, **opts)
 
 
 def ops_of(g):
     return [g.nodes[n]["op"] for n in call_order(g)]
 
 
-@pytest.mark.parametrize("algo", ALGORITHMS)
+@pytest.mark.parametrize("algo", algorithm_names())
 def test_every_dataflow_is_a_dag_of_shared_op_names(algo):
     g = flow(algo)
     assert nx.is_directed_acyclic_graph(g)
@@ -30,7 +31,7 @@ def test_every_dataflow_is_a_dag_of_shared_op_names(algo):
     order = call_order(g)
     assert [g.nodes[n]["order"] for n in order] == sorted(g.nodes[n]["order"] for n in g)  # call order = topo
     # every op feeds (transitively) a model update: nothing computed is thrown away
-    assert {n for n in g if g.out_degree(n) == 0} <= {"actor_update", "critic_update"}
+    assert {g.nodes[n]["op"] for n in g if g.out_degree(n) == 0} <= {"actor_update", "critic_update"}
 
 
 def test_ppo_shape():
@@ -43,7 +44,7 @@ def test_ppo_shape():
     assert {g.nodes[n]["role"] for n in g} == {"actor", "critic", "ref", "reward", "driver"}
 
 
-@pytest.mark.parametrize("algo", ["grpo", "rloo", "remax"])
+@pytest.mark.parametrize("algo", [a for a in algorithm_names() if not get_algorithm(a).critics])
 def test_critic_free_algorithms_have_no_critic_ops(algo):
     ops = ops_of(flow(algo))
     assert "values" not in ops and "critic_update" not in ops
@@ -58,17 +59,25 @@ def test_remax_greedy_baseline_and_its_reward():
     assert g.nodes["generate_baseline"]["op"] == "generate_baseline"
 
 
-def test_safe_rlhf_adds_cost_and_one_two_headed_critic():
+def test_safe_rlhf_adds_cost_and_a_cost_critic_beside_the_reward_critic():
     g = flow("safe-rlhf")
     ops = ops_of(g)
     assert ops.count("cost") == 1 and g.has_edge("cost", "advantage")
-    assert ops.count("values") == 1 and ops.count("critic_update") == 1
+    assert g.nodes["values"]["role"] == "critic" and g.nodes["values@cost_critic"]["role"] == "cost_critic"
+    assert [g.nodes[n]["role"] for n in call_order(g) if g.nodes[n]["op"] == "critic_update"] == ["critic", "cost_critic"]
+
+
+def test_dapo_marks_its_resampled_rollout_and_scores():
+    g = flow("dapo", roles=["actor", "ref"], reward_model=False)
+    assert g.nodes["generate"]["resampled"] and g.nodes["reward"]["resampled"]
+    assert not g.nodes["ref_logprob"].get("resampled")  # the log-probs see only the kept, full batch
+    assert set(g.predecessors("ref_logprob")) == {"reward"}  # issued once the batch is filled
 
 
 def test_rule_based_reward_runs_on_the_driver():
     g = flow("grpo", roles=["actor", "ref"], reward_model=False)
     assert g.nodes["reward"]["driver"]
-    g = flow("safe-rlhf", roles=["actor", "critic", "ref", "reward"], cost_model=False)
+    g = flow("safe-rlhf", roles=["actor", "critic", "cost_critic", "ref", "reward"], cost_model=False)
     assert g.nodes["cost"]["driver"] and not g.nodes["reward"]["driver"]
 
 
@@ -136,14 +145,11 @@ def test_bad_requests_are_one_line_errors():
 
 
 def test_one_pass_drops_actor_logprob_unless_kl_is_in_the_reward():
-    from hybridflow.simulator.dataflow import needs_old_logprob_pass
-    from hybridflow.simulator.workload import Workload
-
     one, epochs = Workload(ppo_epochs=1, mini_batches=1), Workload(ppo_epochs=2, mini_batches=1)
-    assert not needs_old_logprob_pass(one, ["actor"])
+    assert not needs_old_logprob_pass(one, ["actor"], kl_in_reward=True)  # no ref: no KL
     assert not needs_old_logprob_pass(one, ["actor", "ref"], kl_in_reward=False)
     assert needs_old_logprob_pass(one, ["actor", "ref"], kl_in_reward=True)
-    assert needs_old_logprob_pass(epochs, ["actor"]) and needs_old_logprob_pass(Workload(mini_batches=2), ["actor"])
+    assert needs_old_logprob_pass(epochs, ["actor"], False) and needs_old_logprob_pass(Workload(), ["actor"], False)
     g = build_dataflow("grpo", ["actor", "ref"], reward_model=False, cost_model=False, hybrid_engine=True,
                        old_logprob_pass=False)
     assert "actor_logprob" not in g

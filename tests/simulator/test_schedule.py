@@ -185,11 +185,13 @@ def test_remax_and_safe_rlhf_plans_simulate():
     tl = simulate(remax)
     gen = next(e for e in tl.events if e.op == "generate")
     base = next(e for e in tl.events if e.op == "generate_baseline")
-    assert base.start >= gen.end and [e.op for e in tl.events].count("reward") == 2
+    assert gen.start >= base.end and [e.op for e in tl.events].count("reward") == 2  # greedy pass first, as run
     safe = load("ppo-llama2-7b-1x8-colocated", algorithm="safe-rlhf",
-                roles={**roles, "cost": {**roles["reward"]}})
-    ops = [e.op for e in simulate(safe).events]
-    assert ops.count("cost") == 1 and ops.count("values") == 1
+                roles={**roles, "cost": {**roles["reward"]}, "cost_critic": {**roles["critic"]}})
+    events = simulate(safe).events
+    assert [e.op for e in events].count("cost") == 1
+    assert sorted(e.role for e in events if e.op in ("values", "critic_update")) == ["cost_critic", "cost_critic",
+                                                                                     "critic", "critic"]
 
 
 def test_offload_adds_host_copies_and_time():

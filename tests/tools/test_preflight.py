@@ -23,7 +23,7 @@ from hybridflow.tools.preflight import (
 )
 
 GiB = 2**30
-NO_KL = RunConfig(kl_coef=0.0)  # the plans here have no reference model
+NO_KL = RunConfig(kl={"coef": 0.0})  # the plans here have no reference model
 CPU_BOX = Machine("a 2-core box", (Node(cpus=2, memory=16 * GiB),))
 GPU_BOX = Machine("a 1-GPU box", (Node(cpus=16, memory=128 * GiB, gpus=(141 * GiB,)),))
 
@@ -79,7 +79,7 @@ def test_a_preset_without_a_path_is_refused_unless_it_can_be_warmed_up_here():
     with pytest.raises(HflowError, match=r"role 'actor' has no path, and its model 'llama2-7b' \(6.7 B parameters\) "
                                          r"is too large to warm up.*give the role a path .* such as 'tiny'"):
         models_have_weights(RunChecks(plan(model="llama2-7b", devices=8, path=None), None, NO_KL))
-    c = RunChecks(plan(devices=2, path=None), None, RunConfig(task="add", seed=12345, kl_coef=0.0))
+    c = RunChecks(plan(devices=2, path=None), None, RunConfig(task="add", seed=12345, kl={"coef": 0.0}))
     models_have_weights(c)  # the tiny one can (its warm-up is estimated, not refused)
     assert any("'tiny' policy is warmed up first (up to" in f for f in c.facts)
 
@@ -88,7 +88,7 @@ def test_a_reward_role_without_a_path_names_the_rule_to_use_instead():
     p = plan(devices=1).model_dump()
     p["roles"]["reward"] = {"model": "tiny", "group": "g", "train": {"dp": 1}}
     with pytest.raises(HflowError, match="role 'reward' has no path.*hybridflow.runtime.tasks.builtin:add_reward"):
-        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl_coef=0.0)))
+        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl={"coef": 0.0})))
 
 
 def test_generation_on_separate_devices_is_refused_before_anything_starts():
@@ -100,9 +100,9 @@ def test_generation_on_separate_devices_is_refused_before_anything_starts():
 
 
 def test_a_kl_penalty_without_a_reference_model_is_refused():
-    with pytest.raises(HflowError, match="kl_coef=0.01 needs a 'ref' model"):
-        plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.01)))
-    plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl_coef=0.0)))
+    with pytest.raises(HflowError, match="kl coef 0.01 needs a 'ref' model"):
+        plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl={"coef": 0.01})))
+    plan_preflight(RunChecks(plan(devices=1), CPU_BOX, RunConfig(kl={"coef": 0.0})))
 
 
 def test_a_ray_cluster_is_read_from_ray_nodes():

@@ -9,8 +9,8 @@ loads), sample `--samples` responses of at most `--response-len` tokens for each
 prompts of the built-in `sort` task per step, score them with the same `sort_reward`, and take ONE
 optimizer step per batch (TRL: num_iterations=1, gradient accumulation over the generation batch;
 ours: ppo_epochs=1, mini_batches=1). Same lr (constant), clip 0.2, grad clip 1.0, temperature 1.
-Two runs: without a reference model (TRL beta=0; ours kl_coef=0, no ref role), then with a KL term on
-both (TRL beta=k, its k3 estimator in the loss; ours kl_coef=k, kl_mode=loss, kl_kind=k3).
+Two runs: without a reference model (TRL beta=0; ours kl.coef=0, no ref role), then with a KL term on
+both (TRL beta=k, its k3 estimator in the loss; ours kl: coef k, placement loss, estimator k3).
 
 Micro-batches: each side runs the size it is fastest at on this machine. TRL: `--micro-batch`
 (per_device_train_batch_size, default 128; measured here 3,446 / 3,344 / 3,310 tok/s at 128 / 64 / 32,
@@ -103,8 +103,8 @@ def run_ours(args, kl: float) -> dict:
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
 
-    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, clip_ratio=0.2, temperature=1.0,
-                    kl_coef=kl, kl_mode="loss", kl_kind="k3")
+    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, temperature=1.0,
+                    loss={"clip_ratio": 0.2}, kl={"coef": kl, "placement": "loss", "estimator": "k3"})
     trainer = Trainer(our_plan(args, with_ref=kl > 0), cfg)
     try:
         metrics = trainer.run(args.steps)

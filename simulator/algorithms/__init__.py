@@ -1,0 +1,28 @@
+"""The RL algorithms, each defined once (registry.py): its driver loop, roles, default settings, hooks.
+
+Every module of this package is imported here, so an algorithm is added by adding its file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from .registry import (
+    CRITIC_OF,
+    ROLES,
+    SCALAR_HEAD_ROLES,
+    TRAINED_ROLES,
+    Algorithm,
+    Hooks,
+    algorithm,
+    algorithm_names,
+    get_algorithm,
+)
+from .settings import RLSettings, merge_settings
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["CRITIC_OF", "ROLES", "SCALAR_HEAD_ROLES", "TRAINED_ROLES", "Algorithm", "Hooks", "RLSettings", "algorithm",
+           "algorithm_names", "get_algorithm", "merge_settings"]
