@@ -35,7 +35,7 @@ def test_run_trains_the_plans_folders_exports_hf_and_export_matches(ray_local, t
     planned, given = policy_folder(tmp_path / "planned", seed=1), policy_folder(tmp_path / "given", seed=2)
     # Sharded training (actor tp=2, critic in two pipeline stages), so the checkpoint is sharded; the plan
     # records `planned` for every role and `run --actor` replaces the actor's.
-    w = Workload(prompts=4, samples_per_prompt=1, prompt_len=16, response_len=8, micro_batch_size=2)
+    w = Workload(prompts=4, samples_per_prompt=1, prompt_len=16, response_len=8, micro_batch_size=2, mini_batches=1)
     plan = tiny_plan("ppo", [["actor", "ref", "critic"]], [2], workload=w,
                      train={"actor": ParallelConfig(tp=2), "ref": ParallelConfig(dp=2), "critic": ParallelConfig(pp=2)},
                      paths={r: str(planned) for r in ("actor", "ref", "critic")},
