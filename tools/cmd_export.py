@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
 
 

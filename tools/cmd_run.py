@@ -121,7 +121,8 @@ def run_config(args) -> RunConfig:
     cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
     overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed),
                                    ("keep_last", args.keep_last), ("rollout", args.rollout)) if v is not None}
-    return cfg.model_validate({**cfg.model_dump(), **overrides})
+    # only what the file and the flags set: every RL setting left unset takes the algorithm's default
+    return RunConfig.model_validate({**cfg.model_dump(exclude_unset=True), **overrides})
 
 
 def check_plan(plan, cfg: RunConfig, address: str | None, events):

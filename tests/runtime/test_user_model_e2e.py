@@ -98,7 +98,7 @@ def test_trainer_reward_nan_or_not_a_number_ends_the_iteration_cleanly(ray_local
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
     cfg = RunConfig(prompts_file=str(data), chat_template=True)  # plain text through the chat template
     with Trainer(_plan(user_model, reward_function=ref), cfg, metrics_path=metrics, checkpoint_dir=ckpt) as t:
-        mode = t.reward_fn.__globals__["MODE"]  # the user module the trainer loaded
+        mode = t.functions["reward"].__globals__["MODE"]  # the user module the trainer loaded
         t.run(1)
         for bad, msg in [("nan", "returned nan for sample 0 \\(row \\d+ of .*data.jsonl, prompt 'what is \\d plus "
                                  "\\d\\?'\\); it must return a finite number"),

@@ -27,7 +27,7 @@ GRPO_FAMILY = ("grpo", "dr-grpo", "dapo", "gspo")
 def test_the_registry_holds_every_algorithm_once():
     assert {"ppo", "grpo", "dr-grpo", "dapo", "gspo", "rloo", "remax", "reinforce++", "reinforce++-baseline",
             "safe-rlhf"} <= set(algorithm_names())
-    with pytest.raises(HflowError, match="unknown algorithm 'dpo'; known: "):
+    with pytest.raises(HflowError, match="unknown algorithm 'dpo'; did you mean 'dapo' or 'ppo'"):
         get_algorithm("dpo")
     with pytest.raises(ValueError, match="registered twice"):
         algorithm("ppo", roles=("actor", "reward"))(lambda df, batch: ({}, batch))
