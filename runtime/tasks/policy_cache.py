@@ -28,9 +28,10 @@ from .char_vocab import VOCAB_SIZE
 WARMUP_VERSION = 1
 METRICS_FILE = "warmup.json"
 FP32_TRAIN_BYTES_PER_PARAM = 16  # fp32 weights, gradients, Adam m and v (no master copy on CPU)
-# The first estimate's training rate, before any warm-up here has been timed: small-model fp32
-# training in one CPU process reaches a few GFLOP/s. Later estimates use the last warm-up's rate.
-FIRST_GUESS_FLOPS_PER_S = 3e9
+# The first estimate's training rate, before any warm-up here has been timed: the tiny model's fp32
+# training in one process of a small CPU machine, on the slow side (a quiet 2-core development machine
+# runs it several times faster). Later estimates use the last warm-up's measured rate.
+FIRST_GUESS_FLOPS_PER_S = 15e9
 # A built-in policy that would take longer than this to warm up (all its steps) is refused: far above
 # the tiny model's worst case on a slow, shared machine, far below what a 7B model would take.
 TIME_LIMIT_S = 4 * 3600
