@@ -4,7 +4,7 @@
 
 Everything is built here, nothing is downloaded: the tokenizer is trained with the `tokenizers`
 library on the kind of question this example asks, the model is initialised at random through
-transformers' Qwen2 config and then trained for a few hundred supervised steps on such questions,
+transformers' Qwen2 config and then trained for 150 supervised steps on such questions,
 so that RL starts from a policy that sometimes answers right. The folder looks like a released
 checkpoint: config.json, generation_config.json (two EOS ids), the tokenizer files with a ChatML
 chat template, and the weights in several safetensors shards with model.safetensors.index.json.
@@ -28,7 +28,7 @@ CHAT_TEMPLATE = (
 
 def question(rng: random.Random) -> dict:
     """One row of the example's data: a chat prompt and its answer."""
-    a, b = rng.randrange(50), rng.randrange(50)
+    a, b = rng.randrange(10), rng.randrange(10)
     return {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}
 
 
@@ -80,7 +80,7 @@ def supervised_steps(model, tokenizer, rows: list[dict], steps: int, seed: int) 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder to write (created)")
-    p.add_argument("--sft-steps", type=int, default=400, help="supervised steps after random init (default 400)")
+    p.add_argument("--sft-steps", type=int, default=150, help="supervised steps after random init (default 150)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     args = p.parse_args()
 

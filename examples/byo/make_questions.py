@@ -2,7 +2,7 @@
 
     python examples/byo/make_questions.py --out byo/questions.jsonl
 
-Each line is {"prompt": [{"role": "user", "content": "What is 7 + 38?"}], "answer": "45"}; the
+Each line is {"prompt": [{"role": "user", "content": "What is 7 + 8?"}], "answer": "15"}; the
 `answer` column reaches the reward function as a keyword argument.
 """
 
@@ -20,7 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSONL file to write")
     p.add_argument("--rows", type=int, default=512, help="questions (default 512)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1: other sums than the model saw)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     args = p.parse_args()
     rng = random.Random(args.seed)
     out = Path(args.out)

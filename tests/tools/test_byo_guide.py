@@ -47,6 +47,8 @@ def test_the_bring_your_own_guide_runs_as_written(tmp_path):
     assert {r: Path(p["path"]) for r, p in plan["roles"].items()} == {"actor": model, "ref": model}
     run_output = next(o for o in outputs if "predicted vs measured" in o)
     assert "samples of iteration 1" in run_output and "over 2 iteration(s)" in run_output
+    first, last = map(float, re.search(r"reward (\S+) → (\S+) over 2", run_output).groups())
+    assert max(first, last) > 0, "the supervised start should answer some sums right"
     trained = tmp_path / "byo" / "trained" / "actor"
     for name in ("config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
         assert (trained / name).is_file(), name
