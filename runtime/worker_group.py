@@ -217,20 +217,21 @@ class WorkerGroup:
     def _wait(self, refs: list, stage: str) -> list:
         """Every rank's result of a start stage, within `init_timeout_s`; `on_wait` hears of a slow one."""
         t0 = time.monotonic()
+        deadline, report_at = t0 + self.init_timeout_s, t0 + self.report_every_s
         pending = list(refs)
         while pending:
-            waited = time.monotonic() - t0
-            left = self.init_timeout_s - waited
-            if left <= 0:
+            now = time.monotonic()
+            if now >= deadline:
                 late = ", ".join(self.describe_rank(refs.index(r)) for r in pending[:3])
                 raise WorkerTimeoutError(f"group '{self.name}': {stage} took over {self.init_timeout_s:.0f}s "
                                          f"(still waiting: {late}); raise --start-timeout if it is just slow")
-            next_report = self.report_every_s - waited % self.report_every_s
-            ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, next_report))
+            if now >= report_at:
+                report_at += self.report_every_s
+                if self.on_wait:
+                    self.on_wait(stage, now - t0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(deadline, report_at) - now)
             if ready:
                 ray.get(ready)  # a rank that failed raises now, not when its peers time out
-            elif pending and self.on_wait and left > next_report:
-                self.on_wait(stage, time.monotonic() - t0)
         return ray.get(refs)
 
     def _check_paths(self, shared: list[SharedPath]) -> None:
