@@ -14,6 +14,7 @@ send the metrics to those loggers too. At the end: predicted vs measured (tools/
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -104,6 +105,10 @@ def check_args(args) -> None:
         raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
     if args.keep_last and not args.checkpoint_dir:
         raise HflowError("--keep-last needs --checkpoint-dir (the folder whose checkpoints it prunes)")
+    for folder, flag in ((args.checkpoint_dir, "--checkpoint-dir"), (args.export_hf, "--export-hf")):
+        if folder and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", folder):
+            raise HflowError(f"{flag} {folder}: remote URLs are not written to directly; mount the bucket (s3fs, "
+                             "gcsfuse, a shared filesystem every node sees) and give its path")
     if args.checkpoint_dir:
         ckpt = Path(args.checkpoint_dir)
         if ckpt.exists() and not ckpt.is_dir():

@@ -67,8 +67,16 @@ def ray_two_nodes(ray_local, tmp_path_factory):
     private = tmp_path_factory.mktemp("not-on-node-1") if can_hide_folders() else None
     hide = dict(setup_worker_path=str(Path(__file__).with_name("private_storage_worker.py")),
                 env_vars={"HFLOW_PRIVATE_DIR": str(private)}) if private else {}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"hflow_node_0": 100}})
-    cluster.add_node(num_cpus=2, resources={"hflow_node_1": 100}, node_ip_address="127.0.0.2", **hide)
+    for attempt in range(3):  # a loaded machine can miss Ray's fixed 30 s raylet start window
+        cluster = Cluster()
+        try:
+            cluster.add_node(num_cpus=2, resources={"hflow_node_0": 100})
+            cluster.add_node(num_cpus=2, resources={"hflow_node_1": 100}, node_ip_address="127.0.0.2", **hide)
+            break
+        except Exception as e:
+            cluster.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
     cluster.private_dir = private
     try:
         ray.init(address=cluster.address, include_dashboard=False, logging_level="WARNING")
