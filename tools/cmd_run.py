@@ -43,9 +43,8 @@ def add_parser(subparsers) -> None:
                     "restart left); 130: interrupted.",
         epilog=examples("hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
                         "--timeline run.png",
-                        "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto",
-                        "hflow-plan run plan.json --address auto --checkpoint-dir /shared/ckpt --max-restarts 2 "
-                        "--call-timeout 1800",
+                        "hflow-plan run plan.json --address auto --checkpoint-dir /shared/ckpt --keep-last 2 --resume "
+                        "--max-restarts 2 --call-timeout 1800",
                         "hflow-plan run plan.json --actor ./my-sft-model --export-hf trained"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
     p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run")
