@@ -129,6 +129,12 @@ class CallFuture:
                 for src in self.inputs:
                     src._raise_if_dead()
                 raise self.group.fail(self.role, rank, self.method, e.cause, upstream=True) from None
+            # A peer that vanished (its process or node lost) breaks this rank's collective ("Connection
+            # closed by peer"): name the peer, not the survivor that noticed.
+            self._raise_if_dead()
+            lost = self.group.rank_on_lost_node()
+            if lost is not None:
+                raise self.group.fail(self.role, lost, self.method, e.cause) from None
             text = str(e.cause).strip()
             msg = text.splitlines()[-1] if text else ""
             raise WorkerCallError(f"'{self.role}.{self.method}' failed on {self.group.describe_rank(rank)}: "
@@ -162,7 +168,12 @@ class CallFuture:
 
 def get_all(futures: list[CallFuture], timeout: float | None = None) -> list[Any]:
     """Results of several futures (e.g. calls overlapping on disjoint groups). All their ranks are
-    watched together, so a worker that dies in any of them is reported at once."""
+    watched together, so a worker that dies in any of them is reported at once. Without `timeout`,
+    the groups' call timeout applies: past it every group is shut down and the late ranks named."""
+    limits = [f.group.call_timeout for f in futures if f.group.call_timeout]
+    enforce = timeout is None and bool(limits)
+    if enforce:
+        timeout = min(limits)
     deadline = None if timeout is None else time.monotonic() + timeout
     owner = {ref: f for f in futures if f._result is None for ref in f.refs if f.refs.index(ref) not in f._outputs}
     pending = list(owner)
@@ -170,6 +181,10 @@ def get_all(futures: list[CallFuture], timeout: float | None = None) -> list[Any
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
         if not ready:
+            if enforce:
+                first = owner[pending[0]]
+                raise first.group.time_out(sorted({(owner[r].role, owner[r].refs.index(r), owner[r].method)
+                                                   for r in pending if owner[r].group is first.group}), timeout)
             late = sorted({f"'{owner[r].role}.{owner[r].method}' rank {owner[r].refs.index(r)}" for r in pending})
             raise WorkerTimeoutError(f"calls did not finish in {timeout}s; still running: {', '.join(late)}")
         for ref in ready:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import time
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -56,28 +57,51 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
                 raise
 
 
-def node_pins(plan_nodes: set[int]) -> dict[int, str]:
-    """Plan node index -> the Ray resource that pins a bundle to that node ({} = no pinning)."""
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    labelled = {k for n in alive for k in n["Resources"] if k.startswith("hflow_node_")}
+def _usable(node: dict, use_gpu: bool) -> bool:
+    """Whether a Ray node can host the plan's devices: GPUs for a GPU plan, CPUs for virtual devices
+    (a head node started with --num-gpus=0 or --num-cpus=0 is not a plan node)."""
+    return node["Resources"].get("GPU" if use_gpu else "CPU", 0) > 0
+
+
+def plan_nodes(nodes: list[dict], use_gpu: bool) -> dict[int, dict]:
+    """Plan node index -> its Ray node, from `nodes` (ray.nodes()); {} on a single-node cluster, where
+    every plan node folds onto the one node."""
+    alive = [n for n in nodes if n["Alive"]]
+    labelled = {k: n for n in alive for k in n["Resources"] if k.startswith("hflow_node_")}
     if labelled:
-        missing = sorted(i for i in plan_nodes if NODE_LABEL.format(i) not in labelled)
-        if missing:
-            raise HflowError(f"the plan uses node(s) {missing} but no Ray node has resource "
-                             f"'{NODE_LABEL.format(missing[0])}'; start that node with "
-                             f"--resources='{{\"{NODE_LABEL.format(missing[0])}\": 1000}}'")
-        return {i: NODE_LABEL.format(i) for i in plan_nodes}
+        return {int(k.removeprefix("hflow_node_")): n for k, n in labelled.items()
+                if k.removeprefix("hflow_node_").isdigit()}
     if len(alive) == 1:
         return {}
-    ips = sorted({n["NodeManagerAddress"] for n in alive}, key=ipaddress.ip_address)
-    if len(ips) != len(alive):
+    usable = [n for n in alive if _usable(n, use_gpu)]
+    ips = [n["NodeManagerAddress"] for n in usable]
+    if len(set(ips)) != len(ips):
         raise HflowError("several Ray nodes share an IP, so plan nodes cannot be told apart; start each node "
                          "with --resources='{\"hflow_node_<i>\": 1000}' naming its plan node")
-    too_far = sorted(i for i in plan_nodes if i >= len(ips))
-    if too_far:
-        raise HflowError(f"the plan uses node {too_far[0]} but the Ray cluster has {len(ips)} nodes; "
-                         "add nodes or plan for fewer")
-    return {i: f"node:{ips[i]}" for i in plan_nodes}
+    return dict(enumerate(sorted(usable, key=lambda n: ipaddress.ip_address(n["NodeManagerAddress"]))))
+
+
+def node_pins(wanted: set[int], use_gpu: bool = False) -> dict[int, str]:
+    """Plan node index -> the Ray resource that pins a bundle to that node ({} = no pinning)."""
+    nodes = plan_nodes(ray.nodes(), use_gpu)
+    if not nodes:
+        return {}
+    labelled = any(k.startswith("hflow_node_") for n in nodes.values() for k in n["Resources"])
+    missing = sorted(i for i in wanted if i not in nodes)
+    if missing and labelled:
+        raise HflowError(f"the plan uses node(s) {missing} but no Ray node has resource "
+                         f"'{NODE_LABEL.format(missing[0])}'; start that node with "
+                         f"--resources='{{\"{NODE_LABEL.format(missing[0])}\": 1000}}'")
+    if missing:
+        kind = "GPUs" if use_gpu else "CPUs"
+        raise HflowError(f"the plan uses node {missing[0]} but the Ray cluster has {len(nodes)} node(s) with {kind}; "
+                         "add nodes or plan for fewer (nodes are numbered by address; label them with "
+                         "--resources='{\"hflow_node_<i>\": 1000}' to choose)")
+    return {i: NODE_LABEL.format(i) if labelled else f"node:{nodes[i]['NodeManagerAddress']}" for i in wanted}
+
+
+def describe_node(index: int, node: dict) -> str:
+    return f"plan node {index} (ip {node['NodeManagerAddress']}, ray node {node['NodeID'][:12]})"
 
 
 class ResourcePool:
@@ -118,7 +142,7 @@ class ResourcePool:
         return self._use_gpu
 
     def bundles(self) -> list[dict[str, float]]:
-        pins = node_pins({d.node for d in self.devices})
+        pins = node_pins({d.node for d in self.devices}, self.use_gpu)
         out = []
         for d in self.devices:
             b = {"CPU": self.cpus_per_device, **({"GPU": 1.0} if self.use_gpu else {})}
@@ -127,21 +151,56 @@ class ResourcePool:
             out.append(b)
         return out
 
+    def asks(self) -> dict[int, dict[str, float]]:
+        """Plan node -> the CPUs (and GPUs) this pool's bundles ask of it."""
+        out: dict[int, dict[str, float]] = {}
+        for d in self.devices:
+            ask = out.setdefault(d.node, {"CPU": 0.0, **({"GPU": 0.0} if self.use_gpu else {})})
+            ask["CPU"] += self.cpus_per_device
+            if self.use_gpu:
+                ask["GPU"] += 1.0
+        return out
+
+    def short_nodes(self, free: bool) -> list[str]:
+        """The plan nodes that lack what this pool asks of them: their total resources (free: what is
+        unreserved now, from Ray's per-node view), one phrase each."""
+        nodes = plan_nodes(ray.nodes(), self.use_gpu)
+        out = []
+        for index, ask in sorted(self.asks().items()):
+            node = nodes.get(index)
+            if node is None:
+                continue  # a single-node cluster: the cluster-wide figure says it
+            have = node_free(node["NodeID"]) if free else node["Resources"]
+            if not have:
+                continue  # this Ray cannot tell a node's free resources
+            if any(have.get(k, 0.0) + 1e-9 < v for k, v in ask.items()):
+                what = ", ".join(f"{have.get(k, 0.0):g} {k}" for k in ask)
+                asked = ", ".join(f"{v:g} {k}" for k, v in ask.items())
+                out.append(f"{describe_node(index, node)} has {what}{' free' if free else ''}; "
+                           f"group '{self.name}' asks {asked} there")
+        return out
+
     @property
     def placement_group(self) -> PlacementGroup:
-        """Reserve the bundles (once) and wait until Ray has placed them all."""
+        """Reserve the bundles (once) and wait until Ray has placed them all (at most `timeout_s`)."""
         if self._pg is None:
             bundles = self.bundles()
+            short = self.short_nodes(free=False)
+            if short:
+                raise HflowError(f"{short[0]}; start that node with more CPUs/GPUs, lower cpus_per_device or "
+                                 "plan fewer devices on it")
             pg = placement_group(bundles, strategy="PACK", name=f"hflow_{self.name}_{os.getpid()}_{id(self)}")
             try:
                 ray.get(pg.ready(), timeout=self.timeout_s)
             except ray.exceptions.GetTimeoutError:
                 remove_placement_group(pg)
+                short = self.short_nodes(free=True)
                 have = {k: v for k, v in ray.available_resources().items() if not k.startswith(("node:", "memory",
                                                                                                "object_store"))}
+                where = short[0] if short else f"free in the cluster: {have}"
                 raise HflowError(f"resource pool '{self.name}' needs {len(bundles)} bundles like {bundles[0]} but Ray "
-                                 f"could not place them in {self.timeout_s:.0f}s (free: {have}); start Ray with more "
-                                 "CPUs/GPUs or lower cpus_per_device") from None
+                                 f"could not place them in {self.timeout_s:.0f}s ({where}); free them (another run?), "
+                                 "start Ray with more CPUs/GPUs or lower cpus_per_device") from None
             self._pg = pg
         return self._pg
 
@@ -158,3 +217,22 @@ class ResourcePool:
     def __repr__(self) -> str:
         devs = ", ".join(f"{d.node}:{d.index}" for d in self.devices)
         return f"ResourcePool({self.name!r}, devices=[{devs}], {'GPU' if self._use_gpu else 'CPU'})"
+
+
+def node_free(node_id: str) -> dict[str, float]:
+    """The unreserved resources of one Ray node ({} where this Ray cannot tell)."""
+    try:
+        from ray._private.state import state  # no public per-node view of free resources
+
+        return dict(state.available_resources_per_node().get(node_id, {}))
+    except Exception:  # a Ray without it: the cluster-wide figure is reported instead
+        return {}
+
+
+def place_pool(pool: ResourcePool) -> str:
+    """Reserve `pool`'s devices now; a line saying where and how long it took."""
+    t0 = time.monotonic()
+    _ = pool.placement_group
+    nodes = sorted({d.node for d in pool.devices})
+    return (f"placed group '{pool.name}' ({pool.world_size} device(s) on plan node(s) "
+            f"{', '.join(map(str, nodes))}) in {time.monotonic() - t0:.1f} s")

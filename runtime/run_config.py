@@ -66,6 +66,12 @@ class RunConfig(RLSettings):
     sample_log_every: NonNegativeInt = 10
     sample_log_count: PositiveInt = 3
     keep_last: PositiveInt = 3  # complete checkpoints kept; older ones are deleted once a newer one is complete
+    # ---- cluster -------------------------------------------------------------------------------
+    # each start stage of a worker group (placement, processes, rendezvous, each role's weights) may take
+    # this long; a big model's load from a network filesystem needs minutes
+    start_timeout_s: PositiveFloat = 600.0
+    call_timeout_s: PositiveFloat | None = None  # the longest one call (generate, update, …) may take; None: no limit
+    max_restarts: NonNegativeInt = 0  # after a lost worker or node: restart and resume from the last checkpoint
 
     @field_validator("task")
     @classmethod

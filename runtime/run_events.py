@@ -8,13 +8,14 @@ The trainer calls these hooks; this base class ignores them and tools/run_report
     workers    the worker processes of a device group are starting
     weights    a role's workers are loading its weights
     resume     the run continues from a checkpoint
+    restart    the worker groups start again after a lost worker or node (`max_restarts`)
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-Phase = Literal["ray", "warmup", "workers", "weights", "resume"]
+Phase = Literal["ray", "warmup", "workers", "weights", "resume", "restart"]
 
 
 class RunEvents:
@@ -23,3 +24,6 @@ class RunEvents:
 
     def advance(self, done: int) -> None:
         """`done` of the current phase's `total` steps are complete."""
+
+    def say(self, text: str) -> None:
+        """A line for a person within a phase: a slow start, a group's placement, a restart."""

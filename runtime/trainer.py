@@ -47,10 +47,12 @@ from .dataflow import Dataflow
 from .engines.generation import SamplingParams
 from .engines.training import OptimConfig
 from .loggers import MetricsLogger
+from .metrics_file import append_metrics, drop_after
 from .plan_support import check_runnable, role_weights
-from .resource_pool import ResourcePool, init_ray
+from .resource_pool import ResourcePool, init_ray, place_pool
 from .run_config import RunConfig, with_rollout
 from .run_events import RunEvents
+from .storage import model_folder, output_markers
 from .tasks.builtin import get_task
 from .tasks.data import PromptDataset, PromptSampler
 from .tasks.model_tokenizer import load_tokenizer
@@ -86,9 +88,10 @@ class Trainer:
         self.events = events or RunEvents()
         self.config = config or RunConfig()
         self.plan = plan = with_rollout(plan, self.config).validate_parallel()
-        self.metrics_path = Path(metrics_path) if metrics_path else None
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
-        self.export_dir = Path(export_dir) if export_dir else None
+        # absolute here, on the driver: workers on other nodes run in other folders (docs/cluster.md)
+        self.metrics_path = Path(metrics_path).absolute() if metrics_path else None
+        self.checkpoint_dir = Path(checkpoint_dir).absolute() if checkpoint_dir else None
+        self.export_dir = Path(export_dir).absolute() if export_dir else None
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         self.algo = get_algorithm(plan.algorithm)
@@ -183,16 +186,24 @@ class Trainer:
             return self
         self._start_ray()
         specs = {role: self._role_spec(role) for role in self.plan.roles}  # warm-up happens here, once
-        pools = ResourcePool.from_plan(self.plan)
+        cfg = self.config
+        pools = ResourcePool.from_plan(self.plan, timeout_s=cfg.start_timeout_s)
         try:
-            for g in self.plan.groups:
-                roles = self.plan.roles_in(g.name)
-                if roles:
-                    self.events.phase("workers", f"starting {len(g.devices)} worker process(es) for group "
-                                      f"'{g.name}' ({', '.join(roles)})")
-                    group = WorkerGroup(pools[g.name], {r: specs[r] for r in roles}, name=g.name,
-                                        on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"))
-                    self.groups.update({r: group for r in roles})
+            with output_markers({"--checkpoint-dir": self.checkpoint_dir, "--export-hf": self.export_dir}) as shared:
+                for g in self.plan.groups:
+                    roles = self.plan.roles_in(g.name)
+                    if roles:
+                        self.events.phase("workers", f"starting {len(g.devices)} worker process(es) for group "
+                                          f"'{g.name}' ({', '.join(roles)})")
+                        self.events.say(place_pool(pools[g.name]))
+                        folders = [model_folder(specs[r].args[0], f"the {r}'s weights folder") for r in roles]
+                        group = WorkerGroup(
+                            pools[g.name], {r: specs[r] for r in roles}, name=g.name,
+                            init_timeout_s=cfg.start_timeout_s, call_timeout=cfg.call_timeout_s,
+                            on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"),
+                            on_wait=lambda stage, s, g=g: self.events.say(f"group '{g.name}': {stage}: {s:.0f} s…"),
+                            shared_paths=shared + folders)
+                        self.groups.update({r: group for r in roles})
         except BaseException:
             self.shutdown()
             raise
@@ -256,9 +267,7 @@ class Trainer:
         if every and (self.iteration - 1) % every == 0:
             out["samples"] = self.samples(batch)
         if self.metrics_path:
-            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(out) + "\n")  # one write of a whole line
+            append_metrics(self.metrics_path, out)
         for logger in self.loggers:
             logger.log(out)
         if self.checkpoint_dir and self.iteration % self.config.save_every == 0:
@@ -268,8 +277,7 @@ class Trainer:
     def run(self, iterations: int, resume: bool = False, on_iteration=None) -> list[dict]:
         self.start()
         if resume:
-            path = self.load_checkpoint()
-            self.events.phase("resume", f"resumed from checkpoint {path} (after iteration {self.iteration})")
+            self.resume()
         out = []
         for _ in range(iterations):
             m = self.step()
@@ -311,6 +319,11 @@ class Trainer:
             self.groups[role].call(role, "export_hf", str(folder / role))
         return [folder / r for r in roles]
 
+    def resume(self) -> Path:
+        path = self.load_checkpoint()
+        self.events.phase("resume", f"resumed from checkpoint {path} (after iteration {self.iteration})")
+        return path
+
     def load_checkpoint(self) -> Path:
         latest = self.checkpoint_dir / "latest" if self.checkpoint_dir else None
         if latest is None or not latest.is_file():
@@ -329,6 +342,7 @@ class Trainer:
         if self.df.state is not None and state["algorithm_state"] is not None:
             self.df.state.load_state_dict(state["algorithm_state"])
         self.df.kl.load_state_dict(state["kl_coef"])
+        drop_after(self.metrics_path, self.iteration)  # iterations after the checkpoint run again
         return path
 
     def fingerprints(self) -> dict[str, list[str]]:
@@ -336,11 +350,21 @@ class Trainer:
         return {r: self.groups[r].call(r, "fingerprint") for r in TRAINED_ROLES if r in self.groups}
 
     # ---- lifetime -----------------------------------------------------------------------------
-    def shutdown(self) -> None:
+    def stop_workers(self) -> None:
+        """End the worker groups (Ray stays up); the next `start` builds them again, from the models'
+        folders, at iteration 0 of the data order unless a checkpoint is loaded then (runtime/elastic.py)."""
+        self._end_groups()
+        self.df, self.iteration = None, 0
+        self.sampler = PromptSampler(len(self.dataset), self.plan.workload.prompts, self.config.seed)
+
+    def _end_groups(self) -> None:
         for group in {id(g): g for g in self.groups.values()}.values():
             group.shutdown()
             group.pool.remove()
         self.groups = {}
+
+    def shutdown(self) -> None:
+        self._end_groups()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False

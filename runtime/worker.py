@@ -66,12 +66,16 @@ def device_and_backend() -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str) -> None:
-    """Join this process into its group's world (once per process, shared by colocated roles)."""
+def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, backend: str,
+                     store: dist.Store | None = None) -> None:
+    """Join this process into its group's world (once per process, shared by colocated roles). The
+    rendezvous is `store` on rank 0 (the TCPStore it created and holds, so its port was never free
+    for another process to take) and a client of it on the others."""
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                       RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                            rank=rank, world_size=world_size)
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def build_context(role: str, parallel: ParallelConfig, device: torch.device, backend: str,

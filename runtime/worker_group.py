@@ -20,15 +20,17 @@ overlap. A worker that dies raises WorkerDiedError and shuts down every live gro
 from __future__ import annotations
 
 import os
-import socket
 import sys
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -37,9 +39,11 @@ from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import Plan
 
 from . import worker as worker_mod
-from .calls import CallFuture, WorkerCallError, WorkerDiedError, death_cause, resolve_lazy
+from .calls import CallFuture, WorkerCallError, WorkerDiedError, WorkerTimeoutError, death_cause, resolve_lazy
+from .network import driver_settings, set_socket_interfaces
 from .protocols import Protocol, get_protocol, method_protocol, split_call
 from .resource_pool import ResourcePool
+from .storage import SharedPath, describe_problems
 
 _LIVE_GROUPS: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
 
@@ -84,18 +88,25 @@ class _WorkerHost:
         self.workers: dict[str, Any] = {}
         self.place: dict = {}
 
-    def node_info(self) -> dict:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid()}
+    def node_info(self, ifnames: dict[str, str]) -> dict:
+        """Where this process runs; sets the socket interfaces its collectives will use (network.py)."""
+        ip = ray.util.get_node_ip_address()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ip, "pid": os.getpid(),
+                "ifnames": set_socket_interfaces(ip, ifnames)}
 
-    def master_address(self) -> tuple[str, int]:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+    def path_problems(self, paths: list[SharedPath]) -> list[tuple[SharedPath, str]]:
+        return [(p, why) for p in paths if (why := p.problem())]
+
+    def open_store(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Rank 0: create the group's rendezvous store on a port the OS picks, and hold it (no window
+        in which another process could take the port)."""
+        self.store = dist.TCPStore(ray.util.get_node_ip_address(), 0, world_size, is_master=True,
+                                   timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        return ray.util.get_node_ip_address(), self.store.port
 
     def init_dist(self, rank: int, world_size: int, addr: str, port: int, node_index: int) -> None:
         self.device, self.backend = worker_mod.device_and_backend()
-        worker_mod.init_distributed(rank, world_size, addr, port, self.backend)
+        worker_mod.init_distributed(rank, world_size, addr, port, self.backend, getattr(self, "store", None))
         self.place = dict(node_index=node_index, node_id=ray.get_runtime_context().get_node_id(),
                           master_addr=addr, master_port=port)
 
@@ -112,8 +123,6 @@ class _WorkerHost:
         return worker_mod.settle(getattr(self.workers[role], method)(*args, **kwargs)), info
 
     def shutdown(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -129,7 +138,7 @@ class MethodHandle:
 
     def __call__(self, *args, **kwargs):
         fut = self.async_(*args, **kwargs)
-        return fut.get(self.group.call_timeout) if self.blocking else fut
+        return fut.get() if self.blocking else fut  # within the group's call timeout
 
     def async_(self, *args, **kwargs) -> CallFuture:
         return self.group.submit(self.role, self.name, self.protocol, args, kwargs)
@@ -149,9 +158,14 @@ class WorkerGroup:
     """Workers of one or more colocated roles on the devices of `pool` (rank i on device i)."""
 
     def __init__(self, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str | None = None,
-                 init_timeout_s: float = 120.0, call_timeout: float | None = None,
-                 on_role: Callable[[str], None] | None = None):
-        """`on_role(role)` is called as each role's workers start building (loading its weights)."""
+                 init_timeout_s: float = 600.0, call_timeout: float | None = None,
+                 on_role: Callable[[str], None] | None = None, on_wait: Callable[[str, float], None] | None = None,
+                 shared_paths: Sequence[SharedPath] = (), report_every_s: float = 30.0):
+        """`on_role(role)` is called as each role's workers start building (loading its weights);
+        `on_wait(stage, seconds)` every `report_every_s` while a start stage (each bounded by
+        `init_timeout_s`) still waits. `shared_paths` must look the same on every worker as on the
+        driver (storage.py), checked before any weights load. `call_timeout`: the longest any call
+        may take (None: no limit); past it the run's groups are shut down (WorkerTimeoutError)."""
         if not roles:
             raise HflowError("a worker group needs at least one role, e.g. {'actor': RoleSpec(ActorWorker)}")
         self.name = name or pool.name
@@ -164,6 +178,7 @@ class WorkerGroup:
                 raise HflowError(f"role '{role}': {p} uses {p.world_size} devices but pool '{pool.name}' has "
                                  f"{pool.world_size}; give a config whose pp*tp*dp equals the device count")
         self.alive = False
+        self.init_timeout_s, self.on_wait, self.report_every_s = init_timeout_s, on_wait, report_every_s
         for spec in self.specs.values():
             ship_by_value(spec.cls)
         threads = max(1, int(pool.cpus_per_device))
@@ -175,16 +190,19 @@ class WorkerGroup:
             for i in range(pool.world_size)
         ]
         try:
-            self.nodes = ray.get([h.node_info.remote() for h in self.hosts], timeout=init_timeout_s)
-            addr, port = ray.get(self.hosts[0].master_address.remote(), timeout=init_timeout_s)
-            ray.get([h.init_dist.remote(r, pool.world_size, addr, port, pool.devices[r].node)
-                     for r, h in enumerate(self.hosts)], timeout=init_timeout_s)
+            ifnames = driver_settings()
+            self.nodes = self._wait([h.node_info.remote(ifnames) for h in self.hosts], "starting the processes")
+            self._check_paths(list(shared_paths))
+            addr, port = self._wait([self.hosts[0].open_store.remote(pool.world_size, init_timeout_s)],
+                                    "opening the rendezvous")[0]
+            self._wait([h.init_dist.remote(r, pool.world_size, addr, port, pool.devices[r].node)
+                        for r, h in enumerate(self.hosts)], "joining the process group")
             for role, spec in self.specs.items():  # same order on every rank: group creation is collective
                 if on_role:
                     on_role(role)
                 refs = [h.add_role.remote(role, spec, self.parallel[role]) for h in self.hosts]
                 try:
-                    ray.get(refs, timeout=init_timeout_s)
+                    self._wait(refs, f"loading {role}'s weights")
                 except RayTaskError as e:
                     rank = next((r for r, ref in enumerate(refs) if _failed(ref)), 0)
                     raise WorkerCallError(f"role '{role}' ({spec.cls.__name__}) failed to start on "
@@ -195,6 +213,34 @@ class WorkerGroup:
         self.master = (addr, port)
         self.alive = True
         _LIVE_GROUPS.add(self)
+
+    def _wait(self, refs: list, stage: str) -> list:
+        """Every rank's result of a start stage, within `init_timeout_s`; `on_wait` hears of a slow one."""
+        t0 = time.monotonic()
+        deadline, report_at = t0 + self.init_timeout_s, t0 + self.report_every_s
+        pending = list(refs)
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                late = ", ".join(self.describe_rank(refs.index(r)) for r in pending[:3])
+                raise WorkerTimeoutError(f"group '{self.name}': {stage} took over {self.init_timeout_s:.0f}s "
+                                         f"(still waiting: {late}); raise --start-timeout if it is just slow")
+            if now >= report_at:
+                report_at += self.report_every_s
+                if self.on_wait:
+                    self.on_wait(stage, now - t0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(deadline, report_at) - now)
+            if ready:
+                ray.get(ready)  # a rank that failed raises now, not when its peers time out
+        return ray.get(refs)
+
+    def _check_paths(self, shared: list[SharedPath]) -> None:
+        if not shared:
+            return
+        found = self._wait([h.path_problems.remote(shared) for h in self.hosts], "checking shared storage")
+        for rank, problems in enumerate(found):
+            if problems:
+                raise HflowError(describe_problems(problems, self.describe_node(rank)))
 
     # ---- calls ---------------------------------------------------------------------------------
     def __getitem__(self, role: str) -> RoleHandle:
@@ -244,15 +290,42 @@ class WorkerGroup:
     def world_size(self) -> int:
         return len(self.hosts)
 
+    def describe_node(self, rank: int) -> str:
+        n = self.nodes[rank] if rank < len(getattr(self, "nodes", [])) else {}
+        return f"node {self.pool.devices[rank].node} (ip {n.get('ip', '?')}, ray node {str(n.get('node_id', '?'))[:12]})"
+
     def describe_rank(self, rank: int) -> str:
         n = self.nodes[rank] if rank < len(getattr(self, "nodes", [])) else {}
-        return (f"rank {rank} of group '{self.name}' on node {self.pool.devices[rank].node} "
-                f"(ip {n.get('ip', '?')}, ray node {str(n.get('node_id', '?'))[:12]}, pid {n.get('pid', '?')})")
+        return f"rank {rank} of group '{self.name}' on {self.describe_node(rank)[:-1]}, pid {n.get('pid', '?')})"
 
-    def fail(self, role: str, rank: int, method: str, err: BaseException, upstream: bool = False) -> WorkerDiedError:
-        """A rank died: kill this group, shut the others down, return the error to raise."""
+    def time_out(self, late: list[tuple[str, int, str]], seconds: float) -> WorkerTimeoutError:
+        """Calls (role, rank, method) of this group ran past the call timeout: shut every group down
+        (a hung rank may hold its peers in a collective) and return the error to raise."""
+        named = "; ".join(f"'{role}.{method}' on {self.describe_rank(rank)}" for role, rank, method in late[:3])
         self._kill()
         others = shutdown_all()
+        return WorkerTimeoutError(f"call(s) ran past the call timeout of {seconds:g}s: {named}; shut down "
+                                  f"{len(others) + 1} worker group(s) (a hung worker; or raise --call-timeout)")
+
+    def rank_on_lost_node(self) -> int | None:
+        """The first rank whose Ray node is no longer alive (None: all are)."""
+        dead = dead_nodes()
+        return next((r for r, n in enumerate(getattr(self, "nodes", [])) if n.get("node_id") in dead), None)
+
+    def fail(self, role: str, rank: int, method: str, err: BaseException, upstream: bool = False) -> WorkerDiedError:
+        """A rank died: kill this group, shut the others down, return the error to raise. When its node
+        is gone, the node is named with every rank it hosted."""
+        node_id = self.nodes[rank].get("node_id") if rank < len(getattr(self, "nodes", [])) else None
+        node_lost = node_id in dead_nodes()
+        groups = [self, *(g for g in _LIVE_GROUPS if g is not self)]
+        lost_ranks = [f"rank {r} of group '{g.name}'" for g in groups
+                      for r, n in enumerate(getattr(g, "nodes", [])) if n.get("node_id") == node_id]
+        self._kill()
+        others = shutdown_all()
+        if node_lost:
+            where = self.describe_node(rank)
+            return WorkerDiedError(f"{where} was lost (node down or its raylet killed), with {', '.join(lost_ranks)}; "
+                                   f"during '{role}.{method}'; shut down {len(others) + 1} worker group(s)")
         what = f"lost an input from a worker that {death_cause(err)}" if upstream else death_cause(err)
         return WorkerDiedError(f"worker '{role}' {self.describe_rank(rank)} {what}, during '{method}'; "
                                f"shut down {len(others) + 1} worker group(s)")
@@ -294,6 +367,11 @@ def groups_from_plan(plan: Plan, workers: dict[str, RoleSpec], **pool_kwargs) ->
             g.shutdown()
         raise
     return groups
+
+
+def dead_nodes() -> set[str]:
+    """Ray node ids the cluster has marked dead."""
+    return {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
 
 
 def shutdown_all(timeout: float = 10.0) -> list[str]:

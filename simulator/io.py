@@ -85,7 +85,8 @@ def load_model_file(cls: type[M], path: str | os.PathLike) -> M:
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write `data` to `path` via a temporary file and a rename: all or nothing."""
+    """Write `data` to `path` via a temporary file, fsynced, and a rename: all or nothing, and durable
+    once it returns (a checkpoint's `latest` must never name files still in a page cache)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     mode = "wb" if isinstance(data, bytes) else "w"
@@ -93,15 +94,33 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, mode) as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         # mkstemp makes 0600 files; give the output the mode a plain open() would (umask applies).
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
+        fsync_dir(p.parent)  # and the rename itself survives a crash of the node
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make the entries of `folder` (files created or renamed in it) durable; a no-op where the
+    platform cannot open a folder (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder; their renames are synchronous
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -14,6 +14,7 @@ send the metrics to those loggers too. At the end: predicted vs measured (tools/
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
 from hybridflow.tools.cmd_search import role_flag
-from hybridflow.tools.outputs import positive_int, rollout_arg, task_arg
+from hybridflow.tools.outputs import non_negative_int, positive_float, positive_int, rollout_arg, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
@@ -36,11 +37,14 @@ def add_parser(subparsers) -> None:
                     "colocation and parallel configs. The plan is checked against this machine first (devices, "
                     "memory, model folders). Each role trains the HF folder the plan records (`search --actor "
                     "FOLDER`) or --actor FOLDER gives; models without a path are the built-in tiny policy, warmed up on the "
-                    "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). Exit code 2: "
-                    "bad input; 3: a worker or node was lost.",
+                    "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). On a cluster "
+                    "(docs/cluster.md) the checkpoint, export and model folders must be on storage every node sees "
+                    "(checked at start). Exit code 2: bad input; 3: a worker or node was lost or timed out (with no "
+                    "restart left); 130: interrupted.",
         epilog=examples("hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
                         "--timeline run.png",
-                        "hflow-plan run plan.json --checkpoint-dir ckpt --keep-last 2 --resume --address auto",
+                        "hflow-plan run plan.json --address auto --checkpoint-dir /shared/ckpt --keep-last 2 --resume "
+                        "--max-restarts 2 --call-timeout 1800",
                         "hflow-plan run plan.json --actor ./my-sft-model --export-hf trained"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
     p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run")
@@ -56,6 +60,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--keep-last", type=positive_int, metavar="N",
                    help="complete checkpoints to keep; older ones are deleted once a newer one is complete "
                         f"(default: {RunConfig.model_fields['keep_last'].default})")
+    p.add_argument("--start-timeout", type=positive_float, metavar="S",
+                   help="seconds each start stage of a worker group may take: placement, processes, each role's "
+                        f"weights (default: {RunConfig.model_fields['start_timeout_s'].default:g})")
+    p.add_argument("--call-timeout", type=positive_float, metavar="S",
+                   help="seconds one call (generate, update, …) may take before the run ends naming the late rank "
+                        "(exit 3); default: no limit")
+    p.add_argument("--max-restarts", type=non_negative_int, metavar="N",
+                   help="after a lost worker or node (or a call past --call-timeout), restart the worker groups and "
+                        "resume from the last complete checkpoint, at most N times (default: 0)")
     p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: actor_lr, kl, loss, task, ...; "
                    "unset ones take the algorithm's defaults)")
     p.add_argument("--task", type=task_arg, help="built-in task for prompts and the warm-up policy: sort or add "
@@ -91,6 +104,10 @@ def check_args(args) -> None:
         raise HflowError("--resume needs --checkpoint-dir (the folder of an earlier run's checkpoints)")
     if args.keep_last and not args.checkpoint_dir:
         raise HflowError("--keep-last needs --checkpoint-dir (the folder whose checkpoints it prunes)")
+    for folder, flag in ((args.checkpoint_dir, "--checkpoint-dir"), (args.export_hf, "--export-hf")):
+        if folder and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", folder):
+            raise HflowError(f"{flag} {folder}: remote URLs are not written to directly; mount the bucket (s3fs, "
+                             "gcsfuse, a shared filesystem every node sees) and give its path")
     if args.checkpoint_dir:
         ckpt = Path(args.checkpoint_dir)
         if ckpt.exists() and not ckpt.is_dir():
@@ -120,7 +137,9 @@ def run_config(args) -> RunConfig:
 
     cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
     overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed),
-                                   ("keep_last", args.keep_last), ("rollout", args.rollout)) if v is not None}
+                                   ("keep_last", args.keep_last), ("rollout", args.rollout),
+                                   ("start_timeout_s", args.start_timeout), ("call_timeout_s", args.call_timeout),
+                                   ("max_restarts", args.max_restarts)) if v is not None}
     # only what the file and the flags set: every RL setting left unset takes the algorithm's default
     return RunConfig.model_validate({**cfg.model_dump(exclude_unset=True), **overrides})
 

@@ -22,6 +22,26 @@ def positive_int(text: str) -> int:
     return n
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number (0 or more), got '{text}'")
+    return n
+
+
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+    return x
+
+
 def algorithm_arg(text: str) -> str:
     """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
     from hybridflow.simulator.plan import algorithm_name

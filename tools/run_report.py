@@ -116,14 +116,16 @@ def samples_table(iteration: int, samples: list[dict]) -> Table:
 
 
 def run_with_progress(trainer, iterations: int, resume: bool, events: ConsoleEvents) -> list[dict]:
-    """trainer.run, its phases and iterations rendered by `events`. A lost worker is a WorkerLostError
-    (exit 3), one line naming the role and rank."""
-    from hybridflow.runtime.calls import WorkerCallError, WorkerDiedError
+    """trainer.run (restarted after a lost worker up to the config's max_restarts), its phases and
+    iterations rendered by `events`. A lost worker or node, or a call or start past its timeout, with
+    no restart left is a WorkerLostError (exit 3), one line naming the role, rank and node."""
+    from hybridflow.runtime.calls import WorkerCallError, WorkerDiedError, WorkerTimeoutError
+    from hybridflow.runtime.elastic import run_with_restarts
 
     events.iterations(iterations)
     try:
-        return trainer.run(iterations, resume=resume, on_iteration=events.iteration)
-    except WorkerDiedError as e:
+        return run_with_restarts(trainer, iterations, resume=resume, on_iteration=events.iteration)
+    except (WorkerDiedError, WorkerTimeoutError) as e:
         raise WorkerLostError(str(e).splitlines()[0]) from None
     except WorkerCallError as e:
         raise HflowError(str(e).splitlines()[0]) from None

@@ -103,7 +103,11 @@ class EngineState:
 
     @register("ONE_TO_ALL")
     def save(self, path: str) -> None:
+        from hybridflow.simulator.io import fsync_dir
+
         self.engine.save(f"{path}/{self.role}")
+        for folder in (f"{path}/{self.role}/dcp", f"{path}/{self.role}", path):  # the shards' names durable too
+            fsync_dir(folder)
         if self.rank == 0:  # the checkpoint carries its model's config and tokenizer (hf_export.py)
             from hybridflow.runtime.hf_export import copy_model_files
 

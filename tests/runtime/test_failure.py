@@ -94,3 +94,50 @@ def test_death_cause_names_memory_when_ray_killed_the_worker_for_it():
     assert "ran out of memory (32.53GB / 33.28GB used" in cause and "fewer devices per node" in cause
     assert "\n" not in cause
     assert death_cause(ActorDiedError()).startswith("died (The actor died unexpectedly")
+
+
+class SlowStart(Worker):
+    def __init__(self):
+        super().__init__()
+        time.sleep(60)  # a model load that takes too long
+
+
+@pytest.mark.slow
+def test_a_start_past_the_start_timeout_names_the_stage_and_reports_while_it_waits(ray_local):
+    from hybridflow.runtime.calls import WorkerTimeoutError
+    from hybridflow.runtime.resource_pool import ResourcePool
+    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+
+    heard = []
+    pool = ResourcePool.local(1, name="slowstart")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WorkerTimeoutError) as e:
+            WorkerGroup(pool, {"actor": RoleSpec(SlowStart)}, init_timeout_s=25.0, report_every_s=5.0,
+                        on_wait=lambda stage, s: heard.append((stage, round(s))))
+    finally:
+        pool.remove()
+    assert time.monotonic() - t0 < 80  # each stage bounded (the process start has its own 25 s)
+    msg = str(e.value)
+    assert msg.startswith("group 'slowstart': loading actor's weights took over 25s (still waiting: rank 0 of group "
+                          "'slowstart' on node 0") and "raise --start-timeout" in msg, msg
+    weights = [s for stage, s in heard if stage == "loading actor's weights"]
+    assert weights and weights == sorted(weights) and weights[0] >= 5 and len(weights) <= 5, heard
+
+
+@pytest.mark.slow
+def test_run_with_a_call_past_call_timeout_is_exit_3_naming_the_call(ray_local, tmp_path, capsys):
+    from rl_util import tiny_plan
+
+    from hybridflow.simulator import Workload
+    from hybridflow.tools.cli import main
+
+    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8, mini_batches=1)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], workload=w).model_dump_json())
+    rc = main(["run", str(plan_file), "--iterations", "1", "--call-timeout", "0.001", "--metrics",
+               str(tmp_path / "m.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 3 and "\n" not in err, err
+    assert "ran past the call timeout of 0.001s: 'actor." in err and "on rank 0 of group 'g0' on node 0 (ip" in err
+    assert not (tmp_path / "m.jsonl").exists()

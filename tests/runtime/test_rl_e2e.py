@@ -138,8 +138,8 @@ def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
     from hybridflow.runtime.trainer import Trainer
 
     plan = tiny_plan("ppo", [["actor", "ref", "critic"]])
-    ckpt = tmp_path / "ckpt"
-    with Trainer(plan, checkpoint_dir=ckpt) as t:
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    with Trainer(plan, checkpoint_dir=ckpt, metrics_path=metrics) as t:
         straight = t.run(4)
         want = t.fingerprints()
     assert (ckpt / "latest").read_text().strip() == "iter_000004"
@@ -147,9 +147,11 @@ def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_000002", "iter_000003", "iter_000004"]
     (ckpt / "latest").write_text("iter_000002\n")
     events = PhaseLog()
-    with Trainer(plan, checkpoint_dir=ckpt, events=events) as t:
+    with Trainer(plan, checkpoint_dir=ckpt, events=events, metrics_path=metrics) as t:
         resumed = t.run(2, resume=True)
         got = t.fingerprints()
+    # iterations 3 and 4 ran twice; the resumed run's lines replaced the first run's
+    assert [json.loads(x) for x in metrics.read_text().splitlines()] == json.loads(json.dumps(straight[:2] + resumed))
     # every phase said what it did: the workers, each role's weights, which checkpoint it resumed from
     names = [name for name, _ in events.phases]
     assert names[names.index("workers"):] == ["workers", "weights", "weights", "weights", "resume"]

@@ -92,3 +92,21 @@ def test_the_benchmark_times_a_case_as_its_own_process(tmp_path):
 
     row = time_case(error_cases(tmp_path)[0])
     assert row["ok"] and row["exit_code"] == 2 and row["wall_seconds"] > 0 and "--checkpoint-dir" in row["message"]
+
+
+def test_cluster_flags_reach_the_run_config_and_bad_values_are_one_line(capsys):
+    from hybridflow.tools.cmd_run import run_config
+
+    args = build_parser().parse_args(["run", "p.json", "--start-timeout", "900", "--call-timeout", "1800.5",
+                                      "--max-restarts", "2"])
+    cfg = run_config(args)
+    assert (cfg.start_timeout_s, cfg.call_timeout_s, cfg.max_restarts) == (900.0, 1800.5, 2)
+    defaults = run_config(build_parser().parse_args(["run", "p.json"]))
+    assert (defaults.start_timeout_s, defaults.call_timeout_s, defaults.max_restarts) == (600.0, None, 0)
+    for argv, what in ((["--call-timeout", "0"], "positive number of seconds"),
+                       (["--start-timeout", "inf"], "positive number of seconds"),
+                       (["--max-restarts", "two"], "a whole number (0 or more)"),
+                       (["--checkpoint-dir", "s3://bucket/ckpt"], "remote URLs are not written to directly; mount")):
+        assert main(["run", "p.json", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert what in err and "\n" not in err, err
