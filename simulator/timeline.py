@@ -19,8 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 # The shared op names (docs/architecture.md).
 OPS = (
     "generate", "generate_baseline", "actor_logprob", "ref_logprob", "values", "reward", "cost",
-    "advantage", "actor_update", "critic_update", "reshard", "offload", "onload",
+    "advantage", "actor_update", "critic_update", "reshard", "weight_sync", "offload", "onload",
 )
+# The ops that bring the trained weights to generation: the 3D-HybridEngine reshard on the same
+# devices, the weight sync (a broadcast) to separate rollout devices.
+WEIGHT_SYNC_OPS = ("reshard", "weight_sync")
 
 
 def throughput(tokens_per_iteration: int, seconds: float) -> float:
