@@ -169,6 +169,10 @@ class Plan(BaseModel):
             return "ds-chat"
         return self.reshard
 
+    def with_mode(self, mode: str) -> Plan:
+        """This plan run in execution `mode` (validated: an overlapping mode needs rollout devices)."""
+        return Plan.from_json_text(self.model_copy(update={"mode": mode}).model_dump_json(), f"plan in mode '{mode}'")
+
     def placement(self) -> list[list[str]]:
         return [self.roles_in(g.name) for g in self.groups if self.roles_in(g.name)]
 
