@@ -3,8 +3,9 @@
 The actor trains on its group; RolloutWorkers (workers/rollout.py) generate on theirs. After each
 actor update the weights go over the weight-sync group (weight_sync.py, spanning the actor's rank
 0 and every rollout rank) before the next rollout: the `weight_sync` op in the measured Timeline,
-on the lane of both groups ("actor_group+rollout_group"), its bytes those received by all rollout
-ranks together (the model's bytes each).
+on the lane of both groups ("actor_group+rollout_group"), its bytes those each rollout rank receives
+(the model's: the simulator's convention, bytes per receiving device); the metric
+`weight_sync/bytes` is the sum over the rollout ranks.
 
 Modes (Plan.mode):
 - `sync`: each iteration syncs the newest weights and then generates its batch — on-policy, the
@@ -79,11 +80,11 @@ class DisaggregatedDataflow(Dataflow):
         receive = rollout.call_async(ROLLOUT, "receive_weights", self.version, self.bucket_bytes)
         sent, got = send.get(actor.call_timeout), receive.get(rollout.call_timeout)
         spans = [m["timing"]["weight_sync"] for m in sent + got]
-        received = sum(m["bytes"] for m in got)
+        received = [m["bytes"] for m in got]
         self._log("weight_sync", "actor")
         self._record("actor", self.lane, {"weight_sync": (min(s for s, _ in spans), max(e for _, e in spans),
-                                                          float(received))})
-        self.stats["weight_sync/bytes"] = float(received)
+                                                          float(max(received)))})
+        self.stats["weight_sync/bytes"] = float(sum(received))
         self.synced_version = self.version
 
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:

@@ -63,9 +63,11 @@ class Timeline(BaseModel):
         return sorted({e.iteration for e in self.events})
 
     def steady_iterations(self) -> list[int]:
-        """The iterations a run's figures come from: a measured run's first is left out when there are more."""
+        """The iterations a run's figures come from: a measured run's first is left out when there are more,
+        and a simulated pipeline's warm-up (meta `warmup_iterations`)."""
         its = self.iterations()
-        return its[1:] if self.source == "measured" and len(its) > 1 else its
+        skip = 1 if self.source == "measured" else self.meta.get("warmup_iterations", 0)
+        return its[skip:] if len(its) > skip else its
 
     def iteration_seconds(self, iteration: int | None = None) -> float:
         """The span of one iteration's ops; None: the median over the steady iterations."""

@@ -53,10 +53,11 @@ def test_sync_two_rollout_replicas_weights_exact_and_bytes(ray_local):
         timeline = t.timeline
     syncs = [e for e in timeline.events if e.op == "weight_sync"]
     assert [e.iteration for e in syncs] == [1, 2] and {e.group for e in syncs} == {"g0+gen"}
-    assert {e.bytes for e in syncs} == {2 * tiny_model_bytes()}  # the whole model to each of 2 rollout ranks
+    assert {e.bytes for e in syncs} == {tiny_model_bytes()}  # the whole model to each rollout rank …
     assert {e.group for e in timeline.events if e.op == "generate"} == {"gen"}
     assert {e.op for e in timeline.events} <= set(OPS)
     for m in out:
+        assert m["weight_sync/bytes"] == 2 * tiny_model_bytes()  # … of the two
         assert m["staleness/max"] == 0 and "actor/is_weight_mean" not in m  # on-policy: no correction
         assert 0.0 <= m["reward_mean"] <= 1.0 and math.isfinite(m["actor/pg_loss"])
 
