@@ -198,6 +198,10 @@ class Dataflow:
         self._record("actor", group.name, timing, pending.iteration)
         return pending.batch.union(join([outs[r] for _, r in readers], pending.pad))
 
+    def prompts_in_flight(self) -> int:
+        """Prompts drawn for a rollout still running (a pipelined mode's look-ahead, disaggregated.py)."""
+        return 0
+
     def responses_text(self, batch: Batch) -> list[str]:
         return self.tok.decode_responses(batch["responses"], batch["response_mask"])
 

@@ -18,6 +18,10 @@ Modes (Plan.mode):
   Prompts keep the synchronous order: the first iteration draws the second batch's prompts
   itself; after that the prompts the trainer hands iteration i are the ones it launches.
 
+A checkpoint taken while a look-ahead rollout runs saves the prompt order from before its prompts:
+a resumed run draws them again and generates them with the checkpoint's weights, so no batch is
+lost or trained twice.
+
 Dynamic sampling's extra rounds and ReMax's greedy baseline generate synchronously (they queue
 behind a rollout in flight).
 """
@@ -107,6 +111,9 @@ class DisaggregatedDataflow(Dataflow):
         if self.plan.mode == "sync":  # on-policy: the update's own log-probs are the behaviour's
             batch = Batch(batch.tensors.exclude("behaviour_log_probs"), batch.non_tensors, batch.meta)
         return super().update(batch)
+
+    def prompts_in_flight(self) -> int:
+        return 0 if self.ahead is None else len(self.ahead.batch) // self.plan.workload.samples_per_prompt
 
     def finish(self) -> None:
         """Wait for a rollout still in flight (the last iteration's look-ahead) and drop it."""

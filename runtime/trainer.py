@@ -292,7 +292,9 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
-        return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": self.sampler.state_dict(),
+        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again
+        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight())
+        return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": sampler,
                 "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
                 "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
 

@@ -4,6 +4,7 @@ to every rollout rank, the calls are the simulator's graph; one step off, rollou
 trained batch's policy is never more than one update old — with a fast trainer and a slow rollout, and
 the reverse."""
 
+import json
 import math
 import time
 
@@ -62,12 +63,12 @@ def test_sync_two_rollout_replicas_weights_exact_and_bytes(ray_local):
         assert 0.0 <= m["reward_mean"] <= 1.0 and math.isfinite(m["actor/pg_loss"])
 
 
-def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local):
+def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
 
     plan = plan_for("one-step-off", ParallelConfig(tp=2))  # one rollout replica, tensor-parallel over 2
-    with Trainer(plan, RunConfig()) as t:
+    with Trainer(plan, RunConfig(save_every=5), checkpoint_dir=tmp_path) as t:
         out = [step_checked(t) for _ in range(3)]  # the tiny update is fast, the tp=2 rollout slow
         gen = [e.seconds for e in t.timeline.events if e.op == "generate" and e.iteration == 2]
         reward = t.df.functions["reward"]
@@ -80,6 +81,9 @@ def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local):
         out += [step_checked(t) for _ in range(2)]
         timeline = t.timeline
     assert [m["staleness/max"] for m in out] == [0, 1, 1, 1, 1]  # the bound, 1, in both regimes
+    # the checkpoint after 5 iterations (6 batches of prompts drawn, the 6th in flight) resumes at the 6th
+    driver = json.loads((tmp_path / "iter_000005" / "driver.json").read_text())
+    assert driver["sampler"]["cursor"] == 5 * plan.workload.prompts
     for m in out[1:]:
         assert m["actor/is_weight_mean"] > 0 and 0 <= m["actor/is_weight_capped"] <= 1
     ev = {}

@@ -86,3 +86,17 @@ def test_cli_mode_flag_is_checked_before_anything_starts(tmp_path, capsys):
     assert len(err) == 1 and "generate_group" in err[0]
     assert main(["run", str(path), "--mode", "one-step"]) == 2
     assert "did you mean 'one-step-off'" in capsys.readouterr().err
+
+
+def test_sampler_rewinds_prompts_in_flight_across_an_epoch():
+    from hybridflow.runtime.tasks.data import PromptSampler
+
+    s = PromptSampler(size=10, batch_size=4, seed=3)
+    s.next_indices()
+    s.next_indices()  # 8 drawn
+    in_flight = s.next_indices()  # 4 more: crosses into epoch 1
+    resumed = PromptSampler(size=10, batch_size=4, seed=3)
+    resumed.load_state_dict(s.state_dict(rewind=len(in_flight)))
+    assert resumed.next_indices() == in_flight and resumed.next_indices() == s.next_indices()
+    with pytest.raises(ValueError, match="cannot rewind"):
+        s.state_dict(rewind=100)
