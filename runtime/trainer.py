@@ -248,7 +248,8 @@ class Trainer:
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
-        seconds = self.timeline.iteration_seconds(self.iteration)  # the span of its ops, as simulated
+        # the span of its ops, as simulated; one step off, the look-ahead rollout inside it is still running
+        seconds = wall if df.prompts_in_flight() else self.timeline.iteration_seconds(self.iteration)
         # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
         rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
