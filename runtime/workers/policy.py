@@ -14,6 +14,8 @@ of its generation data-parallel replica (`generate` is ALL_TO_ALL; `generation_r
 who) and reads tp_g rank 0.
 Sampling is seeded by (seed, iteration, generation replica), so the tp_g ranks of a replica draw
 the same tokens and a resumed run draws exactly what a straight run would.
+When the plan gives the actor rollout devices of its own (`generate_group`), it builds no rollout
+engine: RolloutWorkers generate there, and this worker sends them its weights (weight_source.py).
 """
 
 from __future__ import annotations
