@@ -33,6 +33,7 @@ import ray
 from hybridflow.simulator.plan import Plan
 
 from .batch import Batch
+from .calls import get_all
 from .dataflow import Dataflow, PendingRollout
 from .engines.generation import SamplingParams
 from .plan_support import rollout_parallel
@@ -62,10 +63,8 @@ class DisaggregatedDataflow(Dataflow):
         self.model_bytes = sum(s.nbytes for s in self.specs)
         addr, port = ray.get(actor.hosts[0].master_address.remote())  # a free port on the sender's node
         world = 1 + rollout.world_size
-        joins = [actor.call_async("actor", "init_weight_sync", addr, port, world),
-                 rollout.call_async(ROLLOUT, "init_weight_sync", addr, port, world)]
-        for f in joins:  # the group forms only once every member has joined
-            f.get(actor.call_timeout)
+        get_all([actor.call_async("actor", "init_weight_sync", addr, port, world),  # every member at once
+                 rollout.call_async(ROLLOUT, "init_weight_sync", addr, port, world)], actor.call_timeout)
         self.synced_version = -1  # the actor updates the rollout weights have seen (-1: not yet synced)
         self.ahead: PendingRollout | None = None  # one-step-off: the next iteration's rollout, in flight
         self.lane = f"{actor.name}+{rollout.name}"
@@ -82,7 +81,9 @@ class DisaggregatedDataflow(Dataflow):
         actor, rollout = self.groups["actor"], self.groups[ROLLOUT]
         send = actor.call_async("actor", "send_weights", self.specs, self.bucket_bytes)
         receive = rollout.call_async(ROLLOUT, "receive_weights", self.version, self.bucket_bytes)
-        sent, got = send.get(actor.call_timeout), receive.get(rollout.call_timeout)
+        # both sides watched together: a worker lost on either is reported at once, not after the
+        # other side's collective times out
+        sent, got = get_all([send, receive], actor.call_timeout)
         spans = [m["timing"]["weight_sync"] for m in sent + got]
         received = [m["bytes"] for m in got]
         self._log("weight_sync", "actor")

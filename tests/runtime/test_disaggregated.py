@@ -11,6 +11,7 @@ import time
 import pytest
 from rl_util import TINY, simulated_calls, tiny_plan
 
+from hybridflow.runtime.calls import WorkerDiedError
 from hybridflow.simulator import OPS, Device, DeviceGroup, ParallelConfig, Plan, Workload
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -52,6 +53,9 @@ def test_sync_two_rollout_replicas_weights_exact_and_bytes(ray_local):
         out = [step_checked(t) for _ in range(2)]
         assert t.df.calls == simulated_calls(plan, t.config.kl_in_reward)
         timeline = t.timeline
+        ray_local.kill(t.groups["rollout"].hosts[1])  # a rollout worker dies: one error naming it
+        with pytest.raises(WorkerDiedError, match="worker 'rollout' rank 1 of group 'gen'.*during 'receive_weights'"):
+            t.step()
     syncs = [e for e in timeline.events if e.op == "weight_sync"]
     assert [e.iteration for e in syncs] == [1, 2] and {e.group for e in syncs} == {"g0+gen"}
     assert {e.bytes for e in syncs} == {tiny_model_bytes()}  # the whole model to each rollout rank …
