@@ -115,15 +115,3 @@ class DisaggregatedDataflow(Dataflow):
 
     def prompts_in_flight(self) -> int:
         return 0 if self.ahead is None else len(self.ahead.batch) // self.plan.workload.samples_per_prompt
-
-    def finish(self) -> None:
-        """Wait for a rollout still in flight (the last iteration's look-ahead) and drop it."""
-        if self.ahead is not None:
-            self.ahead.future.get(self.groups[ROLLOUT].call_timeout)
-            self.ahead = None
-
-
-def staleness_bound(plan: Plan) -> int:
-    """The most updates a trained batch's policy may lag behind: 0 sync, 1 one-step-off."""
-    return {"sync": 0, "one-step-off": 1}[plan.mode]
-
