@@ -14,6 +14,7 @@ from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.schedule import call_gaps, makespan, schedule
+from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .configs import generate_configs
 from .placement import allocations, set_partitions
@@ -57,7 +58,7 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
             op = rp.node_attrs[x]["op"]
             if op in GEN_OPS:
                 v = gens[r][1][x]
-            elif op == "reshard":
+            elif op in WEIGHT_SYNC_OPS:
                 v = gens[r][2]
             else:
                 v = s[recompute][x]

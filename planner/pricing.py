@@ -37,6 +37,7 @@ from hybridflow.simulator.memory import (
 )
 from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import role_head
+from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .configs import generate_configs, train_configs
 from .request import SearchRequest
@@ -164,7 +165,7 @@ class RolePricer:
                 if op in TRAIN_OPS:
                     for f in (False, True):
                         secs[f][node] = cm.train(model, head, cfg, w, recompute=f).seconds
-                elif op not in GEN_OPS and op != "reshard":
+                elif op not in GEN_OPS and op not in WEIGHT_SYNC_OPS:
                     s = cm.forward(model, head, cfg, w, self._seqs(node)).seconds
                     secs[False][node] = secs[True][node] = s
             out.append((cfg, fwd, trans, secs))
@@ -229,7 +230,7 @@ class RolePricer:
                 if gen is None or not self._fits(resident, gen[0]):
                     continue
                 t, gsecs, rsecs = gen
-                s = tuple(gsecs[x] if x in gsecs else rsecs if self.node_attrs[x]["op"] == "reshard"
+                s = tuple(gsecs[x] if x in gsecs else rsecs if self.node_attrs[x]["op"] in WEIGHT_SYNC_OPS
                           else secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, g, s, sum(s)))
         self.configs_priced += len(out)

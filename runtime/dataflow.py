@@ -56,6 +56,14 @@ class Pending:
     rename: dict[str, str] = field(default_factory=dict)  # result field → batch field
 
 
+@dataclass
+class PendingRollout:
+    batch: Batch  # the prompts
+    future: CallFuture
+    pad: int  # rows padded to split the prompts evenly over the replicas
+    iteration: int  # the iteration that launched it
+
+
 def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | None:
     """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
     sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
@@ -127,10 +135,10 @@ class Dataflow:
     def _log(self, op: str, role: str) -> None:
         (self.resampled_calls if self._resampling else self.calls).append((op, role))
 
-    def _record(self, role: str, group: str, timing: dict) -> None:
+    def _record(self, role: str, group: str, timing: dict, iteration: int | None = None) -> None:
         for op, (start, end, *nbytes) in timing.items():
-            self.events.append(Event(op=op, role=role, group=group, start=start - self.origin,
-                                     end=end - self.origin, iteration=self.iteration, bytes=sum(nbytes)))
+            self.events.append(Event(op=op, role=role, group=group, start=start - self.origin, end=end - self.origin,
+                                     iteration=self.iteration if iteration is None else iteration, bytes=sum(nbytes)))
 
     def _take_timing(self, role: str, out: Batch) -> Batch:
         self._record(role, self._group_name(role), out.meta.pop("timing", {}))
@@ -156,27 +164,43 @@ class Dataflow:
         return Pending(role, self.groups[role].call_async(role, method, batch[order]), inverse_order(order))
 
     # ---- rollout ------------------------------------------------------------------------------
+    rollout_role = "actor"  # the role whose workers generate (DisaggregatedDataflow: "rollout")
+
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         """Responses for the prompts: one shard per generation replica, read from its tp_g rank 0.
         greedy (ReMax's baseline): one response per prompt, not per sample (its consecutive copies)."""
+        return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
+
+    def launch_rollout(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> PendingRollout:
+        """`generate`'s first half: the call is on its way; `collect_rollout` waits for it."""
         if greedy:
             batch = batch[torch.arange(0, len(batch), self.plan.workload.samples_per_prompt)]
-        group = self.groups["actor"]
+        role = self.rollout_role
+        group = self.groups[role]
         if self._gen_ranks is None:
-            self._gen_ranks = group.call("actor", "generation_ranks")  # [(replica, tp_g rank)] by rank
+            self._gen_ranks = group.call(role, "generation_ranks")  # [(replica, tp_g rank)] by rank
         replicas = 1 + max(rep for rep, _ in self._gen_ranks)
         shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), replicas)
         self._log("generate_baseline" if greedy else "generate", "actor")
-        outs = group.call("actor", "generate", [shards[rep] for rep, _ in self._gen_ranks],
-                          iteration=self.iteration, greedy=greedy, sample_round=sample_round)
+        future = group.call_async(role, "generate", [shards[rep] for rep, _ in self._gen_ranks],
+                                  iteration=self.iteration, greedy=greedy, sample_round=sample_round)
+        return PendingRollout(batch, future, pad, self.iteration)
+
+    def collect_rollout(self, pending: PendingRollout) -> Batch:
+        group = self.groups[self.rollout_role]
+        outs = pending.future.get(group.call_timeout)
         readers = sorted((rep, r) for r, (rep, tp) in enumerate(self._gen_ranks) if tp == 0)
         timing: dict[str, list[float]] = {}
         for _, r in readers:  # an op spans from the first replica's start to the last one's end
             for op, (s, e, *nbytes) in outs[r].meta.pop("timing", {}).items():
                 old = timing.get(op, [s, e, 0.0])
                 timing[op] = [min(old[0], s), max(old[1], e), old[2] + sum(nbytes)]
-        self._record("actor", self._group_name("actor"), timing)
-        return batch.union(join([outs[r] for _, r in readers], pad))
+        self._record("actor", group.name, timing, pending.iteration)
+        return pending.batch.union(join([outs[r] for _, r in readers], pending.pad))
+
+    def prompts_in_flight(self) -> int:
+        """Prompts drawn for a rollout still running (a pipelined mode's look-ahead, disaggregated.py)."""
+        return 0
 
     def responses_text(self, batch: Batch) -> list[str]:
         return self.tok.decode_responses(batch["responses"], batch["response_mask"])
@@ -329,8 +353,9 @@ class Dataflow:
                 sub = Batch({**{k: batch[k] for k in fields}, "values": batch[VALUE_FIELD[critic]],
                              "returns": batch[RETURN_FIELD[critic]]})
                 calls.append(self._call_balanced("critic_update", critic, "update", sub))
-        extra = ["old_log_probs"] if "old_log_probs" in batch else []
-        if "ref_log_probs" in batch and (self.config.kl.placement == "loss" or not extra):  # KL loss or statistic
+        extra = [k for k in ("old_log_probs", "behaviour_log_probs") if k in batch]  # behaviour: off-policy
+        if "ref_log_probs" in batch and (self.config.kl.placement == "loss" or "old_log_probs" not in batch):
+            # a KL loss term, or the KL statistic of a one-pass update
             extra.append("ref_log_probs")
         calls.append(self._call_balanced("actor_update", "actor", "update", batch.select(*fields, *extra, meta=False)))
         metrics: dict[str, float] = {}

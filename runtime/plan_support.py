@@ -5,6 +5,7 @@ before it imports torch or starts Ray (tools/preflight.py)."""
 from __future__ import annotations
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import Plan
 
 from .run_config import RunConfig
@@ -14,12 +15,28 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
     if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
-    if any(rp.generate_group for rp in plan.roles.values()):
-        raise HflowError("the plan puts generation on separate devices (generate_group); the runtime runs the "
-                         "actor's rollout on its own devices through the hybrid engine: drop generate_group")
-    if plan.reshard == "broadcast":
-        raise HflowError("reshard 'broadcast' is for generation on separate devices, which the runtime does not "
-                         "run; use hybridflow, hybridflow-v or ds-chat")
+    actor = plan.roles.get("actor")
+    separate = actor is not None and actor.generate_group is not None
+    if separate and actor.rollout != "native":
+        raise HflowError(f"rollout devices (generate_group '{actor.generate_group}') run the native engine; the "
+                         f"'{actor.rollout}' rollout runs on the actor's own devices: use --rollout native or drop "
+                         "generate_group")
+    if separate and actor.generate_group == actor.group:
+        raise HflowError(f"the actor's generate_group '{actor.generate_group}' is its training group; drop "
+                         "generate_group to generate on the training devices (hybrid engine)")
+    if plan.reshard == "broadcast" and not separate:
+        raise HflowError("reshard 'broadcast' is for generation on separate devices (the actor's generate_group); "
+                         "use hybridflow, hybridflow-v or ds-chat")
+    if separate and plan.roles_in(actor.generate_group):
+        raise HflowError(f"group '{actor.generate_group}' holds the rollout and role(s) "
+                         f"{', '.join(plan.roles_in(actor.generate_group))}; rollout devices hold only the rollout")
+
+
+def rollout_parallel(plan: Plan) -> ParallelConfig:
+    """The generation layout of the actor's separate rollout devices: the plan's generation config, else
+    every rollout device a data-parallel replica."""
+    actor = plan.roles["actor"]
+    return actor.generate or ParallelConfig(dp=len(plan.group(actor.generate_group).devices))
 
 
 def role_weights(plan: Plan, role: str, example_reward: str = "hybridflow.runtime.tasks.builtin:sort_reward") -> str | None:

@@ -44,6 +44,7 @@ from .algorithms.functional import masked_mean
 from .algorithms.losses import get_policy_loss
 from .batch import Batch
 from .dataflow import Dataflow
+from .disaggregated import ROLLOUT, DisaggregatedDataflow, start_rollout_group
 from .engines.generation import SamplingParams
 from .engines.training import OptimConfig
 from .loggers import MetricsLogger
@@ -146,6 +147,12 @@ class Trainer:
                               f"{cfg.target_greedy_accuracy:.0%} of held-out prompts come out exact)", total=cfg.max_steps)
         return str(warm_policy(rp.model, cfg, on_step=lambda step, _: self.events.advance(step)))
 
+    def _sampling(self) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(max_new_tokens=self.plan.workload.response_len, temperature=cfg.temperature,
+                              top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=self.tok.eos_ids,
+                              pad_token_id=self.tok.pad_id)
+
     def _role_spec(self, role: str) -> RoleSpec:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
         common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed)
@@ -153,14 +160,12 @@ class Trainer:
             kw = dict(trainable=role == "actor", epochs=w.ppo_epochs, mini_batches=w.mini_batches,
                       temperature=cfg.temperature, **common)  # log-probs at the sampling temperature
             if role == "actor":
-                gen = self.plan.generation_config()
+                separate = rp.generate_group is not None  # generation on rollout devices (disaggregated.py)
                 kw.update(
-                    reshard=self.plan.reshard, rollout=rp.rollout, prompt_len=w.prompt_len,
+                    reshard=self.plan.reshard, rollout=None if separate else rp.rollout, prompt_len=w.prompt_len,
                     optim=OptimConfig(lr=cfg.actor_lr, grad_clip=cfg.grad_clip),
-                    generate_parallel=gen,
-                    sampling=SamplingParams(max_new_tokens=w.response_len, temperature=cfg.temperature, top_p=cfg.top_p,
-                                            top_k=cfg.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id),
-                    loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len)
+                    generate_parallel=None if separate else self.plan.generation_config(),
+                    sampling=self._sampling(), loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len)
             return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
         kw = dict(**common)
         if role in TRAINED_ROLES:  # a critic
@@ -204,10 +209,18 @@ class Trainer:
                             on_wait=lambda stage, s, g=g: self.events.say(f"group '{g.name}': {stage}: {s:.0f} s…"),
                             shared_paths=shared + folders)
                         self.groups.update({r: group for r in roles})
+                rollout_devices = self.plan.roles["actor"].generate_group
+                if rollout_devices:
+                    self.events.phase("workers", f"starting {len(self.plan.group(rollout_devices).devices)} "
+                                      f"rollout worker process(es) for group '{rollout_devices}'")
+                    self.groups[ROLLOUT] = start_rollout_group(self.plan, pools[rollout_devices],
+                                                               specs["actor"].args[0], self._sampling(),
+                                                               self.config.seed)
+            flow = DisaggregatedDataflow if rollout_devices else Dataflow
+            self.df = flow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
         except BaseException:
             self.shutdown()
             raise
-        self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
         return self
 
     # ---- one iteration ------------------------------------------------------------------------
@@ -247,7 +260,8 @@ class Trainer:
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
-        seconds = self.timeline.iteration_seconds(self.iteration)  # the span of its ops, as simulated
+        # the span of its ops, as simulated; one step off, the look-ahead rollout inside it is still running
+        seconds = wall if df.prompts_in_flight() else self.timeline.iteration_seconds(self.iteration)
         # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
         rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
@@ -288,7 +302,9 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
-        return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": self.sampler.state_dict(),
+        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again
+        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight())
+        return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": sampler,
                 "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
                 "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
 

@@ -38,6 +38,7 @@ from .memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
 from .model import Head, ModelSpec
 from .parallel import ParallelConfig
 from .reshard import reshard_spec
+from .timeline import WEIGHT_SYNC_OPS
 from .workload import Workload
 
 BF16 = 2
@@ -328,7 +329,7 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         return cm.forward(rp.model, head, rp.train, w, seqs)
     if op in ("actor_update", "critic_update"):
         return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False))
-    if op == "reshard":
+    if op in WEIGHT_SYNC_OPS:
         return cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode())
     if op in ("offload", "onload"):
         states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES)

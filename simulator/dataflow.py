@@ -18,7 +18,7 @@ which needs them before the advantages (`needs_old_logprob_pass`; the runtime us
 
 Weight sync before generation: the actor's 3D-HybridEngine `reshard` (train → generation layout
 on the same devices) or, when generation runs on its own devices, a `broadcast` node (op
-"reshard", `broadcast=True`) that occupies both the training and the generation group.
+"weight_sync", `broadcast=True`) that occupies both the training and the generation group.
 With offload, colocated models move their states to host while another model of their group
 runs: `add_offload_ops` puts an `onload` before and an `offload` after each stretch of one
 model's ops in a group.

@@ -26,6 +26,11 @@ Role = Literal[ROLES]  # the role vocabulary (algorithms/registry.py); each algo
 ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
 RolloutBackend = Literal["native", "vllm"]  # the engine that generates the actor's responses
 ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
+# How rollout and training take turns: `sync` generates each batch with the newest weights;
+# `one-step-off` generates batch i+1 (on separate rollout devices) while the actor trains on batch
+# i, so a batch's policy is at most one update old (staleness ≤ 1).
+ExecutionMode = Literal["sync", "one-step-off"]
+EXECUTION_MODES: tuple[str, ...] = get_args(ExecutionMode)
 
 
 def known_algorithm(name: str) -> str:
@@ -95,6 +100,7 @@ class Plan(BaseModel):
     reward_function: str | None = None  # "module:function" when the reward is rule-based
     cost_function: str | None = None
     offload: bool = False  # colocated models move their states to host memory when idle
+    mode: ExecutionMode = "sync"
     notes: str = ""
 
     @model_validator(mode="before")
@@ -121,6 +127,10 @@ class Plan(BaseModel):
                 if (d.node, d.index) in seen:
                     raise ValueError(f"device {d.node}:{d.index} is in both '{seen[(d.node, d.index)]}' and '{g.name}'")
                 seen[(d.node, d.index)] = g.name
+        actor = self.roles.get("actor")
+        if self.mode != "sync" and (actor is None or not actor.generate_group):
+            raise ValueError(f"mode '{self.mode}' overlaps rollout with training, which needs the actor's generation "
+                             "on devices of its own: give the actor a generate_group, or use mode 'sync'")
         get_algorithm(self.algorithm).check_roles(self.roles, {"reward": self.reward_function,
                                                                "cost": self.cost_function})
         for role, rp in self.roles.items():
@@ -158,6 +168,10 @@ class Plan(BaseModel):
         if actor is not None and actor.rollout == "vllm":
             return "ds-chat"
         return self.reshard
+
+    def with_mode(self, mode: str) -> Plan:
+        """This plan run in execution `mode` (validated: an overlapping mode needs rollout devices)."""
+        return Plan.from_json_text(self.model_copy(update={"mode": mode}).model_dump_json(), f"plan in mode '{mode}'")
 
     def placement(self) -> list[list[str]]:
         return [self.roles_in(g.name) for g in self.groups if self.roles_in(g.name)]

@@ -30,6 +30,7 @@ from .dataflow import (
     unroll,
 )
 from .errors import HflowError
+from .pipeline import STALENESS, one_step_off
 from .plan import Plan
 from .timeline import Event, Timeline
 
@@ -170,10 +171,15 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
 
 
 def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool | None = None) -> Timeline:
-    """The simulated Timeline of `iterations` iterations of `plan` (source="simulated")."""
+    """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"); a pipelined mode
+    (pipeline.py) adds a warm-up iteration before them."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)
-    big, big_lanes = unroll(graph, lane_of, iterations)
+    pipelined = plan.mode != "sync"
+    copies = iterations + 2 if pipelined else iterations  # + the warm-up, + the last look-ahead rollout
+    big, big_lanes = unroll(graph, lane_of, copies)
+    if pipelined:
+        one_step_off(graph, lane_of, big, big_lanes, copies)
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))
     times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps)
     events = []
@@ -181,9 +187,10 @@ def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: boo
         a, c = big.nodes[n], costs[n[1]]
         start, end = times[n]
         events.append(Event(op=a["op"], role=a["role"], group="+".join(lanes_tuple(big_lanes[n])), start=start,
-                            end=end, iteration=n[0], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
+                            end=end, iteration=a["iteration"], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
-              "makespan": makespan(times)},
+              "makespan": makespan(times), "mode": plan.mode, "staleness": STALENESS[plan.mode],
+              "warmup_iterations": int(pipelined)},
     )

@@ -19,8 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 # The shared op names (docs/architecture.md).
 OPS = (
     "generate", "generate_baseline", "actor_logprob", "ref_logprob", "values", "reward", "cost",
-    "advantage", "actor_update", "critic_update", "reshard", "offload", "onload",
+    "advantage", "actor_update", "critic_update", "reshard", "weight_sync", "offload", "onload",
 )
+# The ops that bring the trained weights to generation: the 3D-HybridEngine reshard on the same
+# devices, the weight sync (a broadcast) to separate rollout devices.
+WEIGHT_SYNC_OPS = ("reshard", "weight_sync")
 
 
 def throughput(tokens_per_iteration: int, seconds: float) -> float:
@@ -60,9 +63,11 @@ class Timeline(BaseModel):
         return sorted({e.iteration for e in self.events})
 
     def steady_iterations(self) -> list[int]:
-        """The iterations a run's figures come from: a measured run's first is left out when there are more."""
+        """The iterations a run's figures come from: a measured run's first is left out when there are more,
+        and a simulated pipeline's warm-up (meta `warmup_iterations`)."""
         its = self.iterations()
-        return its[1:] if self.source == "measured" and len(its) > 1 else its
+        skip = 1 if self.source == "measured" else self.meta.get("warmup_iterations", 0)
+        return its[skip:] if len(its) > skip else its
 
     def iteration_seconds(self, iteration: int | None = None) -> float:
         """The span of one iteration's ops; None: the median over the steady iterations."""

@@ -24,7 +24,7 @@ from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
 from hybridflow.tools.cmd_search import role_flag
-from hybridflow.tools.outputs import non_negative_int, positive_float, positive_int, rollout_arg, task_arg
+from hybridflow.tools.outputs import mode_arg, non_negative_int, positive_float, positive_int, rollout_arg, task_arg
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
@@ -80,6 +80,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rollout", metavar="BACKEND", type=rollout_arg,
                    help="generation engine: native or vllm (needs vLLM installed); overrides the plan's "
                         "(default: the plan's, native unless it says otherwise)")
+    p.add_argument("--mode", type=mode_arg, help="sync, or one-step-off: generate the next batch on the actor's "
+                   "rollout devices (its generate_group) while training on this one; overrides the plan's "
+                   "(default: the plan's, sync unless it says otherwise)")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard events in DIR")
     p.add_argument("--logger", metavar="NAMES", help="also log the metrics to tensorboard, wandb (offline) and/or "
                                                      "mlflow (local file store), comma-separated")
@@ -201,6 +204,8 @@ def run(args) -> int:
     cfg = run_config(args)
     folders = {r: getattr(args, r) for r in ROLES if getattr(args, r)}  # --actor FOLDER … over the plan's
     plan = with_rollout(resolve_role_paths(Plan.load(args.plan), folders), cfg)  # rollout backend checked here too
+    if args.mode:
+        plan = plan.with_mode(args.mode)
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     checks = check_plan(plan, cfg, args.address, events)

@@ -92,7 +92,7 @@ def _print_tables(args, plan: Plan, timeline, memory, written: list[str]) -> Non
     console.print(f"[bold]{Path(args.plan).name}[/]: {plan.algorithm} on {plan.cluster.nodes}×"
                   f"{plan.cluster.devices_per_node} {hw.name}, {len(plan.groups)} device group(s), "
                   f"reshard {plan.reshard}{', offload' if plan.offload else ''}")
-    console.print(ops_table(timeline, iteration=0))
+    console.print(ops_table(timeline, iteration=timeline.steady_iterations()[0]))  # past a pipeline's warm-up
     capacity = next(iter(memory.values())).capacity if memory else None
     console.print(memory_table(memory, capacity))
     extra = {"wrote": ", ".join(written)} if written else None

@@ -52,6 +52,17 @@ def algorithm_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def mode_arg(text: str) -> str:
+    """`--mode`: an execution mode, any case, with "did you mean" on a near miss."""
+    from hybridflow.simulator.names import lookup
+    from hybridflow.simulator.plan import EXECUTION_MODES
+
+    try:
+        return lookup(text, EXECUTION_MODES, "execution mode", known_as="modes")
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def rollout_arg(text: str) -> str:
     """`--rollout`: a generation backend, any case, with "did you mean" on a near miss."""
     from hybridflow.simulator.names import lookup

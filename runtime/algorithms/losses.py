@@ -168,13 +168,37 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     return loss, {"vf_clipfrac": masked_mean((delta.abs() > clip_range).to(values.dtype), mask).item()}
 
 
+def behaviour_weights(old_logprobs: Tensor, behaviour_logprobs: Tensor, cap: float) -> Tensor:
+    """Off-policy correction for a rollout sampled by an older behaviour policy μ (one-step-off):
+    the truncated importance weight of each token, detached,
+
+        w_t = min(π_old(y_t) / μ(y_t), C) = min(exp(log π_old(y_t) − log μ(y_t)), C)
+
+    with π_old the policy the update starts from and C = `cap` ≥ 1. It multiplies each token's
+    policy-loss term, decoupled from the PPO clip (Hilton et al. 2022's decoupled objective, as
+    AReaL and verl's truncated importance sampling use it): the PPO ratio r_t = π_θ / π_old keeps
+    its own clip to [1 − ε, 1 + ε]; w only re-weights. Since w_t ≥ 0, w_t·min(r_t·A_t, clip(r_t)·A_t)
+    = min(r_t·(w_t·A_t), clip(r_t)·(w_t·A_t)): weighting the term is weighting the advantage."""
+    log_w = (old_logprobs - behaviour_logprobs).detach().clamp(max=LOG_RATIO_CLAMP)
+    return torch.exp(log_w).clamp(max=cap)
+
+
 def actor_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                settings: PolicyLossSettings, *, norm_length: int | None = None, entropy: Tensor | None = None,
-               ref_logprobs: Tensor | None = None, kl: KLSettings | None = None) -> tuple[Tensor, dict[str, float]]:
+               ref_logprobs: Tensor | None = None, kl: KLSettings | None = None,
+               behaviour_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """The actor's objective: policy loss − entropy_coef·entropy (+ β·KL when `kl` puts it in the loss),
     each aggregated as `settings.aggregation` says. With `ref_logprobs` the stats also hold `kl`, the
-    token-mean of log π − log π_ref (k1)."""
+    token-mean of log π − log π_ref (k1). With `behaviour_logprobs` (an off-policy rollout) each
+    token's policy term is weighted by `behaviour_weights` (stats: their mean, the share capped)."""
+    offpolicy: dict[str, float] = {}
+    if behaviour_logprobs is not None:
+        w = behaviour_weights(old_logprobs, behaviour_logprobs, settings.behaviour_weight_cap)
+        advantages = advantages * w
+        offpolicy = {"is_weight_mean": masked_mean(w, mask).item(),
+                     "is_weight_capped": masked_mean((w >= settings.behaviour_weight_cap).float(), mask).item()}
     per_token, stats = get_policy_loss(settings.kind)(logprobs, old_logprobs, advantages, mask, settings)
+    stats.update(offpolicy)
     loss = aggregate(per_token, mask, settings.aggregation, norm_length)
     stats["pg_loss"] = loss.item()
     if entropy is not None and settings.entropy_coef:

@@ -165,9 +165,15 @@ class PromptSampler:
                 self.epoch, self.cursor = self.epoch + 1, 0
         return out
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "size": self.size,
-                "batch_size": self.batch_size}
+    def state_dict(self, rewind: int = 0) -> dict[str, int]:
+        """`rewind`: the state from before the last `rewind` indices were drawn (prompts drawn but not yet
+        trained on, such as a one-step-off rollout in flight, are drawn again after a resume)."""
+        epoch, cursor = self.epoch, self.cursor - rewind
+        while cursor < 0:
+            epoch, cursor = epoch - 1, cursor + self.size
+        if epoch < 0:
+            raise ValueError(f"cannot rewind {rewind} indices past the first one")
+        return {"epoch": epoch, "cursor": cursor, "seed": self.seed, "size": self.size, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
         if (state["size"], state["seed"]) != (self.size, self.seed):

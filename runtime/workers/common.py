@@ -35,6 +35,19 @@ def with_timing(batch: Batch, timing: dict) -> Batch:
     return batch
 
 
+def generation_seed(seed: int, iteration: int, replica: int, sample_round: int = 0) -> int:
+    """The sampling seed of one generation replica: the tp ranks of a replica draw the same tokens, a
+    resumed run draws what a straight one would, dynamic sampling's later rounds draw afresh."""
+    return seed * 1_000_003 + iteration * 1009 + replica + sample_round * 7_919_993
+
+
+def rollout_fields(out) -> dict[str, torch.Tensor]:
+    """A Rollout (engines/generation.py) as the batch fields the dataflow reads, on the CPU."""
+    return {"input_ids": out.tokens.cpu(), "attention_mask": out.attention_mask.cpu(),
+            "position_ids": out.position_ids.cpu(), "responses": out.response.cpu(),
+            "response_mask": out.response_mask.cpu()}
+
+
 def load_causal_lm(path: str | Path) -> CausalLM:
     return load_pretrained(path, head="lm")
 

@@ -14,6 +14,8 @@ of its generation data-parallel replica (`generate` is ALL_TO_ALL; `generation_r
 who) and reads tp_g rank 0.
 Sampling is seeded by (seed, iteration, generation replica), so the tp_g ranks of a replica draw
 the same tokens and a resumed run draws exactly what a straight run would.
+When the plan gives the actor rollout devices of its own (`generate_group`), it builds no rollout
+engine: RolloutWorkers generate there, and this worker sends them its weights (weight_source.py).
 """
 
 from __future__ import annotations
@@ -37,24 +39,28 @@ from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
 from ..algorithms.losses import actor_loss
 from .common import (
     EngineState,
+    generation_seed,
     load_causal_lm,
     make_engine,
     response_slice,
+    rollout_fields,
     run_updates,
     timed,
     with_timing,
 )
+from .weight_source import WeightSource
 
 
-class PolicyWorker(EngineState, Worker):
+class PolicyWorker(EngineState, WeightSource, Worker):
     def __init__(self, model_path: str, *, trainable: bool = True, optim: OptimConfig | None = None,
                  micro_batch_size: int | None = None, generate_parallel: ParallelConfig | None = None,
                  sampling: SamplingParams | None = None, loss: PolicyLossSettings | None = None,
                  kl: KLSettings | None = None, norm_length: int | None = None, temperature: float = 1.0,
                  epochs: int = 1, mini_batches: int = 1, seed: int = 0, reshard: str = "hybridflow",
-                 rollout: RolloutBackend = "native", prompt_len: int | None = None):
+                 rollout: RolloutBackend | None = "native", prompt_len: int | None = None):
         """temperature: the sampling temperature; every log-prob (old, reference, training) is taken from
-        logits / temperature, the distribution the responses were drawn from (greedy, 0: at 1)."""
+        logits / temperature, the distribution the responses were drawn from (greedy, 0: at 1).
+        rollout None: the actor generates on separate rollout devices (workers/rollout.py), not here."""
         super().__init__()
         torch.manual_seed(seed)
         if trainable and loss is None:
@@ -68,7 +74,7 @@ class PolicyWorker(EngineState, Worker):
         self.loss, self.kl, self.norm_length = loss, kl, norm_length
         self.epochs, self.mini_batches = epochs, mini_batches
         self.rollout: RolloutEngine | None = None
-        if trainable:
+        if trainable and rollout is not None:
             if self.gen_parallel.pp != 1 or reshard not in RESHARD_MODES:
                 raise HflowError(f"actor generation needs pp_g = 1 and a reshard mode of {', '.join(RESHARD_MODES)} "
                                  f"(got {self.gen_parallel}, '{reshard}')")
@@ -102,17 +108,13 @@ class PolicyWorker(EngineState, Worker):
             timing["reshard"].append(float(received))
             self._gen_version = self.engine.step
         replica, _ = self.generation_ranks()
-        g = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + iteration * 1009 + replica
-                                                            + sample_round * 7_919_993)
+        g = torch.Generator(device=self.device).manual_seed(generation_seed(self.seed, iteration, replica,
+                                                                            sample_round))
         params = self.sampling.model_copy(update={"greedy": True}) if greedy else self.sampling
         with timed(timing, "generate_baseline" if greedy else "generate"):
             out = self.rollout.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
                                         params, g)
-        return with_timing(Batch({
-            "input_ids": out.tokens.cpu(), "attention_mask": out.attention_mask.cpu(),
-            "position_ids": out.position_ids.cpu(), "responses": out.response.cpu(),
-            "response_mask": out.response_mask.cpu(),
-        }), timing)
+        return with_timing(Batch(rollout_fields(out)), timing)
 
     # ---- log-probs ----------------------------------------------------------------------------
     @register("DP_COMPUTE")
@@ -137,7 +139,8 @@ class PolicyWorker(EngineState, Worker):
         return actor_loss(logprobs, old, micro["advantages"], micro["response_mask"], self.loss,
                           norm_length=self.norm_length,
                           entropy=None if entropy is None else response_slice(entropy, width),
-                          ref_logprobs=micro.get("ref_log_probs", None), kl=self.kl)
+                          ref_logprobs=micro.get("ref_log_probs", None), kl=self.kl,
+                          behaviour_logprobs=micro.get("behaviour_log_probs", None))
 
     @register("DP_COMPUTE")
     def update(self, batch: Batch) -> list[dict]:
@@ -150,7 +153,7 @@ class PolicyWorker(EngineState, Worker):
                              "mini-batches (the policy moves between steps); run compute_log_prob first")
         timing: dict = {}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
-        keys += [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
+        keys += [k for k in ("old_log_probs", "ref_log_probs", "behaviour_log_probs") if k in batch]
         # A token-mean loss weighs micro-batches by their response tokens; a mean over sequences by rows.
         weights = "response_mask" if self.loss.aggregation == "token-mean" else None
         with timed(timing, "actor_update"):

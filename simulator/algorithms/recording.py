@@ -40,8 +40,8 @@ class RecordingDataflow:
         self.old_logprob_pass = old_logprob_pass
         self.graph = nx.DiGraph(algorithm=algo.name)
         # Weight sync before generation: the 3D-HybridEngine reshard, or a broadcast to separate devices.
-        self.sync = self._add("reshard" if hybrid_engine else "broadcast", "reshard", "actor",
-                              broadcast=not hybrid_engine)
+        self.sync = self._add("reshard" if hybrid_engine else "broadcast", "reshard" if hybrid_engine else "weight_sync",
+                              "actor", broadcast=not hybrid_engine)
 
     def _add(self, name: str, op: str, role: str, after: Iterable[str] = (), driver: bool = False, **attrs) -> str:
         g = self.graph

@@ -38,6 +38,8 @@ class PolicyLossSettings(BaseModel):
     clip_ratio_c: float | None = Field(None, gt=1.0)  # dual-clip (Ye et al. 2020): −A·r ≤ −c·A for A < 0
     aggregation: Aggregation = "token-mean"  # how per-token losses become one number (losses.aggregate)
     entropy_coef: NonNegativeFloat = 0.0
+    # C: the cap on an off-policy rollout's importance weights π_old/μ (runtime losses.behaviour_weights)
+    behaviour_weight_cap: float = Field(2.0, ge=1.0)
 
 
 class KLSettings(BaseModel):

@@ -88,7 +88,7 @@ def test_no_ref_model_no_ref_logprob():
 def test_separate_generation_group_gets_a_broadcast_not_a_reshard():
     g = flow("ppo", hybrid_engine=False)
     assert "reshard" not in g and g.nodes["broadcast"]["broadcast"]
-    assert g.nodes["broadcast"]["op"] == "reshard" and g.has_edge("broadcast", "generate")
+    assert g.nodes["broadcast"]["op"] == "weight_sync" and g.has_edge("broadcast", "generate")
 
 
 def test_offload_wraps_each_stretch_of_a_model_in_its_group():

@@ -91,11 +91,13 @@ def test_a_reward_role_without_a_path_names_the_rule_to_use_instead():
         plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl={"coef": 0.0})))
 
 
-def test_generation_on_separate_devices_is_refused_before_anything_starts():
+def test_generation_on_separate_devices_passes_and_its_limits_are_refused_before_anything_starts():
     p = plan(devices=2).model_dump()
     p["groups"] = [{"name": "g", "devices": [{"node": 0, "index": 0}]}, {"name": "gen", "devices": [{"node": 0, "index": 1}]}]
     p["roles"]["actor"].update(train={"dp": 1}, generate={"dp": 1}, generate_group="gen")
-    with pytest.raises(HflowError, match="drop generate_group"):
+    plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX, NO_KL))
+    p["roles"]["actor"]["rollout"] = "vllm"
+    with pytest.raises(HflowError, match="rollout devices .* run the native engine"):
         plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, NO_KL))
 
 

@@ -1,0 +1,42 @@
+"""WeightSource: the actor's side of the weight sync to separate rollout devices (weight_sync.py).
+
+Mixed into the PolicyWorker. Every rank of the actor's group takes part in gathering the whole
+weights (a collective over its training layout); rank 0 alone is a member of the sync group and
+broadcasts them to the rollout ranks.
+"""
+
+from __future__ import annotations
+
+from hybridflow.runtime.protocols import register
+from hybridflow.runtime.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup
+
+from .common import timed
+
+
+class WeightSource:
+    sync: WeightSyncGroup | None = None
+
+    @register("ONE_TO_ALL")
+    def init_weight_sync(self, addr: str, port: int, world_size: int) -> None:
+        if self.rank == 0:
+            self.sync = WeightSyncGroup(addr, port, 0, world_size)
+
+    @register("ONE_TO_ALL")
+    def send_weights(self, specs: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
+        """Broadcast the current weights (rank 0; the others only help gather them). Returns
+        {"bytes": sent to each receiver (0 off rank 0), "timing": {"weight_sync": [start, end]}}."""
+        timing: dict = {}
+        sent = 0
+        with timed(timing, "weight_sync"):
+            state = self.engine.full_state_dict(rank0_only=True)
+            if self.sync is not None:
+                sent = self.sync.send(specs, state, bucket_bytes)
+        return {"bytes": sent, "timing": timing}
+
+    @register("ONE_TO_ALL")
+    def weights_digest(self, specs: list[TensorSpec]) -> str:
+        """sha256 of the whole current weights, in the rollout layout's names and dtypes."""
+        from .rollout import weights_digest
+
+        state = self.engine.full_state_dict()
+        return weights_digest({s.name: state[s.name].to(s.torch_dtype) for s in specs})

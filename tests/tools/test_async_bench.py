@@ -1,0 +1,37 @@
+"""The async-modes benchmark without running it (the runs are tested in tests/runtime/test_disaggregated.py):
+its three plans are runnable and priced, one step off predicted faster on the same devices; its helpers by
+hand; bad input is one line."""
+
+import pytest
+
+from hybridflow.runtime.plan_support import check_runnable
+from hybridflow.runtime.run_config import RunConfig
+from hybridflow.simulator.calibration import calibrate_file
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.schedule import simulate
+from hybridflow.tools.bench import async_modes as bench
+
+
+def test_three_plans_on_the_same_two_devices_priced():
+    cal = calibrate_file("cpu-2core")
+    cluster = cal.cluster(nodes=1, devices_per_node=2)
+    plans = bench.bench_plans(cluster.model_dump())
+    assert list(plans) == ["sync colocated", "sync disaggregated", "one-step-off"]
+    for plan in plans.values():
+        check_runnable(plan, RunConfig())
+        assert sorted((d.node, d.index) for g in plan.groups for d in g.devices) == [(0, 0), (0, 1)]
+    cm = cal.cost_model(cluster)
+    seconds = {n: simulate(p, cm, iterations=3).iteration_seconds() for n, p in plans.items()}
+    assert seconds["one-step-off"] < seconds["sync disaggregated"]
+
+
+def test_helpers_by_hand():
+    assert bench.steady_seconds([10.0, 12.0, 13.0, 14.5]) == 1.5  # gaps 2, 1, 1.5
+    assert bench.thirds([0.1, 0.2, 0.3, 0.4, 0.5, 0.9]) == (pytest.approx(0.15), pytest.approx(0.7))
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(HflowError, match="at least 3"):
+        bench.main(["--iterations", "2"])
+    with pytest.raises(HflowError, match="unknown plan 'async'"):
+        bench.main(["--only", "async"])

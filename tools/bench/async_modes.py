@@ -1,0 +1,141 @@
+"""Synchronous vs one-step-off on separate rollout devices, predicted and measured (issue 19).
+
+    python -m hybridflow.tools.bench.async_modes [--iterations 12] [--profile cpu-2core] [--seed 0] [--json]
+
+The tiny GRPO task on the same 2 devices three ways:
+- `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
+- `sync disaggregated`: actor and reference train on device 0, the actor generates on device 1 (the
+  weights broadcast after every update);
+- `one-step-off`: the same devices, the rollout of batch i+1 running while batch i trains.
+Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
+plan's steady iteration), the measured ones (median over the steady iterations of the seconds from
+one iteration's end to the next: a pipelined iteration's rollout runs inside the one before, so
+this is the figure both modes share), the speedup over sync colocated, the staleness and the mean
+reward of the first and last thirds of the run (the reward must rise in every mode).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.plan import Plan
+from hybridflow.tools.cli_help import OneLineErrorParser
+from hybridflow.tools.outputs import run_main
+
+WORKLOAD = {"prompts": 8, "samples_per_prompt": 4, "prompt_len": 13, "response_len": 8, "micro_batch_size": 32,
+            "mini_batches": 1}
+REWARD = "hybridflow.runtime.tasks.builtin:sort_reward"
+
+
+def bench_plans(cluster: dict) -> dict[str, Plan]:
+    """The three plans on devices 0 and 1 of `cluster`."""
+    def plan(groups: dict[str, list[int]], actor: dict, ref_group: str, mode: str = "sync", reshard="hybridflow"):
+        roles = {"actor": {"model": "tiny", **actor}, "ref": {"model": "tiny", "group": ref_group,
+                                                             "train": {"dp": len(groups[ref_group])}}}
+        return Plan.model_validate({
+            "algorithm": "grpo", "cluster": cluster, "workload": WORKLOAD, "reward_function": REWARD,
+            "reshard": reshard, "mode": mode, "roles": roles,
+            "groups": [{"name": g, "devices": [{"node": 0, "index": i} for i in d]} for g, d in groups.items()],
+        }).validate_parallel()
+
+    split = {"train": [0], "gen": [1]}
+    separate = {"group": "train", "train": {"dp": 1}, "generate_group": "gen", "generate": {"dp": 1}}
+    return {
+        "sync colocated": plan({"all": [0, 1]}, {"group": "all", "train": {"dp": 2}}, "all"),
+        "sync disaggregated": plan(split, separate, "train", reshard="broadcast"),
+        "one-step-off": plan(split, separate, "train", mode="one-step-off", reshard="broadcast"),
+    }
+
+
+def steady_seconds(ends: list[float]) -> float:
+    """The median time from one iteration's end to the next, the first iteration (start-up) left out."""
+    gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def thirds(rewards: list[float]) -> tuple[float, float]:
+    k = max(1, len(rewards) // 3)
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+
+
+def measure(plan: Plan, iterations: int, seed: int) -> dict:
+    import time
+
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    with Trainer(plan, RunConfig(seed=seed, actor_lr=5e-4)) as t:
+        ends, rewards, staleness = [], [], []
+        for _ in range(iterations):
+            m = t.step()
+            ends.append(time.time())
+            rewards.append(m["reward_mean"])
+            staleness.append(m.get("staleness/max", 0.0))
+            print(f"  iteration {m['iteration']}: reward {m['reward_mean']:.3f}", file=sys.stderr)
+    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hybridflow.simulator.calibration import calibrate_file
+    from hybridflow.simulator.schedule import simulate
+
+    ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
+    ap.add_argument("--iterations", type=int, default=12, help="iterations per plan (the first is start-up)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", help="comma-separated plan names (default: all three)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    if args.iterations < 3:
+        raise HflowError(f"--iterations {args.iterations}: give at least 3 (the first is start-up; the reward "
+                         "is compared between the first and last thirds)")
+    cal = calibrate_file(args.profile)
+    cluster = cal.cluster(nodes=1, devices_per_node=2)
+    cm = cal.cost_model(cluster)
+    plans = bench_plans(cluster.model_dump())
+    if args.only:
+        unknown = [n for n in args.only.split(",") if n not in plans]
+        if unknown:
+            raise HflowError(f"--only: unknown plan '{unknown[0]}'; plans: {', '.join(plans)}")
+        plans = {n: plans[n] for n in args.only.split(",")}
+    predicted = {n: simulate(p, cm, iterations=3).iteration_seconds() for n, p in plans.items()}
+
+    from hybridflow.runtime.resource_pool import init_ray
+
+    init_ray(num_cpus=2)
+    rows = []
+    for name, plan in plans.items():
+        print(f"{name}: {args.iterations} iterations…", file=sys.stderr)
+        m = measure(plan, args.iterations, args.seed)
+        first, last = thirds(m["rewards"])
+        rows.append({"plan": name, "predicted": predicted[name], "measured": m["seconds"],
+                     "error": predicted[name] / m["seconds"] - 1 if m["seconds"] else None,
+                     "staleness": m["staleness"], "reward_first_third": first, "reward_last_third": last,
+                     "rewards": m["rewards"]})
+    base = next((r["measured"] for r in rows if r["plan"] == "sync colocated"), None)
+    for r in rows:
+        r["speedup"] = base / r["measured"] if base and r["measured"] else None
+    if args.json:
+        print(json.dumps({"profile": cal.profile, "workload": WORKLOAD, "plans": rows}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"GRPO, tiny model, 2 devices, {WORKLOAD['prompts']}×{WORKLOAD['samples_per_prompt']} responses, "
+                    f"profile '{cal.profile}'")
+    for col in ("plan", "predicted s", "measured s", "error", "× sync colocated", "staleness", "reward first → last"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for r in rows:
+        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
+                  f"{r['error']:+.1%}" if r["error"] is not None else "-",
+                  f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['staleness']:.0f}",
+                  f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
+    Console(width=max(Console().width, 120)).print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
