@@ -24,7 +24,14 @@ from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
 from hybridflow.tools.cmd_search import role_flag
-from hybridflow.tools.outputs import mode_arg, non_negative_int, positive_float, positive_int, rollout_arg, task_arg
+from hybridflow.tools.outputs import (
+    mode_arg,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    rollout_arg,
+    task_arg,
+)
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
