@@ -28,8 +28,6 @@ behind a rollout in flight).
 
 from __future__ import annotations
 
-import ray
-
 from hybridflow.simulator.plan import Plan
 
 from .batch import Batch
@@ -61,8 +59,8 @@ class DisaggregatedDataflow(Dataflow):
         actor, rollout = self.groups["actor"], self.groups[ROLLOUT]
         self.specs = rollout.call(ROLLOUT, "weight_specs")[0]
         self.model_bytes = sum(s.nbytes for s in self.specs)
-        addr, port = ray.get(actor.hosts[0].master_address.remote())  # a free port on the sender's node
         world = 1 + rollout.world_size
+        addr, port = actor.call("actor", "open_weight_sync", world)[0]  # held by the sender (rank 0)
         get_all([actor.call_async("actor", "init_weight_sync", addr, port, world),  # every member at once
                  rollout.call_async(ROLLOUT, "init_weight_sync", addr, port, world)], actor.call_timeout)
         self.synced_version = -1  # the actor updates the rollout weights have seen (-1: not yet synced)

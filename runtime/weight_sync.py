@@ -70,13 +70,23 @@ def buckets(specs: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -
     return out
 
 
+def master_store(host: str, world_size: int, timeout_s: float = 600.0) -> dist.TCPStore:
+    """The sync group's store, on a port the OS picks and held from then on: no window in which
+    another process could take the port between choosing and binding it."""
+    return dist.TCPStore(host, 0, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 class WeightSyncGroup:
     """A process group over the sender (rank 0) and the rollout ranks, outside both groups' worlds."""
 
-    def __init__(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float = 600.0):
+    def __init__(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float = 600.0,
+                 store: dist.TCPStore | None = None):
+        """`store`: rank 0's, from `master_store` (held since before the port was handed out); the
+        other ranks connect to it at `addr`:`port`."""
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
-        self.store = dist.TCPStore(addr, port, world_size, rank == 0, timeout=timeout)
+        self.store = store if store is not None else dist.TCPStore(addr, port, world_size, False, timeout=timeout)
         prefixed = dist.PrefixStore("hflow_weight_sync", self.store)
         if torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())

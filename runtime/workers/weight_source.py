@@ -8,7 +8,7 @@ broadcasts them to the rollout ranks.
 from __future__ import annotations
 
 from hybridflow.runtime.protocols import register
-from hybridflow.runtime.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup
+from hybridflow.runtime.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup, master_store
 
 from .common import timed
 
@@ -17,9 +17,20 @@ class WeightSource:
     sync: WeightSyncGroup | None = None
 
     @register("ONE_TO_ALL")
+    def open_weight_sync(self, world_size: int) -> tuple[str, int] | None:
+        """Rank 0: open and hold the sync group's store; returns where the rollout ranks find it."""
+        if self.rank != 0:
+            return None
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        self.sync_store = master_store(host, world_size)
+        return host, self.sync_store.port
+
+    @register("ONE_TO_ALL")
     def init_weight_sync(self, addr: str, port: int, world_size: int) -> None:
         if self.rank == 0:
-            self.sync = WeightSyncGroup(addr, port, 0, world_size)
+            self.sync = WeightSyncGroup(addr, port, 0, world_size, store=self.sync_store)
 
     @register("ONE_TO_ALL")
     def send_weights(self, specs: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
