@@ -7,6 +7,8 @@ fastest, so a tensor-parallel group is consecutive devices and stays inside a no
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from .errors import HflowError
@@ -19,6 +21,9 @@ class ParallelConfig(BaseModel):
     pp: PositiveInt = 1
     tp: PositiveInt = 1
     dp: PositiveInt = 1
+    # The training engine of a train config: FSDP2 + DTensor TP, or megatron-core (runtime/engines/
+    # megatron_training.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
+    backend: Literal["fsdp", "megatron"] = "fsdp"
 
     @property
     def world_size(self) -> int:
