@@ -70,6 +70,8 @@ def engine_fingerprint(engine: TrainingEngine) -> str:
     """sha256 over this rank's parameters and optimizer state (exact bytes): resume checks compare it."""
     h = hashlib.sha256()
     for name, p in sorted(engine.model.state_dict().items()):
+        if not isinstance(p, torch.Tensor):  # megatron's `_extra_state` entries
+            continue
         t = p.to_local() if hasattr(p, "to_local") else p
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())

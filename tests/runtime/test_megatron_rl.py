@@ -27,7 +27,7 @@ def _run(plan, tmp_path):
         fingerprints = t.fingerprints()  # resume checks hash Megatron's optimizer states too
     assert [m["iteration"] for m in out] == list(range(1, ITERATIONS + 1))
     for m in out:
-        assert m["actor/step"] == m["iteration"] and math.isfinite(m["actor/pg_loss"])
+        assert math.isfinite(m["actor/pg_loss"])
         assert 0.0 <= m["reward_mean"] <= 1.0
     assert all(len(h) == 64 for hashes in fingerprints.values() for h in hashes)
     return out, fingerprints
@@ -37,13 +37,15 @@ def test_grpo_with_a_megatron_actor_at_tp2(ray_local, tmp_path):
     w = Workload(prompts=2, samples_per_prompt=4, prompt_len=16, response_len=8, micro_batch_size=4)
     plan = tiny_plan("grpo", [["actor", "ref"]], [2], workload=w,
                      train={"actor": ParallelConfig(tp=2, backend="megatron"), "ref": ParallelConfig(dp=2)})
-    _run(plan, tmp_path)
+    out, _ = _run(plan, tmp_path)
+    assert out[-1]["actor/step"] > out[0]["actor/step"]
 
 
 def test_ppo_with_megatron_actor_and_critic(ray_local, tmp_path):
     plan = tiny_plan("ppo", [["actor", "ref"], ["critic"]], train={"actor": MEGATRON, "critic": MEGATRON})
     out, _ = _run(plan, tmp_path)
-    assert all(math.isfinite(m["critic/loss"]) and m["critic/step"] == m["iteration"] for m in out)
+    for m in out:  # one optimizer step per iteration (one mini-batch)
+        assert m["actor/step"] == m["critic/step"] == m["iteration"] and math.isfinite(m["critic/loss"])
 
 
 def test_backend_is_a_training_setting():
