@@ -15,7 +15,6 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed (pip in
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ITERATIONS = 2
-MEGATRON = ParallelConfig(backend="megatron")
 
 
 def _run(plan, tmp_path):
@@ -41,8 +40,11 @@ def test_grpo_with_a_megatron_actor_at_tp2(ray_local, tmp_path):
     assert out[-1]["actor/step"] > out[0]["actor/step"]
 
 
-def test_ppo_with_megatron_actor_and_critic(ray_local, tmp_path):
-    plan = tiny_plan("ppo", [["actor", "ref"], ["critic"]], train={"actor": MEGATRON, "critic": MEGATRON})
+def test_ppo_with_megatron_actor_and_critic_colocated(ray_local, tmp_path):
+    """Actor and critic share the devices and megatron-core's one parallel state per process."""
+    meg = ParallelConfig(tp=2, backend="megatron")
+    plan = tiny_plan("ppo", [["actor", "ref", "critic"]], [2],
+                     train={"actor": meg, "critic": meg, "ref": ParallelConfig(dp=2)})
     out, _ = _run(plan, tmp_path)
     for m in out:  # one optimizer step per iteration (one mini-batch)
         assert m["actor/step"] == m["critic/step"] == m["iteration"] and math.isfinite(m["critic/loss"])
