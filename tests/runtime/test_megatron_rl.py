@@ -49,9 +49,3 @@ def test_ppo_with_megatron_actor_and_critic_colocated(ray_local, tmp_path):
     for m in out:  # one optimizer step per iteration (one mini-batch)
         assert m["actor/step"] == m["critic/step"] == m["iteration"] and math.isfinite(m["critic/loss"])
 
-
-def test_backend_is_a_training_setting():
-    from hybridflow.simulator.errors import HflowError
-
-    with pytest.raises((ValueError, HflowError), match="train.backend"):
-        tiny_plan("grpo", [["actor", "ref"]], generate=ParallelConfig(backend="megatron"))
