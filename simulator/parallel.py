@@ -29,6 +29,10 @@ class ParallelConfig(BaseModel):
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp
 
+    def generation_layout(self) -> ParallelConfig:
+        """The same (pp, tp, dp) as a generation config (which names no training engine)."""
+        return self if self.backend == "fsdp" else self.model_copy(update={"backend": "fsdp"})
+
     @property
     def model_parallel_size(self) -> int:
         return self.pp * self.tp
