@@ -64,7 +64,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
                    "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
     s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
-    s.add_argument("--backends", type=backends_arg, default=("fsdp",), metavar="LIST",
+    s.add_argument("--backends", type=backends_arg, default="fsdp", metavar="LIST",
                    help="training engines to choose from per role: fsdp, megatron or fsdp,megatron (default: fsdp)")
     add_profile_arg(s)
 
