@@ -21,8 +21,9 @@ def divisors(n: int) -> list[int]:
 
 
 @lru_cache(maxsize=65536)
-def train_configs(model: ModelSpec, devices: int, devices_per_node: int,
-                  max_pp: int | None = None, max_tp: int | None = None) -> tuple[ParallelConfig, ...]:
+def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp: int | None = None,
+                  max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",)) -> tuple[ParallelConfig, ...]:
+    """Every (pp, tp, dp) layout, once per training engine in `backends`."""
     out = []
     for tp in divisors(devices):
         if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
@@ -32,7 +33,7 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int,
         for pp in divisors(devices // tp):
             if model.layers % pp or (max_pp is not None and pp > max_pp):
                 continue
-            out.append(ParallelConfig(pp=pp, tp=tp, dp=devices // (pp * tp)))
+            out.extend(ParallelConfig(pp=pp, tp=tp, dp=devices // (pp * tp), backend=b) for b in backends)
     return tuple(out)
 
 

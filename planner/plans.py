@@ -26,8 +26,9 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
 
 
-def _cfg(c) -> dict[str, int]:
-    return {"pp": c.pp, "tp": c.tp, "dp": c.dp}
+def _cfg(c) -> dict:
+    """pp, tp, dp, and the training engine where it is not the default."""
+    return {"pp": c.pp, "tp": c.tp, "dp": c.dp, **({"backend": c.backend} if c.backend != "fsdp" else {})}
 
 
 def plan_summary(plan: Plan, iteration_seconds: float) -> dict:

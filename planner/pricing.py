@@ -156,7 +156,7 @@ class RolePricer:
         model, head, w, cm = self.req.models[role], role_head(role), self.req.workload, self.cm
         trained = role in TRAINED_ROLES
         out = []
-        for cfg in train_configs(model, n, self.per_node, self.req.max_pp):
+        for cfg in train_configs(model, n, self.per_node, self.req.max_pp, backends=self.req.backends):
             fwd = _parts(forward_transient(model, head, cfg, w))
             trans = {f: _parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
             secs = {False: {}, True: {}}
@@ -223,7 +223,7 @@ class RolePricer:
                 s = tuple(secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, None, s, sum(s)))
                 continue
-            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
+            gens = (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
             own = self.states("actor", n).weights
             for g in gens:
                 gen = self.generation(cfg, g, resident.total, own, n)
@@ -261,7 +261,7 @@ class RolePricer:
             if role != "actor":
                 best = min(best, rest)
                 continue
-            gens = (cfg,) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
+            gens = (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
             for g in gens:
                 gen = self.generation(cfg, g, own.total, own.weights, n)
                 if gen is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.hardware import ClusterSpec
@@ -23,6 +25,8 @@ class SearchRequest(BaseModel):
     cost_function: str | None = None
     max_pp: PositiveInt | None = None  # largest training pipeline size
     max_gen_pp: PositiveInt | None = None  # largest generation pipeline size (the runtime runs pp_g = 1)
+    # training engines the search may give each role (ParallelConfig.backend); more than one: it picks per role
+    backends: tuple[Literal["fsdp", "megatron"], ...] = Field(("fsdp",), min_length=1)
     top_k: PositiveInt = 5
 
     @model_validator(mode="after")

@@ -77,7 +77,7 @@ def export_engine(engine, role: str, folder: str | Path, source: str | Path, ran
     state = engine.full_state_dict(rank0_only=True)
     if rank != 0:
         return None
-    return export(model_for_export(role, engine.model.config, state), folder, source)
+    return export(model_for_export(role, engine.decoder_config, state), folder, source)
 
 
 # ---- from a saved checkpoint -------------------------------------------------------------------

@@ -6,7 +6,9 @@ efficiency saturates with the rows (tokens per device per matmul) and the shard 
 (hidden / tp). Tensor parallelism adds 2 all-reduces of b·s·h per layer forward and 2 backward;
 pipeline parallelism a bubble of (p-1)/m of the ideal time; FSDP/ZeRO-3 data parallelism
 all-gathers the weights forward and backward and reduce-scatters the gradients every micro-batch,
-mostly hidden under compute. The Adam step is memory-bound.
+mostly hidden under compute; Megatron's distributed optimizer (`backend: megatron`) keeps the weights
+whole over dp and moves the gradients and weights once per optimizer step instead. The Adam step is
+memory-bound.
 
 Generation is prefill (compute-bound) then one decode step per response token, each
 max(memory: (weights/tp + KV read)/HBM bandwidth, compute: 2·N·batch/peak) plus each layer's TP
@@ -157,13 +159,21 @@ class CostModel:
         pp_comm, pp_latency = sends * pp_bw, sends * pp_lat
         stage = compute + tp_comm + tp_latency + pp_comm + pp_latency
         bubble = stage * (pp - 1) / m
-        # FSDP/ZeRO-3: gather the weights (each pass), reduce-scatter the gradients (training)
         shard = BF16 * n_params / (tp * pp)
         ag_bw, ag_lat = self.allgather(shard, world, dp_ranks(par))
-        dp_total = micro * fsdp_passes * (ag_bw + layers * ag_lat)
-        dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
-        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + sends * act_bytes / tp
-                       + fsdp_passes * (dp - 1) / dp * shard)
+        if par.backend == "megatron":
+            # Megatron's distributed optimizer (ZeRO-1): the weights stay whole on every dp rank; once per
+            # optimizer step the fp32 gradients are reduce-scattered and the updated bf16 weights
+            # all-gathered, after the last backward (not hidden under compute). Forward passes move nothing.
+            dp_steps = steps if fsdp_passes > 1 else 0
+            dp_total = dp_steps * (3 * ag_bw + 2 * ag_lat)  # fp32 gradients: twice the bf16 bytes
+            dp_exposed, dp_bytes = dp_total, dp_steps * 3 * (dp - 1) / dp * shard
+        else:
+            # FSDP/ZeRO-3: gather the weights (each pass), reduce-scatter the gradients (training)
+            dp_total = micro * fsdp_passes * (ag_bw + layers * ag_lat)
+            dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
+            dp_bytes = micro * fsdp_passes * (dp - 1) / dp * shard
+        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + sends * act_bytes / tp) + dp_bytes
         flops = mult * seq_flops * sequences
         return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, latency=tp_latency + pp_latency,
                                 pp_bubble=bubble, dp_comm=dp_exposed)

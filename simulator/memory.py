@@ -3,7 +3,9 @@
 Accounting (bytes per parameter, mixed-precision Adam as in the ZeRO paper, Rajbhandari et al. 2020):
 bf16 weights 2, bf16 gradients 2, fp32 master weights + Adam m + v 12 — 16 in total for a trained
 model, 2 for a frozen one. Training and forward-only models are fully sharded over all their
-devices (tp·pp shard the model, FSDP/ZeRO-3 shards over dp), so states scale as 1/(tp·pp·dp).
+devices (tp·pp shard the model, FSDP/ZeRO-3 shards over dp), so states scale as 1/(tp·pp·dp);
+under `backend: megatron` (distributed optimizer) only the optimizer states are split over dp, the
+weights and an fp32 gradient buffer are whole on each dp rank.
 
 A model's memory is its *states* (weights, optimizer: resident while it lives on the device) plus
 the *transient* of the op it runs (training: gradients, activations, FSDP gather buffers; forward:
@@ -29,6 +31,7 @@ from .workload import Workload
 
 WEIGHT_BYTES = 2  # bf16
 GRAD_BYTES = 2  # bf16
+MEGATRON_GRAD_BYTES = 4  # Megatron's fp32 main-grad buffer (grad_reduce_in_fp32)
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v
 LOGIT_BYTES = 6  # bf16 logits + their fp32 log-softmax (forward)
 LOGIT_TRAIN_BYTES = 8  # … + the bf16 gradient of the logits (backward)
@@ -97,7 +100,9 @@ def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int |
 def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool) -> MemoryBreakdown:
     n = parallel.world_size
     params = model.num_params(head)
-    return _mb(weights=WEIGHT_BYTES * params / n, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
+    # Megatron (distributed optimizer, ZeRO-1): weights whole over dp, optimizer states sharded over dp.
+    held = parallel.model_parallel_size if parallel.backend == "megatron" else n
+    return _mb(weights=WEIGHT_BYTES * params / held, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
@@ -119,6 +124,8 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
         acts = in_flight * layers * per_layer
     if head == "lm":
         acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
+    if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank; no gathers
+        return _mb(gradients=MEGATRON_GRAD_BYTES * model.num_params(head) / (tp * pp), activations=acts)
     bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
     return _mb(gradients=GRAD_BYTES * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
@@ -129,7 +136,8 @@ def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, wo
     acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
     if head == "lm":
         acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
-    bufs = 2 * _gather_unit_bytes(model, parallel.tp) if parallel.dp > 1 else 0.0
+    gathers = parallel.dp > 1 and parallel.backend == "fsdp"
+    bufs = 2 * _gather_unit_bytes(model, parallel.tp) if gathers else 0.0
     return _mb(activations=acts, buffers=bufs)
 
 

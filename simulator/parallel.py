@@ -7,6 +7,8 @@ fastest, so a tensor-parallel group is consecutive devices and stays inside a no
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from .errors import HflowError
@@ -19,10 +21,17 @@ class ParallelConfig(BaseModel):
     pp: PositiveInt = 1
     tp: PositiveInt = 1
     dp: PositiveInt = 1
+    # The training engine of a train config: FSDP2 + DTensor TP, or megatron-core (runtime/engines/
+    # megatron_training.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
+    backend: Literal["fsdp", "megatron"] = "fsdp"
 
     @property
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp
+
+    def generation_layout(self) -> ParallelConfig:
+        """The same (pp, tp, dp) as a generation config (which names no training engine)."""
+        return self if self.backend == "fsdp" else self.model_copy(update={"backend": "fsdp"})
 
     @property
     def model_parallel_size(self) -> int:

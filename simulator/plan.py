@@ -141,6 +141,9 @@ class Plan(BaseModel):
             if rp.train.world_size != size:
                 raise ValueError(f"role '{role}': train config {rp.train} uses {rp.train.world_size} devices "
                                  f"but group '{rp.group}' has {size}")
+            if rp.generate is not None and rp.generate.backend != "fsdp":
+                raise ValueError(f"role '{role}': backend is a training setting; set train.backend, not "
+                                 "generate.backend")
             if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
                 raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
         return self

@@ -16,7 +16,7 @@ from hybridflow.simulator.algorithms import ROLES, algorithm_names, get_algorith
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.workload import Workload
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import algorithm_arg, positive_int, write_outputs
+from hybridflow.tools.outputs import algorithm_arg, backends_arg, positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 # (flag, Workload field, help): the workload flags override the --workload file's fields
@@ -64,6 +64,8 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
                    "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
     s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
+    s.add_argument("--backends", type=backends_arg, default="fsdp", metavar="LIST",
+                   help="training engines to choose from per role: fsdp, megatron or fsdp,megatron (default: fsdp)")
     add_profile_arg(s)
 
 
@@ -111,7 +113,7 @@ def request_from_args(args):
         check_search_folders(paths)
     return SearchRequest(algorithm=args.algo, models=models, paths=paths, cluster=cluster, workload=workload,
                          reward_function=args.reward_function, cost_function=args.cost_function,
-                         max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top)
+                         max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top, backends=args.backends)
 
 
 def add_parser(subparsers) -> None:

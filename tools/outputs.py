@@ -42,6 +42,16 @@ def positive_float(text: str) -> float:
     return x
 
 
+def backends_arg(text: str) -> tuple[str, ...]:
+    """`--backends fsdp,megatron`: the training engines a search may pick per role (one line on a typo)."""
+    names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in ("fsdp", "megatron")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown training backend '{(bad or [text])[0]}'; choose fsdp, megatron "
+                                         "or fsdp,megatron")
+    return names
+
+
 def algorithm_arg(text: str) -> str:
     """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
     from hybridflow.simulator.plan import algorithm_name

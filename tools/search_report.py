@@ -10,8 +10,9 @@ from rich.table import Table
 from hybridflow.tools.report import fmt_seconds
 
 
-def _layout(cfg: Mapping[str, int]) -> str:
-    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}"
+def _layout(cfg: Mapping) -> str:
+    backend = f" {cfg['backend']}" if cfg.get("backend", "fsdp") != "fsdp" else ""
+    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}{backend}"
 
 
 def plan_parallel_text(summary: Mapping) -> str:

@@ -64,13 +64,14 @@ def _child(rank, world_size, port, fn, args, queue):
 
 
 def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[str] | None = None,
-              on_progress=None) -> list:
+              on_progress=None, daemon: bool = True) -> list:
     """Call `fn(rank, world_size, *args)` on `world_size` processes of one group (gloo on CPU, NCCL
     on GPUs); return results by rank.
 
     `fn` must be importable (a module-level function) and its result picklable. A failure on
     any rank raises RuntimeError with that rank's traceback. `on_progress(done)` is called here
-    whenever rank 0 calls `report_progress`.
+    whenever rank 0 calls `report_progress`. `daemon=False` lets `fn` start processes of its own
+    (megatron's dist_checkpointing writes through forked writers); they are still killed on failure.
     """
     # forkserver: a clean server process (no Ray/grpc threads of the test session to fork) that
     # imports torch and the engines once; each child is then a cheap fork of it.
@@ -79,7 +80,7 @@ def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[
         ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
     queue = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=True)
+    procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=daemon)
              for r in range(world_size)]
     for p in procs:
         p.start()

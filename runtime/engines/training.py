@@ -152,6 +152,7 @@ class TrainingEngine:
         if temperature <= 0:
             raise HflowError(f"temperature {temperature}: log-probs need a positive temperature")
         self.optim_config = optim or OptimConfig()
+        self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.skipped_in_a_row = 0

@@ -60,6 +60,11 @@ def load_score_model(path: str | Path) -> ScoreModel:
 
 def make_engine(model, parallel, optim: OptimConfig | None, micro_batch_size: int | None,
                 temperature: float = 1.0) -> TrainingEngine:
+    """The training engine the role's train config names (`backend`): FSDP2, or megatron-core (same interface)."""
+    if parallel is not None and parallel.backend == "megatron":
+        from hybridflow.runtime.engines.megatron_training import MegatronEngine  # megatron-core: an extra
+
+        return MegatronEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
     return TrainingEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
 
 
@@ -68,19 +73,28 @@ def response_slice(per_token: torch.Tensor, width: int) -> torch.Tensor:
     return per_token[:, -width:]
 
 
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers holding the states: itself, or those inside megatron's (chained) optimizer."""
+    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [getattr(o, "optimizer", o) for o in chained]
+
+
 def engine_fingerprint(engine: TrainingEngine) -> str:
     """sha256 over this rank's parameters and optimizer state (exact bytes): resume checks compare it."""
     h = hashlib.sha256()
     for name, p in sorted(engine.model.state_dict().items()):
+        if not isinstance(p, torch.Tensor):  # megatron's `_extra_state` entries
+            continue
         t = p.to_local() if hasattr(p, "to_local") else p
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    for pid, st in sorted(engine.optimizer.state_dict()["state"].items()):
-        for k, v in sorted(st.items()):
-            if isinstance(v, torch.Tensor):
-                v = v.to_local() if hasattr(v, "to_local") else v
-                h.update(f"{pid}.{k}".encode())
-                h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    for i, optimizer in enumerate(_torch_optimizers(engine.optimizer)):
+        for pid, st in sorted(optimizer.state_dict()["state"].items()):
+            for k, v in sorted(st.items()):
+                if isinstance(v, torch.Tensor):
+                    v = v.to_local() if hasattr(v, "to_local") else v
+                    h.update(f"{i}.{pid}.{k}".encode() if i else f"{pid}.{k}".encode())
+                    h.update(v.detach().cpu().contiguous().numpy().tobytes())
     h.update(str(engine.step).encode())
     return h.hexdigest()
 

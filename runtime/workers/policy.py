@@ -86,7 +86,7 @@ class PolicyWorker(EngineState, WeightSource, Worker):
                 self.rollout = VllmRollout(model_path, self.engine, tensor_parallel_size=gen.tp, seed=seed,
                                            max_model_len=max_len)
             elif rollout == "native":
-                self.rollout = HybridEngine(self.engine, CausalLM(self.engine.model.config), gen, mode=reshard)
+                self.rollout = HybridEngine(self.engine, CausalLM(self.engine.decoder_config), gen, mode=reshard)
             else:
                 raise HflowError(f"unknown rollout backend '{rollout}'; choose one of {', '.join(ROLLOUT_BACKENDS)}")
         self._gen_version = -1  # engine step the generation weights were taken at
