@@ -61,6 +61,7 @@ from .parallelize import (
     tp_local,
     tp_shard_dim,
 )
+from .phase_clock import PhaseClock
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
@@ -155,6 +156,7 @@ class TrainingEngine:
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.skipped_in_a_row = 0
+        self.clock = PhaseClock()  # per-phase seconds for the step breakdown; off unless a caller turns it on
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.parallel = parallel or ParallelConfig()
         self.mesh = None
@@ -225,6 +227,12 @@ class TrainingEngine:
         packed = pack(ids, mask, pos) if mask is not None else None
         if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
             ids, mask, pos = packed.input_ids, None, packed.position_ids
+        if self.clock.enabled:  # the work of this pass: tokens computed, real ones, attention context
+            rows, width = ids.shape
+            self.clock.count("tokens", rows * width)
+            real = packed.mask if packed is not None else mask
+            self.clock.count("real_tokens", rows * width if real is None else real.sum().item())
+            self.clock.count("context", rows * width * (width + 1) / 2)
         out = self.model(ids, mask, pos)
         unpack = packed.unpack if packed is not None else (lambda x: x)
         if not self.is_lm:
@@ -259,8 +267,9 @@ class TrainingEngine:
         for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
             m.set_reshard_after_forward(False, recurse=False)
         try:
-            parts = [self.forward(m, entropy="entropy" in keys)
-                     for m in self._micro_batches(batch, micro_batch_size, order)]
+            with self.clock.span("infer"):
+                parts = [self.forward(m, entropy="entropy" in keys)
+                         for m in self._micro_batches(batch, micro_batch_size, order)]
         finally:
             for m in fsdp:
                 m.reshard()
@@ -307,16 +316,19 @@ class TrainingEngine:
                 self.model.set_requires_gradient_sync(last)
                 self.model.set_reshard_after_forward(False, recurse=True)
                 self.model.set_reshard_after_backward(last, recurse=True)
-            result = loss_fn(self.forward(micro, entropy=entropy), micro)
+            with self.clock.span("forward"):
+                result = loss_fn(self.forward(micro, entropy=entropy), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
             sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
-            (loss * weight).backward()  # every rank backs up every micro-batch: FSDP's collectives stay matched
+            with self.clock.span("backward"):  # every rank backs up every micro-batch: FSDP's collectives stay matched
+                (loss * weight).backward()
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
         if hasattr(self.model, "set_reshard_after_forward"):
             self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
-        return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
+        with self.clock.span("optimizer"):
+            return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
 
     def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
         """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.

@@ -96,6 +96,20 @@ def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini
     return {**{k: v / steps for k, v in sums.items()}, "skipped_steps": float(skipped)}
 
 
+class PhaseTiming:
+    """The step breakdown's view into a worker's engine (tools/bench/step_breakdown.py): turn its phase
+    clock (engines/phase_clock.py) on, then take the seconds and work per phase since the last take."""
+
+    @register("ONE_TO_ALL")
+    def time_phases(self, on: bool = True) -> None:
+        self.engine.clock.enabled = on
+        self.engine.clock.take()
+
+    @register("ONE_TO_ALL")
+    def take_phases(self) -> dict[str, float]:
+        return self.engine.clock.take()
+
+
 class EngineState:
     """Checkpoint, HF export and fingerprint of a worker's `self.engine` (a TrainingEngine), under
     path/role. Mixed into the trained workers (actor, critic), which set `self.model_path` (the folder

@@ -37,6 +37,7 @@ from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
 from ..algorithms.losses import actor_loss
 from .common import (
     EngineState,
+    PhaseTiming,
     load_causal_lm,
     make_engine,
     response_slice,
@@ -46,7 +47,7 @@ from .common import (
 )
 
 
-class PolicyWorker(EngineState, Worker):
+class PolicyWorker(EngineState, PhaseTiming, Worker):
     def __init__(self, model_path: str, *, trainable: bool = True, optim: OptimConfig | None = None,
                  micro_batch_size: int | None = None, generate_parallel: ParallelConfig | None = None,
                  sampling: SamplingParams | None = None, loss: PolicyLossSettings | None = None,
