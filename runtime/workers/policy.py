@@ -122,10 +122,11 @@ class PolicyWorker(EngineState, PhaseTiming, Worker):
         timing: dict = {}
         op = "actor_logprob" if self.role == "actor" else "ref_logprob"
         with timed(timing, op):
+            width = batch["responses"].shape[1]  # only the responses' log-probs are read
             lp = self.engine.compute_log_probs(batch.select("input_ids", "attention_mask", "position_ids").tensors,
-                                               self.micro_batch_size)["log_probs"]
+                                               self.micro_batch_size, score_width=width)["log_probs"]
         key = "old_log_probs" if self.role == "actor" else "ref_log_probs"
-        return with_timing(Batch({key: response_slice(lp, batch["responses"].shape[1])}), timing)
+        return with_timing(Batch({key: response_slice(lp, width)}), timing)
 
     # ---- training -----------------------------------------------------------------------------
     def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:
@@ -157,7 +158,8 @@ class PolicyWorker(EngineState, PhaseTiming, Worker):
         with timed(timing, "actor_update"):
             metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
                                   self.mini_batches, self.micro_batch_size,
-                                  entropy=bool(self.loss.entropy_coef), token_weights=weights)
+                                  entropy=bool(self.loss.entropy_coef), token_weights=weights,
+                                  score_width=batch["responses"].shape[1])
         return [{**metrics, "timing": timing}]
 
     # ---- state --------------------------------------------------------------------------------
