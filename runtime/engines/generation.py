@@ -156,7 +156,7 @@ class GenerationEngine:
         # row until the last one ends). Outputs are the same either way.
         self.drop_finished = drop_finished
         self.last_batch_sizes: list[int] = []  # rows computed at each decode step of the last call
-        # per-phase seconds and work (fuse_weights, prefill, decode, sample) for the step breakdown; off by default
+        # seconds and work by phase (fuse_weights, prefill, decode, sample) for the step breakdown; off by default
         self.clock = PhaseClock()
 
     @torch.inference_mode()
@@ -178,10 +178,8 @@ class GenerationEngine:
         # cache, possibly tensor-parallel, keeps every row to the end).
         fused = self.fast_decode and supports(self.model, p + r)
         compact = fused and self.drop_finished
-        if fused:
-            step = _fused_steps(self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
-        else:
-            step = _module_steps(self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
+        steps = _fused_steps if fused else _module_steps
+        step = steps(self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
         logits = next(step)
         self.last_batch_sizes = []
 

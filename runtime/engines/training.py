@@ -232,7 +232,8 @@ class TrainingEngine:
         size = self._micro_size(batch, micro_batch_size)
         return list(batch.split(size)) if order is None else [batch[i] for i in order.split(size)]
 
-    def forward(self, micro: TensorDict, *, entropy: bool = True, score_width: int | None = None) -> dict[str, torch.Tensor]:
+    def forward(self, micro: TensorDict, *, entropy: bool = True,
+                score_width: int | None = None) -> dict[str, torch.Tensor]:
         """Forward one micro-batch: log-probs (+ entropy) for an LM, values for a scalar head; `score_width`:
         only the last columns an LM's caller reads (see the module docstring)."""
         ids = micro["input_ids"].to(self.device)
@@ -252,7 +253,8 @@ class TrainingEngine:
         if not self.is_lm:
             return {"values": unpack(self.model(ids, mask, pos).float())}
         start = first_scored_logit(ids.shape[1], score_width, packed)
-        scaled = self.tempered(self.model(ids, mask, pos, logits_from=start) if start else self.model(ids, mask, pos))
+        logits = self.model(ids, mask, pos, logits_from=start) if start else self.model(ids, mask, pos)
+        scaled = self.tempered(logits)
         res = {"log_probs": unpack(token_log_probs(scaled, ids, start))}
         if entropy:
             res["entropy"] = unpack(token_entropy(scaled, start))
@@ -340,7 +342,8 @@ class TrainingEngine:
                 result = loss_fn(self.forward(micro, entropy=entropy, score_width=score_width), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
             sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
-            with self.clock.span("backward"):  # every rank backs up every micro-batch: FSDP's collectives stay matched
+            # every rank backs up every micro-batch: FSDP's collectives stay matched
+            with self.clock.span("backward"):
                 (loss * weight).backward()
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
@@ -348,7 +351,8 @@ class TrainingEngine:
         if hasattr(self.model, "set_reshard_after_forward"):
             self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
         with self.clock.span("optimizer"):
-            return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
+            norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
+            return self._finish_step(sums, norm)
 
     def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
         """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.
