@@ -42,3 +42,19 @@ def test_bad_arguments_are_one_line_errors():
         step_breakdown.main(["--model", "gpt5"])
     with pytest.raises(HflowError, match="--steps"):
         step_breakdown.main(["--steps", "1"])
+
+
+def test_the_breakdown_is_that_of_the_median_step():
+    from hybridflow.simulator.hardware import HARDWARE_PRESETS
+
+    def step(span):
+        return {"start": 0.0, "end": span, "tokens": 100, "reward": 0.0, "phases": {"actor": [{}]},
+                "events": [_event("generate", 0.1, span / 2)]}
+
+    result = step_breakdown.breakdown([step(9.0), step(3.0), step(1.0), step(2.0)], model_preset("tiny"), 1,
+                                      HARDWARE_PRESETS["a100-80g"])
+    assert result["step_spans"] == [3.0, 1.0, 2.0] and result["step_seconds"] == 2.0  # the first left out
+    assert result["tokens_per_second"] == 50.0
+    top = [r for r in result["rows"] if r["parent"] is None]
+    assert sum(r["share"] for r in top) == pytest.approx(1.0)
+    assert top[0]["seconds"] == pytest.approx(0.9)

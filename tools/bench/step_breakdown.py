@@ -27,7 +27,8 @@ KV cache it attends to; AdamW reads and writes ~28 bytes per parameter (fp32 wei
 two moments); a reshard receives the bytes it reports and copies the weights (fp32
 read and write) into the generation model. Per device, beside the probe's matmul FLOP/s
 and memory bandwidth for this many device processes (runtime/hardware_probe.py, cached).
-Shares are medians over the steps after the first (the first pays for warm-up).
+The split shown is that of the median step (by its span) after the first (the first pays for
+warm-up), so its rows add up to it; the spans of all the measured steps are printed beside it.
 """
 
 from __future__ import annotations
@@ -188,31 +189,23 @@ def split_step(step: dict, spec, world: int) -> list[dict]:
 
 
 def breakdown(steps: list[dict], spec, world: int, hardware) -> dict:
-    """The median over the steps after the first of each row, with shares and roofline fractions."""
+    """The split of the median step (by its span) of those after the first, with shares and roofline
+    fractions: one real step, so its rows add up to it; every measured step's seconds beside it."""
     rest = steps[1:] or steps
-    per_step = [split_step(s, spec, world) for s in rest]
-    step_seconds = statistics.median(s["end"] - s["start"] for s in rest)
-    keys = []
-    for rows in per_step:
-        keys += [(r["phase"], r["parent"]) for r in rows if (r["phase"], r["parent"]) not in keys]
+    spans = [s["end"] - s["start"] for s in rest]
+    median = rest[spans.index(statistics.median_low(spans))]
+    step_seconds = median["end"] - median["start"]
     out = []
-    for key in keys:
-        found = [next((r for r in rows if (r["phase"], r["parent"]) == key), None) for rows in per_step]
-        found = [r for r in found if r is not None]
-        sec = statistics.median(r["seconds"] for r in found)
-        first = found[0]
-        flops = statistics.median(r["flops"] for r in found)
-        nbytes = statistics.median(r["bytes"] for r in found)
-        per_device = sec * first["ranks"]
-        row = {"phase": key[0], "parent": key[1], "seconds": sec, "share": sec / step_seconds, "note": first["note"],
-               "flops_per_s": flops / per_device if flops and per_device else None,
-               "bytes_per_s": nbytes / per_device if nbytes and per_device else None}
+    for r in split_step(median, spec, world):
+        per_device = r["seconds"] * r["ranks"]
+        row = {"phase": r["phase"], "parent": r["parent"], "seconds": r["seconds"], "share": r["seconds"] / step_seconds,
+               "note": r["note"], "flops_per_s": r["flops"] / per_device if r["flops"] and per_device else None,
+               "bytes_per_s": r["bytes"] / per_device if r["bytes"] and per_device else None}
         row["peak_fraction"] = row["flops_per_s"] / hardware.peak_flops if row["flops_per_s"] else None
         row["bandwidth_fraction"] = row["bytes_per_s"] / hardware.hbm_bandwidth if row["bytes_per_s"] else None
         out.append(row)
-    tokens = statistics.median(s["tokens"] for s in rest)
-    return {"step_seconds": step_seconds, "tokens_per_second": tokens / step_seconds, "rows": out,
-            "steps_measured": len(rest), "rewards": [s["reward"] for s in steps],
+    return {"step_seconds": step_seconds, "tokens_per_second": median["tokens"] / step_seconds, "rows": out,
+            "steps_measured": len(rest), "step_spans": spans, "rewards": [s["reward"] for s in steps],
             "roofline": {"matmul_flops_per_device": hardware.peak_flops, "bytes_per_s_per_device": hardware.hbm_bandwidth}}
 
 
@@ -237,7 +230,8 @@ def print_breakdown(name: str, args, result: dict) -> None:
     r = result["roofline"]
     t = Table(title=f"One GRPO step, {name}: {args.prompts} prompts × {args.samples} samples, ≤{args.response_len} new "
                     f"tokens, {args.devices} device(s), KL {args.kl:g} — {result['step_seconds']:.3f} s, "
-                    f"{result['tokens_per_second']:,.0f} tok/s (median of {result['steps_measured']} steps). "
+                    f"{result['tokens_per_second']:,.0f} tok/s (the median of {result['steps_measured']} steps: "
+                    f"{', '.join(f'{x:.3f}' for x in result['step_spans'])} s). "
                     f"Roofline per device: {_si(r['matmul_flops_per_device'], 'FLOP/s')}, "
                     f"{_si(r['bytes_per_s_per_device'], 'B/s')}", title_justify="left")
     for col in ("phase", "seconds", "share", "work", "FLOP/s/dev", "% peak", "B/s/dev", "% bw"):
