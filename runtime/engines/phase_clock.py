@@ -22,7 +22,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-_OFF = nullcontext()
+_OFF = nullcontext()  # what span() returns while off: stateless, so one serves every call
 
 
 class PhaseClock:
