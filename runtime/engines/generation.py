@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 from hybridflow.runtime.engines.fast_decode import FusedDecoder, supports
+from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
 
@@ -155,6 +156,8 @@ class GenerationEngine:
         # row until the last one ends). Outputs are the same either way.
         self.drop_finished = drop_finished
         self.last_batch_sizes: list[int] = []  # rows computed at each decode step of the last call
+        # seconds and work by phase (fuse_weights, prefill, decode, sample) for the step breakdown; off by default
+        self.clock = PhaseClock()
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -175,10 +178,8 @@ class GenerationEngine:
         # cache, possibly tensor-parallel, keeps every row to the end).
         fused = self.fast_decode and supports(self.model, p + r)
         compact = fused and self.drop_finished
-        if fused:
-            step = _fused_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
-        else:
-            step = _module_steps(self.model, prompt_ids, key_mask if padded else None, positions, r)
+        steps = _fused_steps if fused else _module_steps
+        step = steps(self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
         logits = next(step)
         self.last_batch_sizes = []
 
@@ -190,22 +191,23 @@ class GenerationEngine:
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         alive = None  # the rows still in the batch (their original indices); None: all of them
         for t in range(r):
-            tokens, logp = sample_tokens(logits.float(), params, generator, alive, b)
-            rows = slice(None) if alive is None else alive
-            response[rows, t] = tokens
-            logprobs[rows, t] = logp
-            keep = None
-            if eos.numel():  # rows that had finished before this step stay masked out
-                done = finished[rows]
-                resp_mask[rows, t] = (~done).long()
-                done |= torch.isin(tokens, eos)
-                finished[rows] = done
-                n_done = int(done.sum())  # the one host sync per step
-                if n_done == done.numel():  # every row has finished: the rest stays padding
-                    break
-                if compact and n_done * 4 >= done.numel():  # a quarter finished: drop them (one KV copy)
-                    keep = (~done).nonzero().squeeze(1)
-                    alive = keep if alive is None else alive[keep]
+            with self.clock.span("sample"):
+                tokens, logp = sample_tokens(logits.float(), params, generator, alive, b)
+                rows = slice(None) if alive is None else alive
+                response[rows, t] = tokens
+                logprobs[rows, t] = logp
+                keep = None
+                if eos.numel():  # rows that had finished before this step stay masked out
+                    done = finished[rows]
+                    resp_mask[rows, t] = (~done).long()
+                    done |= torch.isin(tokens, eos)
+                    finished[rows] = done
+                    n_done = int(done.sum())  # the one host sync per step
+                    if n_done < done.numel() and compact and n_done * 4 >= done.numel():
+                        keep = (~done).nonzero().squeeze(1)  # a quarter finished: drop them (one KV copy)
+                        alive = keep if alive is None else alive[keep]
+            if eos.numel() and n_done == done.numel():  # every row has finished: the rest stays padding
+                break
             if t + 1 < r:
                 logits = step.send((tokens, keep))
                 self.last_batch_sizes.append(logits.shape[0])
@@ -217,40 +219,65 @@ class GenerationEngine:
                        response_logprobs=logprobs, response_mask=resp_mask)
 
 
-def _module_steps(model, prompt_ids, key_mask, positions, r):
+def _count(clock: PhaseClock, rows: int, new: int, length: int) -> None:
+    """A forward of `new` tokens per row for `rows` rows ending at cache length `length`: tokens, and
+    the keys their attention reads (context), for the breakdown's FLOP count."""
+    if not clock.enabled:
+        return
+    clock.count("tokens", rows * new)
+    clock.count("context", rows * sum(range(length - new + 1, length + 1)))
+    clock.count("calls", 1)
+
+
+def _module_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock):
     """Logits [B, V] of the prompt, then of each token sent in: through the model's modules."""
     b, p = prompt_ids.shape
     cache = KVCache(model.config.num_hidden_layers, p + r)
-    tokens, _ = yield model(prompt_ids, key_mask, positions, cache, last_only=True)[:, -1]
+    with clock.span("prefill"):
+        logits = model(prompt_ids, key_mask, positions, cache, last_only=True)[:, -1]
+        _count(clock, b, p, p)
+    tokens, _ = yield logits
     next_pos = positions[:, -1:] + 1
+    length = p
     while True:  # every row to the end: the caller never asks to drop rows here
-        tokens, _ = yield model(tokens[:, None], key_mask, next_pos, cache, last_only=True)[:, -1]
+        length += 1
+        with clock.span("decode"):
+            logits = model(tokens[:, None], key_mask, next_pos, cache, last_only=True)[:, -1]
+            _count(clock, b, 1, length)
+        tokens, _ = yield logits
         next_pos = next_pos + 1
 
 
-def _fused_steps(model, prompt_ids, key_mask, positions, r):
+def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock):
     """The same as `_module_steps` through `FusedDecoder` (fast_decode.py): weights fused from the
     model as it is now, RoPE of every position of the run computed once, masks built once."""
     b, p = prompt_ids.shape
-    fused = FusedDecoder(model, b, p + r)
-    dtype, device = fused.embed.dtype, prompt_ids.device
-    prefill_mask = step_mask = None
-    if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)
-        neg = torch.finfo(dtype).min
-        prefill_mask = torch.zeros(b, 1, p, p, dtype=dtype, device=device).masked_fill_(
-            ~attention_bias_mask(key_mask, p, 0), neg)
-        step_mask = torch.zeros(b, 1, p + r, dtype=dtype, device=device).masked_fill_(~key_mask[:, None], neg)
-        step_mask = step_mask.repeat_interleave(fused.kv_heads, dim=0)  # [B·Hkv, 1, P+R]
-    step_positions = positions[:, -1] + torch.arange(1, r + 1, device=positions.device)[:, None]  # [R, B]
-    rotations = fused.rotations(step_positions)  # [R, B, 1, head_dim/2]
-    tokens, keep = yield fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
+    with clock.span("fuse_weights"):  # with the cache allocation, masks and RoPE tables: once per call
+        fused = FusedDecoder(model, b, p + r)
+        dtype, device = fused.embed.dtype, prompt_ids.device
+        prefill_mask = step_mask = None
+        if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)
+            neg = torch.finfo(dtype).min
+            prefill_mask = torch.zeros(b, 1, p, p, dtype=dtype, device=device).masked_fill_(
+                ~attention_bias_mask(key_mask, p, 0), neg)
+            step_mask = torch.zeros(b, 1, p + r, dtype=dtype, device=device).masked_fill_(~key_mask[:, None], neg)
+            step_mask = step_mask.repeat_interleave(fused.kv_heads, dim=0)  # [B·Hkv, 1, P+R]
+        step_positions = positions[:, -1] + torch.arange(1, r + 1, device=positions.device)[:, None]  # [R, B]
+        rotations = fused.rotations(step_positions)  # [R, B, 1, head_dim/2]
+    with clock.span("prefill"):
+        logits = fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
+        _count(clock, b, p, p)
+    tokens, keep = yield logits
     for t in range(r):
-        if keep is not None:  # rows `keep` of the current batch go on; the others have finished
-            fused.keep_rows(keep)
-            tokens, rotations = tokens[keep], rotations[:, keep]
-            if step_mask is not None:
-                step_mask = step_mask.unflatten(0, (-1, fused.kv_heads))[keep].flatten(0, 1)
-        tokens, keep = yield fused.decode(tokens, rotations[t], step_mask)
+        with clock.span("decode"):
+            if keep is not None:  # rows `keep` of the current batch go on; the others have finished
+                fused.keep_rows(keep)
+                tokens, rotations = tokens[keep], rotations[:, keep]
+                if step_mask is not None:
+                    step_mask = step_mask.unflatten(0, (-1, fused.kv_heads))[keep].flatten(0, 1)
+            logits = fused.decode(tokens, rotations[t], step_mask)
+            _count(clock, tokens.shape[0], 1, p + t + 1)
+        tokens, keep = yield logits
 
 
 def left_pad(sequences: list[list[int]], pad_token_id: int = 0,

@@ -57,6 +57,7 @@ class HybridEngine(RolloutEngine):
             apply_tp(self.model, self.resharder.generation_mesh(device_type())["tp"])
         self.model.eval()
         self.engine = GenerationEngine(self.model)
+        self.engine.clock = trainer.clock  # one phase clock per actor: its generation and training phases
         self.dims = trainer.tp_shard_dims()
         self.last_stats: ReshardStats | None = None
         self._released: dict[str, int] = {}  # parameter -> storage bytes freed by to_generation

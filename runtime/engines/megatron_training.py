@@ -49,6 +49,7 @@ from .megatron_weights import (
     tp_unshard,
 )
 from .packing import bucket_order, inverse_order, pack
+from .phase_clock import PhaseClock
 from .training import LossFn, OptimConfig, as_tensordict, token_entropy, token_log_probs
 
 
@@ -76,6 +77,7 @@ class MegatronEngine:
         self.temperature = temperature
         self.skipped_in_a_row = 0
         self.step = 0
+        self.clock = PhaseClock()  # the step breakdown times FSDP's phases; Megatron's schedule is not split
         dtype = torch.bfloat16 if mixed_precision and torch.cuda.is_available() else torch.float32
         hf_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         with megatron_on_cpu():
@@ -225,7 +227,10 @@ class MegatronEngine:
         return box[0]
 
     @torch.no_grad()
-    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False) -> TensorDict:
+    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False,
+                          score_width: int | None = None) -> TensorDict:
+        """Every column's log-probs (`score_width`, which lets the FSDP engine skip the prompt's, is
+        accepted for the same call and not used: the loss reads only the response columns either way)."""
         return self._infer(batch, micro_batch_size, ("log_probs", "entropy") if entropy else ("log_probs",))
 
     @torch.no_grad()
@@ -258,8 +263,10 @@ class MegatronEngine:
         return (t / self.parallel.dp).tolist()
 
     def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
-                   token_weights: str | None = None, entropy: bool = True) -> dict[str, float]:
-        """One optimizer step on the local batch (see TrainingEngine.train_step: same weights, same metrics)."""
+                   token_weights: str | None = None, entropy: bool = True,
+                   score_width: int | None = None) -> dict[str, float]:
+        """One optimizer step on the local batch (see TrainingEngine.train_step: same weights, same metrics;
+        `score_width` accepted and not used, as in compute_log_probs)."""
         batch = as_tensordict(batch)
         n = batch.batch_size[0]
         if n == 0:

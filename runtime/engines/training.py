@@ -6,8 +6,8 @@ step. It does not know RL: a loss function plugs in,
 
     loss_fn(outputs, micro) -> loss | (loss, {name: float})
 
-where `outputs` holds the forward results for the micro-batch (`log_probs`, `entropy`, `logits`
-for an LM; `values` for a scalar head) and `micro` is the micro-batch (a TensorDict with
+where `outputs` holds the forward results for the micro-batch (`log_probs`, `entropy` for an LM;
+`values` for a scalar head) and `micro` is the micro-batch (a TensorDict with
 `input_ids`, `attention_mask` and whatever the loss reads). The loss is a mean over the
 micro-batch; the engine weights each micro-batch by its share of the local batch — of its rows, or
 with `token_weights="response_mask"` of the tokens a token-mean loss averages over, counted over
@@ -22,7 +22,9 @@ caller's layout.
 Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
 tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
 They are those of softmax(logits / temperature): a policy sampled at temperature T is scored by the
-distribution it was sampled from. The engine knows nothing of Ray; workers wrap it.
+distribution it was sampled from. `score_width=R` says only the last R columns (the responses) are
+read: the LM head and the log-softmax then run from the first position any row needs (as TRL's
+`logits_to_keep`), and the columns before hold 0. The engine knows nothing of Ray; workers wrap it.
 
 A step whose gradient norm is not finite (or whose loss was not, on any rank) is skipped: no
 optimizer update, the metrics say `skipped`; `max_skipped_steps` of them in a row stop with an error.
@@ -52,7 +54,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.parallel import ParallelConfig
 
-from .packing import bucket_order, inverse_order, pack
+from .packing import Packed, bucket_order, inverse_order, pack
 from .parallelize import (
     build_mesh,
     load_tp_local,
@@ -61,6 +63,7 @@ from .parallelize import (
     tp_local,
     tp_shard_dim,
 )
+from .phase_clock import PhaseClock
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
@@ -84,18 +87,30 @@ class OptimConfig(BaseModel):
 # ---- token statistics from logits ---------------------------------------------------------------
 
 
-def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, i] | < i) from logits [B, S, V]; [B, S] with position 0 = 0 (fp32)."""
+def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """log p(input_ids[:, i] | < i) from logits [B, S - start, V] of positions start…S-1; [B, S] with
+    positions ≤ start = 0 (fp32)."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(picked, (1, 0))
+    picked = logp.gather(-1, input_ids[:, start + 1:, None]).squeeze(-1)
+    return F.pad(picked, (start + 1, 0))
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, start: int = 0) -> torch.Tensor:
     """Entropy of each predictive distribution, aligned like token_log_probs: [B, S] (fp32)."""
     logits = logits[:, :-1].float()
     ent = torch.logsumexp(logits, -1) - (F.softmax(logits, -1) * logits).sum(-1)
-    return F.pad(ent, (1, 0))
+    return F.pad(ent, (start + 1, 0))
+
+
+def first_scored_logit(width: int, score_width: int | None, packed: Packed | None) -> int:
+    """The first position whose logits a forward over `width` columns needs when only the caller's last
+    `score_width` columns are read (each column's log-prob comes from the logits one position before)."""
+    if not score_width:
+        return 0
+    if packed is None:
+        return max(width - score_width - 1, 0)
+    caller = packed.source.shape[1]
+    return max(int(packed.source[:, max(caller - score_width, 0)].min()) - 1, 0)
 
 
 def as_tensordict(batch: Mapping[str, torch.Tensor] | TensorDict) -> TensorDict:
@@ -156,6 +171,7 @@ class TrainingEngine:
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.skipped_in_a_row = 0
+        self.clock = PhaseClock()  # per-phase seconds for the step breakdown; off unless a caller turns it on
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.parallel = parallel or ParallelConfig()
         self.mesh = None
@@ -217,8 +233,10 @@ class TrainingEngine:
         size = self._micro_size(batch, micro_batch_size)
         return list(batch.split(size)) if order is None else [batch[i] for i in order.split(size)]
 
-    def forward(self, micro: TensorDict, *, entropy: bool = True) -> dict[str, torch.Tensor]:
-        """Forward one micro-batch: log-probs (+ entropy, logits) for an LM, values for a scalar head."""
+    def forward(self, micro: TensorDict, *, entropy: bool = True,
+                score_width: int | None = None) -> dict[str, torch.Tensor]:
+        """Forward one micro-batch: log-probs (+ entropy) for an LM, values for a scalar head; `score_width`:
+        only the last columns an LM's caller reads (see the module docstring)."""
         ids = micro["input_ids"].to(self.device)
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
@@ -226,14 +244,21 @@ class TrainingEngine:
         packed = pack(ids, mask, pos) if mask is not None else None
         if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
             ids, mask, pos = packed.input_ids, None, packed.position_ids
-        out = self.model(ids, mask, pos)
+        if self.clock.enabled:  # the work of this pass: tokens computed, real ones, attention context
+            rows, width = ids.shape
+            self.clock.count("tokens", rows * width)
+            real = packed.mask if packed is not None else mask
+            self.clock.count("real_tokens", rows * width if real is None else real.sum().item())
+            self.clock.count("context", rows * width * (width + 1) / 2)
         unpack = packed.unpack if packed is not None else (lambda x: x)
         if not self.is_lm:
-            return {"values": unpack(out.float())}
-        scaled = self.tempered(out)
-        res = {"logits": unpack(out), "log_probs": unpack(token_log_probs(scaled, ids))}
+            return {"values": unpack(self.model(ids, mask, pos).float())}
+        start = first_scored_logit(ids.shape[1], score_width, packed)
+        logits = self.model(ids, mask, pos, logits_from=start) if start else self.model(ids, mask, pos)
+        scaled = self.tempered(logits)
+        res = {"log_probs": unpack(token_log_probs(scaled, ids, start))}
         if entropy:
-            res["entropy"] = unpack(token_entropy(scaled))
+            res["entropy"] = unpack(token_entropy(scaled, start))
         return res
 
     def tempered(self, logits: torch.Tensor) -> torch.Tensor:
@@ -241,16 +266,19 @@ class TrainingEngine:
         return logits if self.temperature == 1.0 else logits.float() / self.temperature
 
     @torch.no_grad()
-    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False) -> TensorDict:
-        """Token log-probs (and entropy) of the whole local batch, no gradient: [B, S] fields."""
-        return self._infer(batch, micro_batch_size, ("log_probs", "entropy") if entropy else ("log_probs",))
+    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False,
+                          score_width: int | None = None) -> TensorDict:
+        """Token log-probs (and entropy) of the whole local batch, no gradient: [B, S] fields (with
+        `score_width`, only the last columns are computed; the others hold 0)."""
+        return self._infer(batch, micro_batch_size, ("log_probs", "entropy") if entropy else ("log_probs",),
+                           score_width)
 
     @torch.no_grad()
     def compute_values(self, batch, micro_batch_size: int | None = None) -> TensorDict:
         """Per-token values of a scalar-head model: {"values": [B, S]}."""
         return self._infer(batch, micro_batch_size, ("values",))
 
-    def _infer(self, batch, micro_batch_size, keys) -> TensorDict:
+    def _infer(self, batch, micro_batch_size, keys, score_width: int | None = None) -> TensorDict:
         if self.pipeline is not None:
             return self.pipeline.infer(batch, micro_batch_size, keys)
         batch = as_tensordict(batch)
@@ -260,8 +288,9 @@ class TrainingEngine:
         for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
             m.set_reshard_after_forward(False, recurse=False)
         try:
-            parts = [self.forward(m, entropy="entropy" in keys)
-                     for m in self._micro_batches(batch, micro_batch_size, order)]
+            with self.clock.span("infer"):
+                parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
+                         for m in self._micro_batches(batch, micro_batch_size, order)]
         finally:
             for m in fsdp:
                 m.reshard()
@@ -279,12 +308,14 @@ class TrainingEngine:
         return lr
 
     def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
-                   token_weights: str | None = None, entropy: bool = True) -> dict[str, float]:
+                   token_weights: str | None = None, entropy: bool = True,
+                   score_width: int | None = None) -> dict[str, float]:
         """One optimizer step on the local batch; returns metrics averaged over micro-batches and dp.
 
         `token_weights`: the [B, T] mask a token-mean loss averages over (e.g. "response_mask"); each
         micro-batch then counts by its share of those tokens (over all dp ranks), so the step is that of
-        the token-mean over the whole batch. `entropy=False` skips the entropy (and its graph) when the loss ignores it.
+        the token-mean over the whole batch. `entropy=False` skips the entropy (and its graph) when the loss ignores it;
+        `score_width`: the loss reads only the last columns of the LM outputs (see the module docstring).
         """
         if self.pipeline is not None:
             return self.pipeline.train_step(batch, loss_fn, micro_batch_size, token_weights=token_weights,
@@ -308,16 +339,21 @@ class TrainingEngine:
                 self.model.set_requires_gradient_sync(last)
                 self.model.set_reshard_after_forward(False, recurse=True)
                 self.model.set_reshard_after_backward(last, recurse=True)
-            result = loss_fn(self.forward(micro, entropy=entropy), micro)
+            with self.clock.span("forward"):
+                result = loss_fn(self.forward(micro, entropy=entropy, score_width=score_width), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
             sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
-            (loss * weight).backward()  # every rank backs up every micro-batch: FSDP's collectives stay matched
+            # every rank backs up every micro-batch: FSDP's collectives stay matched
+            with self.clock.span("backward"):
+                (loss * weight).backward()
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
         if hasattr(self.model, "set_reshard_after_forward"):
             self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
-        return self._finish_step(sums, clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip))
+        with self.clock.span("optimizer"):
+            norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
+            return self._finish_step(sums, norm)
 
     def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
         """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.

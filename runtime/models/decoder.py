@@ -311,12 +311,13 @@ class CausalLM(_DecoderWithHead):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache: KVCache | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """`last_only` projects only the last position (generation needs no more)."""
+                last_only: bool = False, logits_from: int = 0) -> torch.Tensor:
+        """`last_only` projects only the last position (generation needs no more); `logits_from`, only
+        positions from that one on (logits [B, S - logits_from, V]: a trainer scoring the responses)."""
         h = self.model(input_ids, attention_mask, position_ids, cache)
         if self.lm_head is None:  # a pipeline stage before the last
             return h
-        return self.lm_head(h[:, -1:] if last_only else h)
+        return self.lm_head(h[:, -1:] if last_only else h[:, logits_from:] if logits_from else h)
 
 
 class ScoreModel(_DecoderWithHead):

@@ -101,19 +101,21 @@ def engine_fingerprint(engine: TrainingEngine) -> str:
 
 def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini_batches: int,
                 micro_batch_size: int | None, entropy: bool = True,
-                token_weights: str | None = "response_mask") -> dict[str, float]:
+                token_weights: str | None = "response_mask", score_width: int | None = None) -> dict[str, float]:
     """`epochs` passes over the local batch in `mini_batches` optimizer steps each (fixed order, so a
     resumed run repeats it exactly); returns the metrics averaged over the steps taken, and
     `skipped_steps`, the steps the engine skipped for a non-finite gradient. `token_weights`: the
     mask of a token-mean loss (micro-batches count by their share of its tokens); None for a loss
-    that is a mean over sequences (they count by rows)."""
+    that is a mean over sequences (they count by rows). `score_width`: the loss reads only the last
+    columns of the LM outputs (TrainingEngine.train_step)."""
     td = batch.tensors
     parts = max(1, min(mini_batches, len(batch)))
     sums: dict[str, float] = {}
     steps = skipped = 0
     for _ in range(epochs):
         for mb in td.chunk(parts):
-            m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights=token_weights, entropy=entropy)
+            m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights=token_weights, entropy=entropy,
+                                  score_width=score_width)
             if m.pop("skipped"):
                 skipped += 1
                 continue
@@ -121,6 +123,20 @@ def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini
                 sums[k] = sums.get(k, 0.0) + float(v)
             steps += 1
     return {**{k: v / steps for k, v in sums.items()}, "skipped_steps": float(skipped)}
+
+
+class PhaseTiming:
+    """The step breakdown's view into a worker's engine (tools/bench/step_breakdown.py): turn its phase
+    clock (engines/phase_clock.py) on, then take the seconds and work per phase since the last take."""
+
+    @register("ONE_TO_ALL")
+    def time_phases(self, on: bool = True) -> None:
+        self.engine.clock.enabled = on
+        self.engine.clock.take()
+
+    @register("ONE_TO_ALL")
+    def take_phases(self) -> dict[str, float]:
+        return self.engine.clock.take()
 
 
 class EngineState:

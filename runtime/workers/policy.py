@@ -39,6 +39,7 @@ from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
 from ..algorithms.losses import actor_loss
 from .common import (
     EngineState,
+    PhaseTiming,
     generation_seed,
     load_causal_lm,
     make_engine,
@@ -51,7 +52,7 @@ from .common import (
 from .weight_source import WeightSource
 
 
-class PolicyWorker(EngineState, WeightSource, Worker):
+class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
     def __init__(self, model_path: str, *, trainable: bool = True, optim: OptimConfig | None = None,
                  micro_batch_size: int | None = None, generate_parallel: ParallelConfig | None = None,
                  sampling: SamplingParams | None = None, loss: PolicyLossSettings | None = None,
@@ -123,10 +124,11 @@ class PolicyWorker(EngineState, WeightSource, Worker):
         timing: dict = {}
         op = "actor_logprob" if self.role == "actor" else "ref_logprob"
         with timed(timing, op):
+            width = batch["responses"].shape[1]  # only the responses' log-probs are read
             lp = self.engine.compute_log_probs(batch.select("input_ids", "attention_mask", "position_ids").tensors,
-                                               self.micro_batch_size)["log_probs"]
+                                               self.micro_batch_size, score_width=width)["log_probs"]
         key = "old_log_probs" if self.role == "actor" else "ref_log_probs"
-        return with_timing(Batch({key: response_slice(lp, batch["responses"].shape[1])}), timing)
+        return with_timing(Batch({key: response_slice(lp, width)}), timing)
 
     # ---- training -----------------------------------------------------------------------------
     def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:
@@ -159,7 +161,8 @@ class PolicyWorker(EngineState, WeightSource, Worker):
         with timed(timing, "actor_update"):
             metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
                                   self.mini_batches, self.micro_batch_size,
-                                  entropy=bool(self.loss.entropy_coef), token_weights=weights)
+                                  entropy=bool(self.loss.entropy_coef), token_weights=weights,
+                                  score_width=batch["responses"].shape[1])
         return [{**metrics, "timing": timing}]
 
     # ---- state --------------------------------------------------------------------------------

