@@ -18,9 +18,7 @@ On a machine without CUDA every megatron call runs inside `megatron_on_cpu()` (t
 
 from __future__ import annotations
 
-import io
 import math
-import random
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +31,6 @@ from tensordict import TensorDict
 
 from hybridflow.simulator.decoder_config import Head
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.parallel import ParallelConfig
 
 from .megatron_cpu_shim import megatron_on_cpu
@@ -50,6 +47,7 @@ from .megatron_weights import (
 )
 from .packing import bucket_order, inverse_order, pack
 from .phase_clock import PhaseClock
+from .rank_state import load_rank_state, rank_state_file, save_rank_state
 from .training import LossFn, OptimConfig, as_tensordict, token_entropy, token_log_probs
 
 
@@ -416,10 +414,7 @@ class MegatronEngine:
         (path / "dist").mkdir(parents=True, exist_ok=True)
         with megatron_on_cpu():
             dist_checkpointing.save(self._sharded_state(), str(path / "dist"))
-        extra = {"step": self.step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}
-        buf = io.BytesIO()
-        torch.save(extra, buf)
-        write_atomic(path / f"extra_rank{dist.get_rank()}.pt", buf.getvalue())
+        save_rank_state(path, dist.get_rank(), self.step)
         dist.barrier()
         return path
 
@@ -427,7 +422,7 @@ class MegatronEngine:
         from megatron.core import dist_checkpointing
 
         path = Path(path)
-        extra_file = path / f"extra_rank{dist.get_rank()}.pt"
+        extra_file = rank_state_file(path, dist.get_rank())
         if not (path / "dist").is_dir() or not extra_file.is_file():
             raise HflowError(f"{path}: not a megatron training checkpoint of this layout (need dist/ and "
                              f"{extra_file.name}); pass a folder written by MegatronEngine.save")
@@ -435,7 +430,4 @@ class MegatronEngine:
             state = dist_checkpointing.load(self._sharded_state(loading=True), str(path / "dist"))
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optim"])
-        extra = torch.load(extra_file, weights_only=False)
-        self.step = extra["step"]
-        torch.set_rng_state(extra["torch_rng"])
-        random.setstate(extra["python_rng"])
+        self.step = load_rank_state(path, dist.get_rank())

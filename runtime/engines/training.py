@@ -32,9 +32,7 @@ optimizer update, the metrics say `skipped`; `max_skipped_steps` of them in a ro
 
 from __future__ import annotations
 
-import io
 import math
-import random
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -51,7 +49,6 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.io import write_atomic
 from hybridflow.simulator.parallel import ParallelConfig
 
 from .packing import Packed, bucket_order, inverse_order, pack
@@ -64,6 +61,7 @@ from .parallelize import (
     tp_shard_dim,
 )
 from .phase_clock import PhaseClock
+from .rank_state import load_rank_state, rank_state_file, save_rank_state
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
@@ -443,11 +441,7 @@ class TrainingEngine:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"),
                  no_dist=not self.distributed)
-        extra = {"step": self.step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        buf = io.BytesIO()
-        torch.save(extra, buf)
-        write_atomic(path / f"extra_rank{self._rank()}.pt", buf.getvalue())
+        save_rank_state(path, self._rank(), self.step)
         if self.distributed:
             dist.barrier()
         return path
@@ -457,7 +451,7 @@ class TrainingEngine:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         path = Path(path)
-        extra_file = path / f"extra_rank{self._rank()}.pt"
+        extra_file = rank_state_file(path, self._rank())
         if not (path / "dcp").is_dir() or not extra_file.is_file():
             raise HflowError(f"{path}: not a training checkpoint of this layout (need dcp/ and {extra_file.name}); "
                              "pass a folder written by TrainingEngine.save with the same parallel config")
@@ -466,9 +460,4 @@ class TrainingEngine:
         dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not self.distributed)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=self._state_dict_options())
-        extra = torch.load(extra_file, weights_only=False)
-        self.step = extra["step"]
-        torch.set_rng_state(extra["torch_rng"])
-        random.setstate(extra["python_rng"])
-        if extra["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(extra["cuda_rng"])
+        self.step = load_rank_state(path, self._rank())
