@@ -27,8 +27,6 @@ import networkx as nx
 from .dataflow import Lanes, forget_order
 from .errors import HflowError
 
-STALENESS = {"sync": 0, "one-step-off": 1}  # how many updates a trained batch's policy may lag behind
-
 
 def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
     found = [n for n, a in graph.nodes(data=True) if a["op"] == op and a["role"] == "actor"

@@ -28,8 +28,9 @@ RolloutBackend = Literal["native", "vllm"]  # the engine that generates the acto
 ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
 # How rollout and training take turns: `sync` generates each batch with the newest weights;
 # `one-step-off` generates batch i+1 (on separate rollout devices) while the actor trains on batch
-# i, so a batch's policy is at most one update old (staleness ≤ 1).
-ExecutionMode = Literal["sync", "one-step-off"]
+# i, so a batch's policy is at most one update old (staleness ≤ 1); `async` streams rollouts into
+# a bounded queue and trains on a batch whose policy is at most `max_staleness` updates old.
+ExecutionMode = Literal["sync", "one-step-off", "async"]
 EXECUTION_MODES: tuple[str, ...] = get_args(ExecutionMode)
 
 
@@ -101,6 +102,7 @@ class Plan(BaseModel):
     cost_function: str | None = None
     offload: bool = False  # colocated models move their states to host memory when idle
     mode: ExecutionMode = "sync"
+    max_staleness: int = Field(1, ge=1)  # `async`: the most updates a trained batch's policy may lag behind
     notes: str = ""
 
     @model_validator(mode="before")
@@ -171,6 +173,11 @@ class Plan(BaseModel):
         if actor is not None and actor.rollout == "vllm":
             return "ds-chat"
         return self.reshard
+
+    @property
+    def staleness(self) -> int:
+        """How many updates a trained batch's policy may lag behind the newest, by execution mode."""
+        return {"sync": 0, "one-step-off": 1}.get(self.mode, self.max_staleness)
 
     def with_mode(self, mode: str) -> Plan:
         """This plan run in execution `mode` (validated: an overlapping mode needs rollout devices)."""

@@ -30,7 +30,7 @@ from .dataflow import (
     unroll,
 )
 from .errors import HflowError
-from .pipeline import STALENESS, one_step_off
+from .pipeline import one_step_off
 from .plan import Plan
 from .timeline import Event, Timeline
 
@@ -191,6 +191,6 @@ def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: boo
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
-              "makespan": makespan(times), "mode": plan.mode, "staleness": STALENESS[plan.mode],
+              "makespan": makespan(times), "mode": plan.mode, "staleness": plan.staleness,
               "warmup_iterations": int(pipelined)},
     )
