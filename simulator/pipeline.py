@@ -1,21 +1,26 @@
-"""Pipelined execution modes on the unrolled dataflow: one-step-off (Plan.mode).
+"""Pipelined execution modes on the unrolled dataflow: one-step-off and async with bound k (Plan.mode).
 
-One step off, the rollout of batch k+1 runs on the actor's separate rollout devices while the
-trainers score and train batch k. On the unrolled graph (dataflow.unroll: nodes (k, op)) that is
-a rewiring of the actor's weight sync and generate of iteration k+1:
+Both run the actor's rollout on devices of its own while the trainers score and train an earlier
+batch; on the unrolled graph (dataflow.unroll: nodes (j, op), batch j) that is a rewiring of the
+actor's weight sync and generate of each batch. With the staleness bound k (Plan.staleness: 1 for
+one-step-off, max_staleness for async):
 
-- they are issued in iteration k, right after its own generate (the runtime collects batch k,
-  syncs, launches batch k+1, then trains on batch k): their call order and their Timeline
-  iteration become k's;
-- their weights are those after update k−1, not k: the edge from update k to them moves to
-  update k−1 (staleness 1). The first look-ahead rollout (k+1 = 1) has no newer weights to wait
-  for and needs no sync: that node goes;
-- the controller waits for the sync (both sides of a collective) before it scores and trains
-  batch k: those ops follow the sync.
+- batch j's rollout does not wait for update j−1: the rollout workers stream batch after batch
+  into the queue (on their lane, one after another) while the trainers work through it;
+- the weights move every k updates, not every update: the sync before batch j = 1 + m·k (m ≥ 1)
+  carries the weights after update j−2 (the newest the trainers can hand over when batch j−1 is
+  still to train), and batches j … j+k−1 are generated with them, so the last of them is k
+  updates behind when it trains — the bound, never more. Batches 1 … k use the initial weights
+  and need no sync. Syncing less often is what a larger k buys: the sync holds both sides (a
+  collective spanning them), and its seconds are paid once per k iterations;
+- the trainers hand the weights over right after the update they carry, before they score the
+  next batch (those ops follow the sync), as the runtime does.
 
-The steady-state iteration is then sync + max(rollout, scoring and training): the overlapped part
-counts once, the longer side's remainder is the bubble of the other. The first iteration, whose
-rollout nothing overlaps, is a warm-up (Timeline meta `warmup_iterations`), as in a measured run.
+The steady iteration is then sync / k + max(rollout, scoring and training): the overlapped part
+counts once, the faster side idles for the rest (the queue's bubble: the rollout waits for a free
+slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. Batch j's rollout is
+labelled with iteration j−1 (issued while batch j−1 trains, as in a run), its sync with j−1; the
+first iteration, whose rollout nothing overlaps, is a warm-up (Timeline meta `warmup_iterations`).
 """
 
 from __future__ import annotations
@@ -32,34 +37,59 @@ def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
     found = [n for n, a in graph.nodes(data=True) if a["op"] == op and a["role"] == "actor"
              and not a.get("baseline") and not a.get("resampled")]
     if len(found) != 1:
-        raise HflowError(f"one-step-off needs one actor '{op}' per iteration; the dataflow has {len(found)}")
+        raise HflowError(f"a pipelined mode needs one actor '{op}' per iteration; the dataflow has {len(found)}")
     return found[0]
 
 
-def one_step_off(graph: nx.DiGraph, lane_of: dict[Hashable, Lanes], big: nx.DiGraph,
-                 big_lanes: dict[Hashable, Lanes], copies: int) -> None:
-    """Rewire `big` (in place; `copies` unrolled copies of `graph`) for one-step-off, then drop the
-    last copy's ops except its look-ahead rollout: `copies − 1` iterations remain, each with the
-    rollout of the next batch inside it."""
+def copies_needed(iterations: int, staleness: int) -> int:
+    """Unrolled copies for `iterations` steady iterations: + the warm-up, + the look-ahead rollouts of
+    the last one (batches up to k ahead of the last trained one)."""
+    return iterations + 1 + staleness
+
+
+def is_sync_batch(j: int, staleness: int) -> bool:
+    """Whether the weights move before batch j's rollout (see the module doc)."""
+    return j >= 2 and (j - 1) % staleness == 0
+
+
+def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes], copies: int,
+             staleness: int) -> None:
+    """Rewire `big` (in place; `copies` unrolled copies of `graph`) for a pipeline with staleness bound
+    `staleness`, then drop the last `staleness` copies' ops except their look-ahead rollouts (and the
+    syncs before them): `copies − 1 − staleness` trained iterations remain after the warm-up."""
+    if staleness < 1:
+        raise HflowError(f"a pipelined mode needs a staleness bound of at least 1, got {staleness}")
     sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
     update = _actor_node(graph, "actor_update")
-    for k in range(1, copies):
-        s, g = (k, sync), (k, gen)
-        for n in (s, g):
-            big.remove_edges_from([((k - 1, update), n)])
-        prev_order = big.nodes[(k - 1, gen)]["order"]
-        big.nodes[g].update(order=prev_order + 0.2, iteration=k - 1)
-        if k == 1:  # the first look-ahead: still the initial weights, nothing to sync
+    after_gen = [n for n, a in graph.nodes(data=True) if a["order"] > graph.nodes[gen]["order"]]
+    period_sync = None
+    for j in range(1, copies):
+        s, g = (j, sync), (j, gen)
+        big.remove_edges_from([((j - 1, update), s), ((j - 1, update), g)])
+        prev_order = big.nodes[(j - 1, gen)]["order"]
+        big.nodes[g].update(order=prev_order + 0.2, iteration=j - 1)
+        if is_sync_batch(j, staleness):
+            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1)
+            big.add_edge((j - 2, update), s)
+            # the trainers hand over before they score batch j−1 (the controller waits for both sides)
+            big.add_edges_from((s, (j - 1, n)) for n in after_gen if (j - 1, n) in big)
+            period_sync = s
+        else:  # generated with the weights of the last sync (the initial ones before the first)
             big.remove_node(s)
             del big_lanes[s]
-        else:
-            big.nodes[s].update(order=prev_order + 0.1, iteration=k - 1)
-            big.add_edge((k - 2, update), s)
-    after_gen = [n for n, a in graph.nodes(data=True) if a["order"] > graph.nodes[gen]["order"]]
-    for k in range(1, copies - 1):  # batch k's scoring and training wait for the sync of batch k+1
-        big.add_edges_from(((k + 1, sync), (k, n)) for n in after_gen)
-    last = copies - 1
-    for n in [n for n in big if n[0] == last and n[1] not in (sync, gen)]:
+            if period_sync is not None:
+                big.add_edge(period_sync, g)
+    # The last copies keep only their look-ahead rollouts, and of those only what the trained updates
+    # reach: a sync whose update is not trained goes, with the rollouts that would wait for it.
+    first_dropped = copies - staleness
+    drop, stale_from = [], copies
+    for j in range(first_dropped, copies):
+        if (j, sync) in big and j - 2 >= first_dropped:
+            stale_from = min(stale_from, j)
+    for n in big:
+        if n[0] >= first_dropped and (n[1] not in (sync, gen) or n[0] >= stale_from):
+            drop.append(n)
+    for n in drop:
         big.remove_node(n)
         del big_lanes[n]
     forget_order(big)

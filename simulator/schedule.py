@@ -30,7 +30,7 @@ from .dataflow import (
     unroll,
 )
 from .errors import HflowError
-from .pipeline import one_step_off
+from .pipeline import copies_needed, pipeline
 from .plan import Plan
 from .timeline import Event, Timeline
 
@@ -172,14 +172,14 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
 
 def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool | None = None) -> Timeline:
     """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"); a pipelined mode
-    (pipeline.py) adds a warm-up iteration before them."""
+    (pipeline.py) adds a warm-up iteration before them, and its steady iteration is its period."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)
     pipelined = plan.mode != "sync"
-    copies = iterations + 2 if pipelined else iterations  # + the warm-up, + the last look-ahead rollout
+    copies = copies_needed(iterations, plan.staleness) if pipelined else iterations
     big, big_lanes = unroll(graph, lane_of, copies)
     if pipelined:
-        one_step_off(graph, lane_of, big, big_lanes, copies)
+        pipeline(graph, big, big_lanes, copies, plan.staleness)
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))
     times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps)
     events = []
@@ -190,7 +190,21 @@ def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: boo
                             end=end, iteration=a["iteration"], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
+        period_seconds=pipeline_period(big, times, iterations, plan.staleness) if pipelined else None,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
               "makespan": makespan(times), "mode": plan.mode, "staleness": plan.staleness,
               "warmup_iterations": int(pipelined)},
     )
+
+
+def pipeline_period(big: nx.DiGraph, times: Mapping[Hashable, tuple[float, float]], iterations: int,
+                    staleness: int) -> float:
+    """A pipeline's steady iteration: the mean seconds from one trained batch's end to the next (as a
+    measured run reports it), over the last whole sync periods (k iterations each, one sync among
+    them) after the warm-up; fewer steady iterations than k: over all of them."""
+    ends: dict[int, float] = {}
+    for n, a in big.nodes(data=True):
+        if a["op"] not in ("generate", "weight_sync") or a["role"] != "actor":  # rollouts run ahead
+            ends[n[0]] = max(ends.get(n[0], 0.0), times[n][1])
+    span = staleness * (iterations // staleness) or iterations
+    return (ends[iterations] - ends[iterations - span]) / span

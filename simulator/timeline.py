@@ -5,7 +5,8 @@ exporters draw both. Times are seconds from the start of the first iteration.
 
 An iteration's seconds are the span of its ops, simulated or measured alike. A run's figure is the
 median over its steady iterations: all but the first of a measured run (first calls allocate,
-compile and warm caches), every simulated one. Throughput is one figure everywhere, `throughput`.
+compile and warm caches), every simulated one — except a simulated pipeline's, which is its period
+(`period_seconds`). Throughput is one figure everywhere, `throughput`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Timeline(BaseModel):
     source: Literal["simulated", "measured"]
     events: list[Event] = Field(default_factory=list)
     tokens_per_iteration: int = 0
+    # a simulated pipeline's steady iteration (schedule.pipeline_period): its rollouts run inside the
+    # iterations before theirs, so the seconds from one trained batch's end to the next, not a span
+    period_seconds: float | None = None
     meta: dict = Field(default_factory=dict)
 
     def iterations(self) -> list[int]:
@@ -72,6 +76,8 @@ class Timeline(BaseModel):
     def iteration_seconds(self, iteration: int | None = None) -> float:
         """The span of one iteration's ops; None: the median over the steady iterations."""
         if iteration is None:
+            if self.period_seconds is not None:
+                return self.period_seconds
             its = self.steady_iterations()
             return statistics.median(self.iteration_seconds(i) for i in its) if its else 0.0
         evs = [e for e in self.events if e.iteration == iteration]

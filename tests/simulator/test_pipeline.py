@@ -51,3 +51,68 @@ def test_timeline_shows_the_overlap_and_the_stale_weights():
     update2 = next(e for e in tl.events if e.op == "actor_update" and e.iteration == 2)
     assert sync2.end <= update2.start
     assert [e.iteration for e in tl.events if e.op == "weight_sync"] == [0, 1, 2]  # none for the first look-ahead
+
+
+# ---- async with bound k, on hand-set op seconds -------------------------------------------------------
+def _hand_schedule(mode: str, k: int, gen: float, train: float, sync: float, iterations: int):
+    """The plan's pipelined dataflow scheduled with hand-set seconds: the rollout `gen`, the weight sync
+    `sync`, the trainers' side `train` (ref log-probs 1 s, the actor update the rest; driver ops free)."""
+    from hybridflow.simulator.dataflow import unroll
+    from hybridflow.simulator.pipeline import copies_needed, pipeline
+    from hybridflow.simulator.schedule import pipeline_period, plan_dataflow, schedule
+
+    plan = disaggregated(mode).model_copy(update={"max_staleness": k})
+    graph, lanes = plan_dataflow(plan)
+    copies = copies_needed(iterations, plan.staleness)
+    big, big_lanes = unroll(graph, lanes, copies)
+    pipeline(graph, big, big_lanes, copies, plan.staleness)
+    hand = {"generate": gen, "weight_sync": sync, "ref_logprob": 1.0, "actor_update": train - 1.0}
+    times = schedule(big, big_lanes, {n: hand.get(big.nodes[n]["op"], 0.0) for n in big})
+    return big, times, pipeline_period(big, times, iterations, plan.staleness)
+
+
+@pytest.mark.parametrize(("gen", "train", "k", "period"), [
+    (3.0, 3.0, 2, 1 / 2 + 3),  # balanced: the sync is paid once per k iterations, nothing else is exposed
+    (5.0, 2.0, 2, 1 / 2 + 5),  # rollout-bound: the trainers idle 3 s per batch waiting for the queue
+    (2.0, 5.0, 2, 1 / 2 + 5),  # train-bound: the rollout runs k ahead and waits for a slot
+    (2.0, 5.0, 4, 1 / 4 + 5),
+    (5.0, 2.0, 1, 1 + 5),  # k = 1: one-step-off's sync + max(rollout, training)
+])
+def test_async_period_is_sync_over_k_plus_the_slower_side(gen, train, k, period):
+    _, _, got = _hand_schedule("async", k, gen, train, 1.0, iterations=4 * k)
+    assert got == pytest.approx(period)
+
+
+@pytest.mark.parametrize(("gen", "train"), [(1.0, 6.0), (6.0, 1.0)])  # slow trainer + fast rollout, the reverse
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_staleness_never_exceeds_the_bound(gen, train, k):
+    big, times, _ = _hand_schedule("async", k, gen, train, 0.5, iterations=3 * k + 1)
+    node = {(j, a["op"]): n for n, a in big.nodes(data=True) for j in [n[0]]}
+    syncs = sorted(j for j, op in node if op == "weight_sync")
+    assert syncs == [0] + [j for j in range(2, max(syncs) + 1) if (j - 1) % k == 0]  # 0: the initial weights
+    lags = []
+    for j in sorted(j for j, op in node if op == "actor_update"):
+        carried = [s for s in syncs if times[node[(s, "weight_sync")]][1] <= times[node[(j, "generate")]][0]]
+        version = max(carried[-1] - 1, 0)  # sync s ≥ 2 carries the weights after update s − 2
+        if carried[-1]:  # ... and starts only after that update ended
+            assert times[node[(carried[-1] - 2, "actor_update")]][1] <= times[node[(carried[-1], "weight_sync")]][0]
+        lags.append(j - version)
+    assert max(lags) == k and min(lags[1:]) >= 1
+
+
+def test_async_with_k_1_is_one_step_off():
+    off = simulate(disaggregated("one-step-off"), iterations=3)
+    k1 = simulate(disaggregated("async"), iterations=3)  # max_staleness defaults to 1
+    assert [(e.op, e.iteration, e.start, e.end) for e in off.events] == \
+           [(e.op, e.iteration, e.start, e.end) for e in k1.events]
+    assert k1.iteration_seconds() == off.iteration_seconds()
+
+
+def test_async_timeline_overlaps_rollout_and_training_across_iterations():
+    tl = simulate(disaggregated("async").model_copy(update={"max_staleness": 2}), iterations=4)
+    assert tl.meta["staleness"] == 2 and tl.period_seconds is not None
+    assert [e.iteration for e in tl.events if e.op == "weight_sync"] == [0, 2, 4]  # before batches 0, 3 and 5
+    rollouts = sorted((e.start, e.end) for e in tl.events if e.op == "generate")
+    updates = sorted((e.start, e.end) for e in tl.events if e.op == "actor_update")
+    overlap = sum(max(0.0, min(r[1], u[1]) - max(r[0], u[0])) for r in rollouts for u in updates)
+    assert overlap > 0
