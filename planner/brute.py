@@ -10,17 +10,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
-from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.memory import MemoryBreakdown
-from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .configs import generate_configs
 from .placement import allocations, set_partitions
-from .pricing import GEN_OPS, Candidate, RolePricer
+from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
 from .request import SearchRequest
-from .search import Scored
+from .search import Planner, Rollout, Scored
 
 
 def _set_layouts(rp: RolePricer, members, n):
@@ -30,7 +28,7 @@ def _set_layouts(rp: RolePricer, members, n):
         opts = []
         for entry in rp.static(r, n):
             cfg = entry[0]
-            gens = generate_configs(cfg, rp.req.max_gen_pp) if r == "actor" else (None,)
+            gens = generate_configs(cfg, rp.req.max_gen_pp) if r == "actor" and not rp.separate_rollout else (None,)
             opts += [(entry, g) for g in gens]
         per_role.append(opts)
     return itertools.product(*per_role)
@@ -44,7 +42,7 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
         ok, gens = True, {}
         for r, ((cfg, fwd, trans, _), g) in zip(members, layout, strict=False):
             ok = ok and rp._fits(resident, max(trans[recompute], fwd, key=sum))
-            if r == "actor":
+            if r == "actor" and not rp.separate_rollout:
                 gens[r] = rp.generation(cfg, g, resident.total, rp.states("actor", n).weights, n)
                 ok = ok and gens[r] is not None and rp._fits(resident, gens[r][0])
         if ok:
@@ -68,35 +66,42 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
     return secs, tuple(cands)
 
 
-def all_plans(req: SearchRequest, cost_model) -> Iterator[Scored]:
-    """Every feasible plan of the request, priced (seconds of one iteration)."""
-    graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
-                           cost_model="cost" in req.models, hybrid_engine=True,
-                           old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
-                                                                  get_algorithm(req.algorithm).kl_in_reward))
-    rp = RolePricer(req, graph, cost_model)
+def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> Iterator[Scored]:
+    """Every feasible plan of the request, priced (seconds of one iteration, or a pipeline's steady one).
+    The schedule's primitives (the dataflow, lanes, `simulate`'s pricing) come from a Planner; its
+    search (fronts, bounds) is not used."""
+    ref = Planner(req, cost_model, rollout=rollout)
+    rp = ref.pricer
     driver = rp.driver_seconds()
-    gaps = call_gaps(graph, getattr(cost_model, "overheads", None))  # as the search and simulate
-    for placement in set_partitions(req.roles):
-        set_of = {r: i for i, s in enumerate(placement) for r in s}
-        lane_of = {x: DRIVER if a["driver"] else f"g{set_of[a['role']]}" for x, a in graph.nodes(data=True)}
+    extra = ((ROLLOUT,),) if rollout.separate else ()
+    roles = req.roles + ((ROLLOUT,) if rollout.separate else ())
+    for placement in (p + extra for p in set_partitions(req.roles)):
+        lane_of = ref.lanes(placement)
+        big_lanes = ref.pipeline_lanes(lane_of)
         for counts in allocations([1] * len(placement), req.cluster):
             per_set = []
             for members, n in zip(placement, counts, strict=False):
+                if members == (ROLLOUT,):
+                    nodes = rp.role_nodes.get(ROLLOUT, [])
+                    per_set.append([(dict(zip(nodes, c.seconds, strict=True)), (c,)) for c in rp.rollout_layouts(n)])
+                    continue
                 priced = [price_set(rp, members, n, lay) for lay in _set_layouts(rp, members, n)]
                 per_set.append([p for p in priced if p is not None])
+            size = {m: n for members, n in zip(placement, counts, strict=True) for m in members}
             for pick in itertools.product(*per_set):
                 seconds = dict(driver)
+                if rollout.separate:
+                    seconds.update(dict.fromkeys(rp.sync_nodes, rp.weight_sync_seconds(size["actor"], size[ROLLOUT])))
                 choice = {}
                 for members, (secs, cands) in zip(placement, pick, strict=False):
                     seconds.update(secs)
                     choice.update(zip(members, cands, strict=False))
-                t = makespan(schedule(graph, lane_of, seconds, gaps))
-                yield Scored(t, placement, counts, tuple((r, choice[r]) for r in req.roles))
+                t = ref.price(lane_of, big_lanes, seconds)
+                yield Scored(t, placement, counts, tuple((r, choice[r]) for r in roles), rollout)
 
 
-def brute_force(req: SearchRequest, cost_model=None) -> Scored | None:
+def brute_force(req: SearchRequest, cost_model=None, rollout: Rollout = Rollout()) -> Scored | None:
     from hybridflow.simulator.cost import CostModel
 
     cm = cost_model or CostModel(req.cluster)
-    return min(all_plans(req, cm), key=lambda s: s.seconds, default=None)
+    return min(all_plans(req, cm, rollout), key=lambda s: s.seconds, default=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hybridflow.simulator.plan import DeviceGroup, Plan, RolePlan
 
 from .placement import assign_devices
+from .pricing import ROLLOUT
 from .request import SearchRequest
 from .search import Scored
 
@@ -17,12 +18,18 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
     devs = assign_devices(s.counts, req.cluster)
     groups = [DeviceGroup(name=group_name(members), devices=d) for members, d in zip(s.placement, devs, strict=False)]
     set_of = {r: group_name(members) for members in s.placement for r in members}
+    choice = dict(s.choice)
+    rollout = choice.pop(ROLLOUT, None)  # separate rollout devices: the actor's generate_group
     roles = {}
-    for role, cand in s.choice:
-        roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train,
-                               generate=cand.generate if role == "actor" else None, path=req.paths.get(role))
+    for role, cand in choice.items():
+        gen = (rollout.generate if rollout else cand.generate) if role == "actor" else None
+        roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train, generate=gen,
+                               generate_group=set_of[ROLLOUT] if rollout and role == "actor" else None,
+                               path=req.paths.get(role))
+    mode = s.rollout
     return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
                 reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
+                mode=mode.mode, max_staleness=max(mode.staleness, 1),
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
 
 

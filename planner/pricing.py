@@ -39,11 +39,14 @@ from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import role_head
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
-from .configs import generate_configs, train_configs
+from .configs import generate_configs, standalone_generate_configs, train_configs
 from .request import SearchRequest
 
 GEN_OPS = ("generate", "generate_baseline")
 TRAIN_OPS = ("actor_update", "critic_update")
+# The set of a plan's separate rollout devices (the actor's generate_group): its "member" generates and
+# holds no states; the actor's other ops stay with the actor's training set.
+ROLLOUT = "rollout"
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,11 @@ class RolePricer:
     """Memoized prices per role, device count, resident bytes and recompute flag."""
 
     def __init__(self, req: SearchRequest, graph: nx.DiGraph, cost_model, generate_rule: str = "3d",
-                 reshard: str = "hybridflow"):
+                 reshard: str = "hybridflow", separate_rollout: bool = False):
         self.req, self.cm, self.p = req, cost_model, cost_model.params
+        # separate_rollout: the actor generates on a set of its own (ROLLOUT); the weight sync between
+        # them is priced per allocation (weight_sync_seconds), the generation per rollout layout
+        self.separate_rollout = separate_rollout
         self.per_node = req.cluster.devices_per_node
         self.usable = self.p.usable_bytes(req.cluster.hardware.hbm_bytes)
         self.limit = req.cluster.hardware.hbm_bytes * self.p.usable_memory_fraction
@@ -104,11 +110,16 @@ class RolePricer:
         self.role_nodes: dict[str, list[Hashable]] = {}
         self.node_attrs: dict[Hashable, dict] = {}
         self.driver_nodes: list[Hashable] = []
+        self.sync_nodes: list[Hashable] = []
         for n in call_order(graph):
             a = graph.nodes[n]
             self.node_attrs[n] = a
             if a["driver"]:
                 self.driver_nodes.append(n)
+            elif separate_rollout and a["op"] in WEIGHT_SYNC_OPS:
+                self.sync_nodes.append(n)
+            elif separate_rollout and a["op"] in GEN_OPS:
+                self.role_nodes.setdefault(ROLLOUT, []).append(n)
             else:
                 self.role_nodes.setdefault(a["role"], []).append(n)
         self._states: dict[tuple, MemoryBreakdown] = {}
@@ -219,7 +230,7 @@ class RolePricer:
             base = max(trans[recompute], fwd, key=_total)
             if not self._fits(resident, base):
                 continue
-            if role != "actor":
+            if role != "actor" or self.separate_rollout:
                 s = tuple(secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, None, s, sum(s)))
                 continue
@@ -236,6 +247,43 @@ class RolePricer:
         self.configs_priced += len(out)
         hit = pareto(out, lambda c: c.seconds)
         self._fronts[key] = hit
+        return hit
+
+    def rollout_front(self, n: int) -> list[Candidate]:
+        """The Pareto front of rollout_layouts(n)."""
+        key = (ROLLOUT, n)
+        hit = self._fronts.get(key)
+        if hit is None:
+            hit = self._fronts[key] = pareto(self.rollout_layouts(n), lambda c: c.seconds)
+        return hit
+
+    def rollout_layouts(self, n: int) -> list[Candidate]:
+        """The generation layouts that fit on n rollout devices of their own (memory.py's `broadcast`
+        generation phase: the full weights per t_g·p_g shard, the KV cache in the rest, nothing else
+        resident), as Candidates whose train and generate config are the layout."""
+        model, w, out = self.req.models["actor"], self.req.workload, []
+        for gen in standalone_generate_configs(model, n, self.per_node, self.req.max_gen_pp):
+            t = generate_transient(model, gen, gen, w, self.usable, self.p, "broadcast")
+            if t.kv_cache <= 0 or not self._fits(MemoryBreakdown(), _parts(t)):
+                continue
+            free = self.usable - t.weights - t.buffers  # memory.kv_free_bytes of such a plan
+            try:
+                s = tuple(self.cm.generate(model, gen, w, self._seqs(x), free).seconds
+                          for x in self.role_nodes.get(ROLLOUT, []))
+            except HflowError:
+                continue
+            out.append(Candidate(gen, gen, s, sum(s)))
+        self.configs_priced += len(out)
+        return out
+
+    def weight_sync_seconds(self, train_devices: int, rollout_devices: int) -> float:
+        """The broadcast from the actor's training set to its rollout set: it depends on the two sizes only
+        (cost.reshard's `broadcast`), so it is one price per allocation."""
+        key = (train_devices, rollout_devices)
+        hit = self._reshard.get(key)
+        if hit is None:
+            hit = self._reshard[key] = self.cm.reshard(self.req.models["actor"], ParallelConfig(dp=train_devices),
+                                                       ParallelConfig(dp=rollout_devices), "broadcast").seconds
         return hit
 
     def _fits(self, resident: MemoryBreakdown, transient: tuple[float, ...]) -> bool:
@@ -258,7 +306,7 @@ class RolePricer:
         own = self.states(role, n)
         for cfg, _fwd, _trans, secs in self.static(role, n):
             rest = sum(secs[False][x] for x in nodes if x in secs[False])
-            if role != "actor":
+            if role != "actor" or self.separate_rollout:
                 best = min(best, rest)
                 continue
             gens = (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
@@ -283,6 +331,11 @@ class SetPricer:
         if hit is not None:
             return hit
         rp = self.roles
+        if members == (ROLLOUT,):
+            nodes = rp.role_nodes.get(ROLLOUT, [])
+            hit = self._fronts[key] = [SetCandidate(((ROLLOUT, c),), tuple(zip(nodes, c.seconds, strict=True)),
+                                                    c.busy, False) for c in rp.rollout_front(n)]
+            return hit
         resident = sum((rp.states(r, n) for r in members), MemoryBreakdown())
         trained = any(r in TRAINED_ROLES for r in members)
         combos: list[SetCandidate] = []
@@ -302,4 +355,6 @@ class SetPricer:
         return hit
 
     def bound(self, members: tuple[str, ...], n: int) -> float:
+        if members == (ROLLOUT,):
+            return min((c.busy for c in self.roles.rollout_front(n)), default=float("inf"))
         return sum(self.roles.bound(r, n) for r in members)

@@ -14,6 +14,13 @@ fast without losing exactness:
   the k-th best plan so far are skipped;
 - order: few-set placements first (one set of all devices gives a good first incumbent) and the
   actor's set sized first, where the bound bites hardest.
+
+With `Rollout(separate=True)` the actor generates on a set of devices of its own (pricing.ROLLOUT,
+sized like any other set: how many devices go to rollout vs training is searched too) and every
+placement of the models gets that set beside it; in a pipelined mode (one-step-off, async with
+bound k) a plan is priced by its steady iteration, the period of the unrolled pipeline
+(simulator/pipeline.py), instead of one iteration's makespan. The bound stays valid: each lane
+runs its ops one after another in every iteration of the period too.
 """
 
 from __future__ import annotations
@@ -26,14 +33,34 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass
-from hybridflow.simulator.schedule import call_gaps, makespan, schedule
+from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
+from hybridflow.simulator.pipeline import copies_needed, pipeline, priced_iterations
+from hybridflow.simulator.plan import EXECUTION_MODES
+from hybridflow.simulator.schedule import call_gaps, makespan, pipeline_period, schedule
+from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
-from .pricing import Candidate, RolePricer, SetPricer
+from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer, SetPricer
 from .request import SearchRequest
 
 INF = math.inf
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where the actor generates and how rollout and training take turns (Plan.mode, Plan.staleness)."""
+
+    mode: str = "sync"
+    staleness: int = 0  # 0 sync, 1 one-step-off, k async
+    separate: bool = False  # on devices of its own (a ROLLOUT set), not the actor's (3D-HybridEngine)
+
+    def __post_init__(self):
+        if self.mode not in EXECUTION_MODES:
+            raise ValueError(f"unknown mode {self.mode!r}")
+        if (self.mode == "sync") != (self.staleness == 0) or (self.mode == "one-step-off" and self.staleness != 1):
+            raise ValueError(f"mode {self.mode!r} has staleness {self.staleness}")
+        if self.mode != "sync" and not self.separate:
+            raise ValueError(f"mode {self.mode!r} needs separate rollout devices")
 
 
 @dataclass(frozen=True)
@@ -43,10 +70,15 @@ class Scored:
     seconds: float
     placement: Placement
     counts: tuple[int, ...]
-    choice: tuple[tuple[str, Candidate], ...]  # (role, candidate) in the request's role order
+    choice: tuple[tuple[str, Candidate], ...]  # (role, candidate) in the request's role order (+ ROLLOUT)
+    rollout: Rollout = Rollout()
 
     def devices(self) -> dict[str, int]:
         return {r: self.counts[i] for i, s in enumerate(self.placement) for r in s}
+
+    def rollout_devices(self) -> int:
+        """Devices that only generate (0: the actor generates on its training devices)."""
+        return self.devices().get(ROLLOUT, 0)
 
     def candidate(self, role: str) -> Candidate:
         return dict(self.choice)[role]
@@ -88,21 +120,29 @@ class _TopK:
 class Planner:
     """One search: the dataflow graph is built once, prices are memoized across placements."""
 
-    def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow"):
+    def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow",
+                 rollout: Rollout = Rollout()):
         from hybridflow.simulator.cost import CostModel
 
-        self.req = req
+        self.req, self.rollout = req, rollout
         self.cm = cost_model or CostModel(req.cluster)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
-                                    cost_model="cost" in req.models, hybrid_engine=True,
+                                    cost_model="cost" in req.models, hybrid_engine=not rollout.separate,
                                     old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
                                                                              get_algorithm(req.algorithm).kl_in_reward))
         self.roles = req.roles
-        self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard)
+        self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard, separate_rollout=rollout.separate)
         self.sets = SetPricer(self.pricer)
         self.driver_seconds = self.pricer.driver_seconds()
+        overheads = getattr(self.cm, "overheads", None)
         # A profiled cost model's controller gaps, as `simulate` leaves them: ranking and simulate agree.
-        self.gaps = call_gaps(self.graph, getattr(self.cm, "overheads", None))
+        self.gaps = call_gaps(self.graph, overheads)
+        self.big = None
+        if rollout.staleness:  # the unrolled pipeline `simulate` prices, built once
+            k, n = rollout.staleness, priced_iterations(rollout.staleness)
+            self.big, _ = unroll(self.graph, dict.fromkeys(self.graph, DRIVER), copies_needed(n, k))
+            pipeline(self.graph, self.big, dict.fromkeys(self.big, DRIVER), copies_needed(n, k), k)
+            self.big_gaps = call_gaps(self.big, overheads)
         self.opts = size_options(req.cluster)
         self.plans_priced = 0
 
@@ -121,6 +161,11 @@ class Planner:
                 return
             fronts.append(f)
         seconds = dict(self.driver_seconds)
+        if self.rollout.separate:
+            size = {m: n for members, n in zip(placement, counts, strict=True) for m in members}
+            seconds.update(dict.fromkeys(self.pricer.sync_nodes, self.pricer.weight_sync_seconds(size["actor"],
+                                                                                                 size[ROLLOUT])))
+        big_lanes = self.pipeline_lanes(lane_of)
         best, best_combo = INF, None
         for combo in itertools.product(*fronts):
             if max(c.busy for c in combo) >= min(best, top.threshold):
@@ -128,17 +173,41 @@ class Planner:
             for sc in combo:
                 seconds.update(sc.node_seconds)
             self.plans_priced += 1
-            t = makespan(schedule(self.graph, lane_of, seconds, self.gaps))
+            t = self.price(lane_of, big_lanes, seconds)
             if t < best:
                 best, best_combo = t, combo
         if best_combo is not None and best < top.threshold:  # the top k lists distinct allocations
             choice = dict(kv for sc in best_combo for kv in sc.choice)
-            top.push(Scored(best, placement, counts, tuple((r, choice[r]) for r in self.roles)))
+            roles = self.roles + ((ROLLOUT,) if self.rollout.separate else ())
+            top.push(Scored(best, placement, counts, tuple((r, choice[r]) for r in roles), self.rollout))
+
+    def pipeline_lanes(self, lane_of: dict) -> dict | None:
+        """The unrolled pipeline's lanes for one placement's `lanes` (None in sync mode)."""
+        return {n: lane_of[n[1]] for n in self.big} if self.big is not None else None
+
+    def price(self, lane_of: dict, big_lanes: dict | None, seconds: dict) -> float:
+        """One iteration's makespan (sync) or the pipeline's steady iteration, as `simulate` gives it,
+        from each op node's seconds (the single iteration's nodes)."""
+        if big_lanes is None:
+            return makespan(schedule(self.graph, lane_of, seconds, self.gaps))
+        times = schedule(self.big, big_lanes, {n: seconds[n[1]] for n in self.big}, self.big_gaps)
+        k = self.rollout.staleness
+        return pipeline_period(self.big, times, priced_iterations(k), k)
 
     # ---- the search -------------------------------------------------------------------------------
-    def lanes(self, placement: Placement) -> dict[Hashable, str]:
-        set_of = {r: i for i, s in enumerate(placement) for r in s}
-        return {n: DRIVER if a["driver"] else f"g{set_of[a['role']]}" for n, a in self.graph.nodes(data=True)}
+    def lanes(self, placement: Placement) -> dict[Hashable, str | tuple[str, str]]:
+        set_of = {r: f"g{i}" for i, s in enumerate(placement) for r in s}
+        out: dict[Hashable, str | tuple[str, str]] = {}
+        for n, a in self.graph.nodes(data=True):
+            if a["driver"]:
+                out[n] = DRIVER
+            elif self.rollout.separate and a["op"] in GEN_OPS:
+                out[n] = set_of[ROLLOUT]
+            elif self.rollout.separate and a["op"] in WEIGHT_SYNC_OPS:  # a broadcast holds both sides
+                out[n] = (set_of["actor"], set_of[ROLLOUT])
+            else:
+                out[n] = set_of[a["role"]]
+        return out
 
     def min_devices(self, members: tuple[str, ...]) -> int | None:
         """Smallest allowed size on which the set has a feasible combination of configs (None when
@@ -155,8 +224,9 @@ class Planner:
         if any(m is None for m in mins):
             return
         lane_of = self.lanes(placement)
-        # Size the set with the actor first (its generation dominates), the rest in order.
-        order = sorted(range(len(placement)), key=lambda i: "actor" not in placement[i])
+        # Size the set that generates first (generation dominates), the rest in order.
+        gen_set = ROLLOUT if self.rollout.separate else "actor"
+        order = sorted(range(len(placement)), key=lambda i: gen_set not in placement[i])
         if len(placement) == 1:
             for counts in allocations(mins, self.req.cluster):
                 self.price_allocation(placement, counts, lane_of, top)
@@ -209,6 +279,8 @@ class Planner:
         t0 = time.perf_counter()
         top = _TopK(self.req.top_k)
         placements = sorted(set_partitions(self.roles), key=len)
+        if self.rollout.separate:
+            placements = [p + ((ROLLOUT,),) for p in placements]
         for i, p in enumerate(placements):
             self.search_placement(p, top)
             if progress:
@@ -231,5 +303,6 @@ class Planner:
         return ok
 
 
-def search(req: SearchRequest, cost_model=None, progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    return Planner(req, cost_model).run(progress)
+def search(req: SearchRequest, cost_model=None, progress: Callable[[int, int], None] | None = None,
+           rollout: Rollout = Rollout()) -> SearchResult:
+    return Planner(req, cost_model, rollout=rollout).run(progress)

@@ -47,6 +47,12 @@ def copies_needed(iterations: int, staleness: int) -> int:
     return iterations + 1 + staleness
 
 
+def priced_iterations(staleness: int) -> int:
+    """Steady iterations a pipelined plan is priced over (`simulate`'s default and the planner's, so
+    they agree): two sync periods, each with one sync in it."""
+    return 2 * staleness
+
+
 def is_sync_batch(j: int, staleness: int) -> bool:
     """Whether the weights move before batch j's rollout (see the module doc)."""
     return j >= 2 and (j - 1) % staleness == 0

@@ -30,7 +30,7 @@ from .dataflow import (
     unroll,
 )
 from .errors import HflowError
-from .pipeline import copies_needed, pipeline
+from .pipeline import copies_needed, pipeline, priced_iterations
 from .plan import Plan
 from .timeline import Event, Timeline
 
@@ -170,12 +170,16 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
     return {n: pair for n, a in graph.nodes(data=True) if not a["driver"] and a["op"] != "generate"}
 
 
-def simulate(plan: Plan, cost_model=None, iterations: int = 1, kl_in_reward: bool | None = None) -> Timeline:
-    """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"); a pipelined mode
-    (pipeline.py) adds a warm-up iteration before them, and its steady iteration is its period."""
+def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_reward: bool | None = None
+             ) -> Timeline:
+    """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"; None: one, or a
+    pipelined plan's pipeline.priced_iterations); a pipelined mode (pipeline.py) adds a warm-up iteration
+    before them, and its steady iteration is its period."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)
     pipelined = plan.mode != "sync"
+    if iterations is None:
+        iterations = priced_iterations(plan.staleness) if pipelined else 1
     copies = copies_needed(iterations, plan.staleness) if pipelined else iterations
     big, big_lanes = unroll(graph, lane_of, copies)
     if pipelined:

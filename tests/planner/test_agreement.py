@@ -45,6 +45,25 @@ def test_top_plans_simulate_to_the_searched_seconds(algo, gib, shape):
         assert math.isclose(simulate(again, cm).iteration_seconds(), s.seconds, rel_tol=1e-9)
 
 
+@pytest.mark.parametrize("mode,k", [("sync", 0), ("one-step-off", 1), ("async", 2), ("async", 4)])
+def test_separate_rollout_plans_simulate_to_the_searched_seconds(mode, k):
+    """In every mode the searched seconds are `simulate`'s: the makespan, or the pipeline's period."""
+    from hybridflow.planner.search import Rollout
+
+    wl = SMALL_WORKLOAD.model_copy(update={"samples_per_prompt": 4})
+    req = SearchRequest.for_algorithm("grpo", small_model(), small_cluster(2, 4, gib=24.0), wl, top_k=3)
+    cm = CostModel(req.cluster)
+    res = search(req, cm, rollout=Rollout(mode, k, separate=True))
+    assert res.top
+    for s in res.top:
+        plan = scored_to_plan(req, s).validate_parallel()
+        assert plan.mode == mode and plan.staleness == k and plan.roles["actor"].generate_group
+        assert len(plan.group(plan.roles["actor"].generate_group).devices) == s.rollout_devices() > 0
+        assert math.isclose(simulate(plan, cm).iteration_seconds(), s.seconds, rel_tol=1e-9)
+        again = Plan.from_json_text(plan.model_dump_json())
+        assert math.isclose(simulate(again, cm).iteration_seconds(), s.seconds, rel_tol=1e-9)
+
+
 def test_remax_with_several_samples_prices_the_greedy_pass_per_prompt():
     wl = SMALL_WORKLOAD.model_copy(update={"samples_per_prompt": 4})
     req = SearchRequest.for_algorithm("remax", small_model(), small_cluster(1, 4, gib=24.0), wl, top_k=3)

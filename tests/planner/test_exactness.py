@@ -8,16 +8,16 @@ from planner_util import SMALL_WORKLOAD, small_cluster, small_model
 
 from hybridflow.planner.brute import brute_force
 from hybridflow.planner.request import SearchRequest
-from hybridflow.planner.search import search
+from hybridflow.planner.search import Rollout, search
 from hybridflow.simulator import Workload
 from hybridflow.simulator.cost import CostModel
 from hybridflow.simulator.memory import plan_memory
 
 
-def _check(req):
+def _check(req, rollout=Rollout()):
     cm = CostModel(req.cluster)
-    found = search(req, cm)
-    ref = brute_force(req, cm)
+    found = search(req, cm, rollout=rollout)
+    ref = brute_force(req, cm, rollout)
     if ref is None:
         assert found.best is None
         return
@@ -30,7 +30,10 @@ def _check(req):
     assert secs == sorted(secs)
     assert len({(s.placement, s.counts) for s in found.top}) == len(found.top)  # distinct allocations
     for s in found.top:
-        assert all(m.fits for m in plan_memory(scored_to_plan(req, s)).values())
+        plan = scored_to_plan(req, s)
+        assert all(m.fits for m in plan_memory(plan).values())
+        assert (plan.mode, plan.staleness) == (rollout.mode, rollout.staleness)
+        assert (plan.roles["actor"].generate_group is not None) == rollout.separate
 
 
 models = st.builds(
@@ -68,6 +71,23 @@ def test_search_equals_brute_force_up_to_sixteen_devices(actor, shape, gib, wl, 
     # The issue's bound (≤ 16 devices) for the three-model algorithms, whose brute force stays cheap.
     cluster = small_cluster(*shape, gib=gib)
     _check(SearchRequest.for_algorithm(algo, actor, cluster, wl.model_copy(update={"samples_per_prompt": 4}), top_k=3))
+
+
+ROLLOUTS = [Rollout("sync", 0, separate=True), Rollout("one-step-off", 1, separate=True), Rollout("async", 2, True),
+            Rollout("async", 3, True)]
+
+
+@settings(max_examples=16, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(actor=models, critic=models, shape=st.sampled_from([(1, 4), (2, 2), (4, 1), (2, 4)]),
+       gib=st.sampled_from([3.0, 24.0]), wl=workloads, algo=st.sampled_from(["ppo", "grpo", "grpo", "remax"]),
+       rollout=st.sampled_from(ROLLOUTS))
+def test_separate_rollout_search_equals_brute_force_in_every_mode(actor, critic, shape, gib, wl, algo, rollout):
+    """Placements with the actor's generation on devices of its own (how many is searched too), priced
+    synchronously or by the pipeline's steady iteration: the search finds brute force's optimum."""
+    cluster = small_cluster(*shape, gib=gib)
+    over = {"critic": critic} if algo == "ppo" else {"ref": critic}
+    wl = wl.model_copy(update={"samples_per_prompt": 1 if algo == "ppo" else 4})
+    _check(SearchRequest.for_algorithm(algo, actor, cluster, wl, over, top_k=3), rollout)
 
 
 def test_exact_ppo_four_models_on_eight_devices():
