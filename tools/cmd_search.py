@@ -16,7 +16,7 @@ from hybridflow.simulator.algorithms import ROLES, algorithm_names, get_algorith
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.workload import Workload
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import algorithm_arg, backends_arg, positive_int, write_outputs
+from hybridflow.tools.outputs import algorithm_arg, backends_arg, modes_arg, positive_int, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 # (flag, Workload field, help): the workload flags override the --workload file's fields
@@ -132,6 +132,11 @@ def add_parser(subparsers) -> None:
     o.add_argument("--trace", metavar="FILE.json", help="write the best plan's Chrome trace (Perfetto)")
     o.add_argument("--timeline", metavar="FILE.png", help="write the best plan's Gantt chart")
     o.add_argument("--json", action="store_true", help="print one JSON object (see docs/planner.md)")
+    md = p.add_argument_group("execution modes (docs/planner.md)")
+    md.add_argument("--modes", type=modes_arg, metavar="LIST", help="search these modes side by side: sync, "
+                    "one-step-off, async (comma-separated); the plan is the fastest within --max-staleness")
+    md.add_argument("--max-staleness", type=int, default=0, metavar="K", help="the most updates a trained batch's "
+                    "policy may lag (0: synchronous only; async is searched with bound K)")
     p.set_defaults(func=run)
 
 
@@ -174,6 +179,10 @@ def run(args) -> int:
     from hybridflow.simulator.schedule import simulate
 
     _check_outputs(args)
+    if args.modes is not None or args.max_staleness:
+        from hybridflow.tools.search_modes import run_modes
+
+        return run_modes(args)
     req, cm = request_with_profile(request_from_args(args), args.profile)
     planner, result = run_search(args, req, cm)
     plans = [scored_to_plan(req, s) for s in result.top]

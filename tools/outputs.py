@@ -52,6 +52,18 @@ def backends_arg(text: str) -> tuple[str, ...]:
     return names
 
 
+def modes_arg(text: str) -> tuple[str, ...]:
+    """`--modes sync,one-step-off,async`: execution modes to search side by side (one line on a typo)."""
+    from hybridflow.simulator.plan import EXECUTION_MODES
+
+    names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in EXECUTION_MODES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown mode '{(bad or [text])[0]}'; choose from "
+                                         f"{', '.join(EXECUTION_MODES)} (comma-separated)")
+    return names
+
+
 def algorithm_arg(text: str) -> str:
     """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
     from hybridflow.simulator.plan import algorithm_name

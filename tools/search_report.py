@@ -56,3 +56,26 @@ def compare_table(best: Mapping, baselines: Mapping[str, Mapping]) -> Table:
         t.add_row(name, " | ".join("+".join(g) for g in b["placement"]), plan_parallel_text(b),
                   fmt_seconds(b["iteration_seconds"]), f"{b['tokens_per_second']:,.0f}", f"{speed:.2f}×")
     return t
+
+
+def modes_table(per_mode: Mapping[str, Mapping], chosen: str, max_staleness: int) -> Table:
+    """One row per execution mode: its best plan, staleness, devices for rollout vs training, tokens/s and
+    the speedup over the synchronous one; the picked mode marked, modes over the limit greyed."""
+    t = Table(title=f"best plan per mode (--max-staleness {max_staleness})", title_justify="left")
+    for col, kw in [("mode", {}), ("staleness", {"justify": "right"}), ("rollout | training", {"justify": "right"}),
+                    ("placement", {}), ("parallel (pp-tp-dp)", {"overflow": "fold"}),
+                    ("iteration", {"justify": "right"}), ("tokens/s", {"justify": "right"}),
+                    ("× sync", {"justify": "right"})]:
+        t.add_column(col, **kw)
+    sync = per_mode.get("sync", {}).get("tokens_per_second")
+    for mode, s in per_mode.items():
+        name = f"[bold]{mode} ←[/]" if mode == chosen else mode if s["within_max_staleness"] else f"[dim]{mode}[/]"
+        if not s.get("fits", True):
+            t.add_row(name, str(s["staleness"]), "—", "[red]no plan fits[/]", "", "—", "—", "—")
+            continue
+        devices = f"{s['rollout_devices']} | {s['training_devices']}" if s["rollout_devices"] else \
+            f"shared | {s['training_devices']}"
+        t.add_row(name, str(s["staleness"]), devices, " | ".join("+".join(g) for g in s["placement"]),
+                  plan_parallel_text(s), fmt_seconds(s["iteration_seconds"]), f"{s['tokens_per_second']:,.0f}",
+                  f"{s['tokens_per_second'] / sync:.2f}×" if sync else "—")
+    return t

@@ -137,3 +137,42 @@ def test_every_registered_algorithm_is_a_choice_and_roles_come_from_the_registry
     _check_summary(out["best"], list(get_algorithm("safe-rlhf").roles))
     assert main(["search", *SMALL, "--algo", "ppo", "--cost-critic", "llama2-7b"]) == 2
     assert "--cost-critic is not a role of ppo" in capsys.readouterr().err
+
+
+def test_modes_side_by_side_pick_the_fastest_within_the_staleness_limit(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    argv = ["search", *SMALL, "--nodes", "2", "--algo", "grpo", "--samples", "4", "--modes", "sync,one-step-off,async",
+            "--json"]
+    out = _json(capsys, [*argv, "--max-staleness", "2", "--out", str(plan_path)])
+    assert set(out) == {"mode", "max_staleness", "modes", "best", "top", "search_seconds", "plans_priced"}
+    assert list(out["modes"]) == ["sync", "one-step-off", "async"]
+    assert [m["staleness"] for m in out["modes"].values()] == [0, 1, 2]
+    for name, m in out["modes"].items():
+        assert m["within_max_staleness"] and m["mode"] == name
+        assert m["rollout_devices"] + m["training_devices"] == 16
+        assert name == "sync" or m["rollout_devices"] > 0  # overlapping needs rollout devices apart
+    fastest = min(out["modes"].values(), key=lambda m: (m["iteration_seconds"], m["staleness"]))
+    assert out["mode"] == fastest["mode"] == "async"  # on two nodes the sync crosses the network: k = 2 halves it
+    assert {**out["best"], "within_max_staleness": True} == fastest
+    plan = Plan.load(plan_path)
+    assert plan.mode == out["mode"] and plan.staleness == out["best"]["staleness"]
+    assert simulate(plan).iteration_seconds() == pytest.approx(out["best"]["iteration_seconds"], rel=1e-9)
+    # the default limit 0 keeps the plan synchronous, the other modes still shown beside it
+    sync_only = _json(capsys, argv)
+    assert sync_only["mode"] == "sync" and sync_only["max_staleness"] == 0
+    assert not sync_only["modes"]["async"]["within_max_staleness"]
+    assert sync_only["modes"]["sync"] == out["modes"]["sync"]
+    assert main([*argv[:-1], "--max-staleness", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "best plan per mode" in text and "one-step-off" in text and "rollout | training" in text
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--modes", "sync,fast"], "unknown mode 'fast'"),
+    (["--modes", "async"], "within --max-staleness 0"),
+    (["--modes", "sync", "--max-staleness", "-1"], "--max-staleness must be 0 or more"),
+])
+def test_bad_modes_are_one_line_and_exit_2(capsys, argv, msg):
+    assert main(["search", "--nodes", "1", "--model", "llama2-7b", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
