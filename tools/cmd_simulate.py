@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
                         "--trace split.json",
                         "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. examples/plans/ppo-llama2-7b-1x8-colocated.json")
-    p.add_argument("--iterations", type=positive_int, default=1, metavar="N", help="iterations to simulate")
+    p.add_argument("--iterations", type=positive_int, metavar="N", help="iterations to simulate (default: 1; a "
+                   "one-step-off or async plan: two of its weight-sync periods, the iterations `search` prices)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     p.add_argument("--timeline", metavar="FILE.png", help="write a PNG Gantt chart, one lane per device group")
