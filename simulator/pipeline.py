@@ -18,9 +18,10 @@ one-step-off, max_staleness for async):
 
 The steady iteration is then sync / k + max(rollout, scoring and training): the overlapped part
 counts once, the faster side idles for the rest (the queue's bubble: the rollout waits for a free
-slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. Batch j's rollout is
-labelled with iteration j−1 (issued while batch j−1 trains, as in a run), its sync with j−1; the
-first iteration, whose rollout nothing overlaps, is a warm-up (Timeline meta `warmup_iterations`).
+slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. Batch j's rollout and
+sync are labelled with iteration j−1 (one step off: issued while batch j−1 trains, as in a run), the
+look-ahead rollouts past the last trained batch with its iteration; the first iteration, whose
+rollout nothing overlaps, is a warm-up (Timeline meta `warmup_iterations`).
 """
 
 from __future__ import annotations
@@ -68,14 +69,14 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
     sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
     update = _actor_node(graph, "actor_update")
     after_gen = [n for n, a in graph.nodes(data=True) if a["order"] > graph.nodes[gen]["order"]]
-    period_sync = None
+    period_sync, last = None, copies - 1 - staleness  # the last trained batch
     for j in range(1, copies):
         s, g = (j, sync), (j, gen)
         big.remove_edges_from([((j - 1, update), s), ((j - 1, update), g)])
         prev_order = big.nodes[(j - 1, gen)]["order"]
-        big.nodes[g].update(order=prev_order + 0.2, iteration=j - 1)
+        big.nodes[g].update(order=prev_order + 0.2, iteration=min(j - 1, last))
         if is_sync_batch(j, staleness):
-            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1)
+            big.nodes[s].update(order=prev_order + 0.1, iteration=min(j - 1, last))
             big.add_edge((j - 2, update), s)
             # the trainers hand over before they score batch j−1 (the controller waits for both sides)
             big.add_edges_from((s, (j - 1, n)) for n in after_gen if (j - 1, n) in big)

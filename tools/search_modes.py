@@ -53,9 +53,14 @@ def _report(args, req, cm, modes) -> int:
     results = _search(req, cm, modes, k)
     chosen = pick_mode(results, k)
     if chosen is None:
+        eligible = [m for m, r in results.items() if r.staleness <= k]
+        if "sync" not in eligible:
+            raise HflowError(f"no {' or '.join(eligible)} plan fits on {req.cluster.num_devices} device(s): "
+                             "those modes generate on devices apart from the training ones; use more devices or "
+                             "add sync to --modes")
         from hybridflow.planner.diagnose import explain_infeasible
 
-        raise HflowError(explain_infeasible(req, results[modes[0]].planners[0].cm, sys.stderr))
+        raise HflowError(explain_infeasible(req, results["sync"].planners[0].cm, sys.stderr))
     picked = results[chosen]
     plans = [scored_to_plan(req, s) for s in picked.result.top]
     best = plans[0]

@@ -171,6 +171,8 @@ def test_modes_side_by_side_pick_the_fastest_within_the_staleness_limit(tmp_path
     (["--modes", "sync,fast"], "unknown mode 'fast'"),
     (["--modes", "async"], "within --max-staleness 0"),
     (["--modes", "sync", "--max-staleness", "-1"], "--max-staleness must be 0 or more"),
+    (["--gpus-per-node", "1", "--modes", "one-step-off,async", "--max-staleness", "2"],
+     "no one-step-off or async plan fits on 1 device(s)"),
 ])
 def test_bad_modes_are_one_line_and_exit_2(capsys, argv, msg):
     assert main(["search", "--nodes", "1", "--model", "llama2-7b", *argv]) == 2

@@ -77,7 +77,7 @@ ROLLOUTS = [Rollout("sync", 0, separate=True), Rollout("one-step-off", 1, separa
             Rollout("async", 3, True)]
 
 
-@settings(max_examples=16, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(actor=models, critic=models, shape=st.sampled_from([(1, 4), (2, 2), (4, 1), (2, 4)]),
        gib=st.sampled_from([3.0, 24.0]), wl=workloads, algo=st.sampled_from(["ppo", "grpo", "grpo", "remax"]),
        rollout=st.sampled_from(ROLLOUTS))
