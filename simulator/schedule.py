@@ -204,11 +204,13 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
 def pipeline_period(big: nx.DiGraph, times: Mapping[Hashable, tuple[float, float]], iterations: int,
                     staleness: int) -> float:
     """A pipeline's steady iteration: the mean seconds from one trained batch's end to the next (as a
-    measured run reports it), over the last whole sync periods (k iterations each, one sync among
-    them) after the warm-up; fewer steady iterations than k: over all of them."""
+    measured run reports it) over the last sync period (k iterations, one sync among them). The
+    iterations before it let the pipeline settle: the first ones after the warm-up still carry its
+    transient (the queue filling), which the steady figure must not. Fewer than 2k steady iterations:
+    over all of them."""
     ends: dict[int, float] = {}
     for n, a in big.nodes(data=True):
         if a["op"] not in ("generate", "weight_sync") or a["role"] != "actor":  # rollouts run ahead
             ends[n[0]] = max(ends.get(n[0], 0.0), times[n][1])
-    span = staleness * (iterations // staleness) or iterations
+    span = staleness if iterations >= 2 * staleness else iterations
     return (ends[iterations] - ends[iterations - span]) / span
