@@ -138,7 +138,7 @@ def add_parser(subparsers) -> None:
     md.add_argument("--modes", type=modes_arg, metavar="LIST", help="search these modes side by side: sync, "
                     "one-step-off, async (comma-separated); the plan is the fastest within --max-staleness")
     md.add_argument("--max-staleness", type=int, default=0, metavar="K", help="the most updates a trained batch's "
-                    "policy may lag (0: synchronous only; async is searched with bound K)")
+                    "policy may lag (default 0: synchronous only; async is searched with bound K)")
     p.set_defaults(func=run)
 
 
