@@ -12,7 +12,7 @@ so an exported model is the size of the one it started from.
 
 from __future__ import annotations
 
-import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import torch
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import role_head
 
+from .locations import Location
 from .models.decoder import CausalLM, ScoreModel, rope_inv_freq
 from .models.folder_check import CONFIG_FILE, read_json
 from .models.hf_format import CARRIED_FILES, read_config, save_pretrained
@@ -32,15 +33,12 @@ EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 
 def copy_model_files(source: str | Path, dest: str | Path) -> None:
-    """Copy the source folder's config and tokenizer files (those it has) into `dest`."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    """Copy the source folder's config and tokenizer files (those it has) into `dest` (a folder or a URL)."""
+    dest = Location(dest).makedirs()
     for name in MODEL_FILES:
         f = Path(source) / name
         if f.is_file():
-            tmp = dest / f".{name}.tmp"
-            shutil.copyfile(f, tmp)
-            tmp.replace(dest / name)
+            (dest / name).write(f.read_bytes())
 
 
 def export_dtype(source: str | Path) -> torch.dtype | None:
@@ -49,10 +47,16 @@ def export_dtype(source: str | Path) -> torch.dtype | None:
     return EXPORT_DTYPES.get(hf.get("dtype") or hf.get("torch_dtype"))
 
 
-def export(model, folder: str | Path, source: str | Path) -> Path:
+def export(model, folder: str | Path, source: str | Path) -> Path | Location:
     """Write `model` as an HF folder (atomically, as a whole) in the source's dtype, carrying the source's
-    generation config, tokenizer files and token ids."""
-    return save_pretrained(model, folder, source=source, dtype=export_dtype(source))
+    generation config, tokenizer files and token ids. At a URL: written in a local temporary folder,
+    then sent (Location.upload)."""
+    target = Location(folder)
+    if not target.is_remote:
+        return save_pretrained(model, folder, source=source, dtype=export_dtype(source))
+    with tempfile.TemporaryDirectory(prefix="hflow-export-") as tmp:
+        save_pretrained(model, Path(tmp) / "model", source=source, dtype=export_dtype(source))
+        return target.upload(Path(tmp) / "model")
 
 
 def model_for_export(role: str, config, state: dict[str, torch.Tensor]):
