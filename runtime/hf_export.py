@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,13 +89,28 @@ def export_engine(engine, role: str, folder: str | Path, source: str | Path, ran
 # ---- from a saved checkpoint -------------------------------------------------------------------
 
 
-def load_checkpoint_model(role_folder: str | Path, role: str):
-    """A role's model from its checkpoint folder, whole, in this process: DCP reads every shard of the
-    saved layout into the unsharded state dict (only the model's entries; the optimizer stays on disk)."""
+@contextmanager
+def local_model_files(folder: Location) -> Iterator[Path]:
+    """A local folder with the checkpoint role folder's config and tokenizer files: the folder itself,
+    or for a URL a temporary copy of those small files (the weights stay where they are)."""
+    if folder.on_local_disk:
+        yield Path(folder.path)
+        return
+    with tempfile.TemporaryDirectory(prefix="hflow-model-files-") as tmp:
+        for name in MODEL_FILES:
+            if (folder / name).is_file():
+                (Path(tmp) / name).write_bytes((folder / name).read_bytes())
+        yield Path(tmp)
+
+
+def load_checkpoint_model(role_folder: str | Path | Location, role: str, files: Path | None = None):
+    """A role's model from its checkpoint folder (a path or a URL), whole, in this process: DCP reads
+    every shard of the saved layout into the unsharded state dict (only the model's entries; the
+    optimizer stays where it is). `files`: a local copy of the folder's config (local_model_files)."""
     import torch.distributed.checkpoint as dcp
 
-    folder = Path(role_folder)
-    config, _ = read_config(folder)
+    folder = Location(role_folder)
+    config, _ = read_config(files or folder.path)
     with torch.device("meta"):
         shapes = MODEL_CLASS[role_head(role)](config).state_dict()
     state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}
@@ -109,7 +126,11 @@ def load_checkpoint_model(role_folder: str | Path, role: str):
     return model_for_export(role, config, state)
 
 
-def export_checkpoint(roles: dict[str, Path], out: str | Path) -> dict[str, Path]:
-    """A checkpoint's trained roles ({role: its folder in the checkpoint}) as HF folders out/role."""
-    return {role: export(load_checkpoint_model(folder, role), Path(out) / role, folder)
-            for role, folder in roles.items()}
+def export_checkpoint(roles: dict[str, Location], out: str | Path | Location) -> dict[str, Path | Location]:
+    """A checkpoint's trained roles ({role: its folder in the checkpoint}) as HF folders out/role; both
+    may be paths or URLs."""
+    written = {}
+    for role, folder in roles.items():
+        with local_model_files(folder) as files:
+            written[role] = export(load_checkpoint_model(folder, role, files), str(Location(out) / role), files)
+    return written

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
@@ -56,6 +58,17 @@ def check_url(url: str, flag: str) -> None:
         package = known_implementations[protocol]["class"].split(".")[0]
         raise HflowError(f"{flag} {url}: {protocol}:// needs the package {package}: pip install {package} "
                          "(on every node)") from None
+
+
+@contextmanager
+def readable(where: str, flag: str) -> Iterator[None]:
+    """A store that cannot be read (no credentials, no such bucket, no network) is one line naming it."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise HflowError(f"{flag} {where}: cannot be read ({first[:200]}); check the URL and its credentials") \
+            from None
 
 
 class Location:

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from hybridflow.runtime.checkpoints import latest_name
-from hybridflow.runtime.locations import Location, check_url, is_url
+from hybridflow.runtime.locations import Location, check_url, is_url, readable
 from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
@@ -182,17 +180,6 @@ def join_cluster(address: str, checks, events) -> None:
     events.say(f"checked the cluster: {'; '.join(found.facts)}")
     for w in found.warnings:
         events.say(f"[yellow]warning:[/] {w}")
-
-
-@contextmanager
-def readable(folder: str, flag: str) -> Iterator[None]:
-    """A store that cannot be read (no credentials, no such bucket, no network) is one line naming it."""
-    try:
-        yield
-    except (OSError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HflowError(f"{flag} {folder}: cannot be read ({first[:200]}); check the URL and its credentials") \
-            from None
 
 
 def check_export_dir(folder: str | None) -> None:
