@@ -54,8 +54,9 @@ def check_url(url: str, flag: str) -> None:
     except ValueError:
         raise HflowError(f"{flag} {url}: fsspec knows no protocol '{protocol}'; give a local path or a URL such as "
                          "s3://bucket/folder (with s3fs installed)") from None
-    except ImportError:
+    except ImportError as e:
         package = known_implementations[protocol]["class"].split(".")[0]
+        package = e.name or "its package" if package == "fsspec" else package  # fsspec's own, needing a library
         raise HflowError(f"{flag} {url}: {protocol}:// needs the package {package}: pip install {package} "
                          "(on every node)") from None
 
