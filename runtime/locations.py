@@ -141,6 +141,7 @@ class Location:
 
     def children(self) -> list[Location]:
         """What the folder holds, by name (nothing for a missing folder)."""
+        self.fs.invalidate_cache(self.path)  # other processes write here too (object stores cache listings)
         if not self.is_dir():
             return []
         names = {p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.path, detail=False)}
