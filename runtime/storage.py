@@ -5,8 +5,8 @@ and `latest`; a checkpoint is whole only on storage that every node mounts at th
 before any weights load, the driver writes a marker file with a random token into each output
 folder (checkpoint dir, export dir: a path, or a URL read through fsspec) and every worker reads
 it back; each role's model folder (a user's, or the built-in policy the driver warmed up into its
-cache) must exist on every node of its group. We check rather than stage: copying a 70B folder to every node is the cluster's job
-(a shared filesystem), and a check costs one small file per folder.
+cache) must exist on every node of its group. We check rather than stage: copying a 70B folder to
+every node is the cluster's job (a shared filesystem), and a check costs one small file per folder.
 
     with output_markers({"--checkpoint-dir": ckpt}) as shared:  # [SharedPath, ...]
         WorkerGroup(pool, roles, shared_paths=shared + model_paths(...))  # one line naming the node
