@@ -17,15 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .calls import WorkerDiedError, WorkerTimeoutError
+from .checkpoints import latest_name
 from .trainer import Trainer
 
 RESTARTABLE = (WorkerDiedError, WorkerTimeoutError)
-
-
-def latest_checkpoint(trainer: Trainer) -> str | None:
-    """The name `latest` holds in the trainer's checkpoint dir (None: no complete checkpoint)."""
-    latest = trainer.checkpoint_dir / "latest" if trainer.checkpoint_dir else None
-    return latest.read_text().strip() if latest and latest.is_file() else None
 
 
 def run_with_restarts(trainer: Trainer, iterations: int, resume: bool = False,
@@ -35,7 +30,7 @@ def run_with_restarts(trainer: Trainer, iterations: int, resume: bool = False,
     limit = trainer.config.max_restarts
     metrics = trainer.metrics_path
     metrics_size = metrics.stat().st_size if metrics and metrics.is_file() else 0  # what earlier runs wrote
-    before = latest_checkpoint(trainer)  # an earlier run's: resumed only if asked to (`resume`)
+    before = latest_name(trainer.checkpoint_dir)  # an earlier run's: resumed only if asked to (`resume`)
     done: dict[int, dict] = {}
     target: int | None = None
     restarts = 0
@@ -59,7 +54,7 @@ def run_with_restarts(trainer: Trainer, iterations: int, resume: bool = False,
                 raise
             restarts += 1
             trainer.stop_workers()
-            now = latest_checkpoint(trainer)
+            now = latest_name(trainer.checkpoint_dir)
             resume = resume or (now is not None and now != before)  # this run's own checkpoint, if it saved one
             if not resume and metrics and metrics.is_file():  # from the start again: this run's lines go
                 with open(metrics, "r+b") as f:

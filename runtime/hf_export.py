@@ -12,8 +12,10 @@ so an exported model is the size of the one it started from.
 
 from __future__ import annotations
 
-import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ import torch
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import role_head
 
+from .locations import Location
 from .models.decoder import CausalLM, ScoreModel, rope_inv_freq
 from .models.folder_check import CONFIG_FILE, read_json
 from .models.hf_format import CARRIED_FILES, read_config, save_pretrained
@@ -32,15 +35,12 @@ EXPORT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 
 def copy_model_files(source: str | Path, dest: str | Path) -> None:
-    """Copy the source folder's config and tokenizer files (those it has) into `dest`."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    """Copy the source folder's config and tokenizer files (those it has) into `dest` (a folder or a URL)."""
+    dest = Location(dest).makedirs()
     for name in MODEL_FILES:
         f = Path(source) / name
         if f.is_file():
-            tmp = dest / f".{name}.tmp"
-            shutil.copyfile(f, tmp)
-            tmp.replace(dest / name)
+            (dest / name).write(f.read_bytes())
 
 
 def export_dtype(source: str | Path) -> torch.dtype | None:
@@ -49,10 +49,16 @@ def export_dtype(source: str | Path) -> torch.dtype | None:
     return EXPORT_DTYPES.get(hf.get("dtype") or hf.get("torch_dtype"))
 
 
-def export(model, folder: str | Path, source: str | Path) -> Path:
+def export(model, folder: str | Path, source: str | Path) -> Path | Location:
     """Write `model` as an HF folder (atomically, as a whole) in the source's dtype, carrying the source's
-    generation config, tokenizer files and token ids."""
-    return save_pretrained(model, folder, source=source, dtype=export_dtype(source))
+    generation config, tokenizer files and token ids. At a URL: written in a local temporary folder,
+    then sent (Location.upload)."""
+    target = Location(folder)
+    if not target.is_remote:
+        return save_pretrained(model, folder, source=source, dtype=export_dtype(source))
+    with tempfile.TemporaryDirectory(prefix="hflow-export-") as tmp:
+        save_pretrained(model, Path(tmp) / "model", source=source, dtype=export_dtype(source))
+        return target.upload(Path(tmp) / "model")
 
 
 def model_for_export(role: str, config, state: dict[str, torch.Tensor]):
@@ -83,13 +89,28 @@ def export_engine(engine, role: str, folder: str | Path, source: str | Path, ran
 # ---- from a saved checkpoint -------------------------------------------------------------------
 
 
-def load_checkpoint_model(role_folder: str | Path, role: str):
-    """A role's model from its checkpoint folder, whole, in this process: DCP reads every shard of the
-    saved layout into the unsharded state dict (only the model's entries; the optimizer stays on disk)."""
+@contextmanager
+def local_model_files(folder: Location) -> Iterator[Path]:
+    """A local folder with the checkpoint role folder's config and tokenizer files: the folder itself,
+    or for a URL a temporary copy of those small files (the weights stay where they are)."""
+    if folder.on_local_disk:
+        yield Path(folder.path)
+        return
+    with tempfile.TemporaryDirectory(prefix="hflow-model-files-") as tmp:
+        for name in MODEL_FILES:
+            if (folder / name).is_file():
+                (Path(tmp) / name).write_bytes((folder / name).read_bytes())
+        yield Path(tmp)
+
+
+def load_checkpoint_model(role_folder: str | Path | Location, role: str, files: Path | None = None):
+    """A role's model from its checkpoint folder (a path or a URL), whole, in this process: DCP reads
+    every shard of the saved layout into the unsharded state dict (only the model's entries; the
+    optimizer stays where it is). `files`: a local copy of the folder's config (local_model_files)."""
     import torch.distributed.checkpoint as dcp
 
-    folder = Path(role_folder)
-    config, _ = read_config(folder)
+    folder = Location(role_folder)
+    config, _ = read_config(files or folder.path)
     with torch.device("meta"):
         shapes = MODEL_CLASS[role_head(role)](config).state_dict()
     state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}
@@ -105,7 +126,11 @@ def load_checkpoint_model(role_folder: str | Path, role: str):
     return model_for_export(role, config, state)
 
 
-def export_checkpoint(roles: dict[str, Path], out: str | Path) -> dict[str, Path]:
-    """A checkpoint's trained roles ({role: its folder in the checkpoint}) as HF folders out/role."""
-    return {role: export(load_checkpoint_model(folder, role), Path(out) / role, folder)
-            for role, folder in roles.items()}
+def export_checkpoint(roles: dict[str, Location], out: str | Path | Location) -> dict[str, Path | Location]:
+    """A checkpoint's trained roles ({role: its folder in the checkpoint}) as HF folders out/role; both
+    may be paths or URLs."""
+    written = {}
+    for role, folder in roles.items():
+        with local_model_files(folder) as files:
+            written[role] = export(load_checkpoint_model(folder, role, files), str(Location(out) / role), files)
+    return written

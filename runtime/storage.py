@@ -3,10 +3,10 @@
 Each rank writes its checkpoint shards from its own node, while the driver writes `driver.json`
 and `latest`; a checkpoint is whole only on storage that every node mounts at the same path. So
 before any weights load, the driver writes a marker file with a random token into each output
-folder (checkpoint dir, export dir) and every worker reads it back; each role's model folder (a
-user's, or the built-in policy the driver warmed up into its cache) must exist on every node of
-its group. We check rather than stage: copying a 70B folder to every node is the cluster's job
-(a shared filesystem), and a check costs one small file per folder.
+folder (checkpoint dir, export dir: a path, or a URL read through fsspec) and every worker reads
+it back; each role's model folder (a user's, or the built-in policy the driver warmed up into its
+cache) must exist on every node of its group. We check rather than stage: copying a 70B folder to
+every node is the cluster's job (a shared filesystem), and a check costs one small file per folder.
 
     with output_markers({"--checkpoint-dir": ckpt}) as shared:  # [SharedPath, ...]
         WorkerGroup(pool, roles, shared_paths=shared + model_paths(...))  # one line naming the node
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridflow.simulator.io import write_atomic
+from .locations import Location
 
 MARKER_PREFIX = ".hflow-shared-"
 SHARED_HINT = "every node must see it at the same path (a shared filesystem: NFS, Lustre, a mounted bucket)"
@@ -41,30 +41,32 @@ class SharedPath:
         if self.token is None:
             return None if p.exists() else f"{p.name} is missing there"
         try:
-            text = p.read_text()
-        except OSError:
+            text = Location(self.path).read_text()  # a path or a URL alike
+        except (OSError, ValueError):
             return "the driver's marker file is not there (a folder local to each node?)"
+        except ImportError as e:
+            return f"{e.name or 'the package of its protocol'} is not installed there (pip install it on every node)"
         return None if text == self.token else "another marker is there: that node has a different folder at this path"
 
 
 @contextmanager
-def output_markers(folders: dict[str, Path | None]) -> Iterator[list[SharedPath]]:
-    """A marker file in each named output folder (created if need be) while the block runs; the
-    SharedPaths that check them. `folders` maps a description ("--checkpoint-dir") to a folder."""
-    written: list[Path] = []
+def output_markers(folders: dict[str, Location | None]) -> Iterator[list[SharedPath]]:
+    """A marker file in each named output folder (a path or a URL; created if need be) while the block
+    runs; the SharedPaths that check them. `folders` maps a description ("--checkpoint-dir") to a folder."""
+    written: list[Location] = []
     shared = []
     try:
         for what, folder in folders.items():
             if folder is None:
                 continue
             token = secrets.token_hex(16)
-            marker = write_atomic(Path(folder) / f"{MARKER_PREFIX}{token[:8]}", token)
+            marker = (folder / f"{MARKER_PREFIX}{token[:8]}").write(token)
             written.append(marker)
             shared.append(SharedPath(str(marker), f"{what} {folder}", token))
         yield shared
     finally:
         for marker in written:
-            marker.unlink(missing_ok=True)
+            marker.remove()
 
 
 def model_folder(path: str, what: str) -> SharedPath:

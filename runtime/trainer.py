@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,6 @@ import torch
 
 from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.io import write_atomic, write_json_atomic
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.plan import Plan
 from hybridflow.simulator.timeline import Timeline, throughput
@@ -43,10 +41,12 @@ from .algorithms.advantages import get_advantage_estimator
 from .algorithms.functional import masked_mean
 from .algorithms.losses import get_policy_loss
 from .batch import Batch
+from .checkpoints import DRIVER_STATE, check_checkpoint_dir, latest_name, prune_checkpoints, publish_latest
 from .dataflow import Dataflow
 from .disaggregated import ROLLOUT, DisaggregatedDataflow, start_rollout_group
 from .engines.generation import SamplingParams
 from .engines.training import OptimConfig
+from .locations import Location
 from .loggers import MetricsLogger
 from .metrics_file import append_metrics, drop_after
 from .plan_support import check_runnable, role_weights
@@ -66,21 +66,6 @@ from .workers.policy import PolicyWorker
 from .workers.value import ValueWorker
 
 
-def prune_checkpoints(folder: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (a folder `iter_N` with driver.json)
-    and any incomplete one older than the newest complete one (a save that crashed). The one
-    `latest` names is never deleted. Returns what was deleted."""
-    latest = (folder / "latest").read_text().strip() if (folder / "latest").is_file() else None
-    found = sorted(p for p in folder.glob("iter_*") if p.is_dir() and p.name[5:].isdigit())
-    complete = [p for p in found if (p / "driver.json").is_file()]
-    keep = {p.name for p in complete[-keep_last:]} | {latest}
-    newest = complete[-1].name if complete else ""
-    doomed = [p for p in found if p.name not in keep and (p in complete or p.name < newest)]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-    return doomed
-
-
 class Trainer:
     def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
                  checkpoint_dir: str | Path | None = None, address: str | None = None,
@@ -91,13 +76,14 @@ class Trainer:
         self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         # absolute here, on the driver: workers on other nodes run in other folders (docs/cluster.md)
         self.metrics_path = Path(metrics_path).absolute() if metrics_path else None
-        self.checkpoint_dir = Path(checkpoint_dir).absolute() if checkpoint_dir else None
-        self.export_dir = Path(export_dir).absolute() if export_dir else None
+        self.checkpoint_dir = Location(checkpoint_dir) if checkpoint_dir else None  # a path or a URL
+        self.export_dir = Location(export_dir) if export_dir else None
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         self.algo = get_algorithm(plan.algorithm)
         given = self.config
         check_runnable(plan, given)
+        check_checkpoint_dir(plan, self.checkpoint_dir)
         self.config = given.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)
         get_advantage_estimator(self.config.advantage.estimator)  # one-line errors before anything starts
         get_policy_loss(self.config.loss.kind)
@@ -308,26 +294,26 @@ class Trainer:
                 "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
                 "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Location:
         if not self.checkpoint_dir:
             raise HflowError("no checkpoint directory; pass checkpoint_dir")
         path = self.checkpoint_dir / f"iter_{self.iteration:06d}"
         for role in TRAINED_ROLES:
             if role in self.groups:
-                self.groups[role].call(role, "save", str(path))
-        write_json_atomic(path / "driver.json", self._driver_state())
+                self.groups[role].call(role, "save", str(path))  # returns once every rank's shards are written
+        (path / DRIVER_STATE).write(json.dumps(self._driver_state(), indent=2) + "\n")
         if self.export_dir:
             self.export_hf(self.export_dir / path.name)
-        write_atomic(self.checkpoint_dir / "latest", path.name + "\n")  # last: the checkpoint is complete
+        publish_latest(self.checkpoint_dir, path.name)  # last: the checkpoint is complete
         for old in prune_checkpoints(self.checkpoint_dir, self.config.keep_last):
             if self.export_dir:  # a pruned checkpoint's HF export goes with it
-                shutil.rmtree(self.export_dir / old.name, ignore_errors=True)
+                (self.export_dir / old.name).remove()
         return path
 
-    def export_hf(self, folder: str | Path | None = None) -> list[Path]:
+    def export_hf(self, folder: str | Path | Location | None = None) -> list[Location]:
         """The trained roles' current weights as HF folders: folder/actor (and folder/critic); folder
-        defaults to the export dir."""
-        folder = Path(folder) if folder is not None else self.export_dir
+        (a path or a URL) defaults to the export dir."""
+        folder = Location(str(folder)) if folder is not None else self.export_dir
         if folder is None:
             raise HflowError("no export directory; pass export_dir or a folder")
         roles = [r for r in TRAINED_ROLES if r in self.groups]
@@ -335,18 +321,18 @@ class Trainer:
             self.groups[role].call(role, "export_hf", str(folder / role))
         return [folder / r for r in roles]
 
-    def resume(self) -> Path:
+    def resume(self) -> Location:
         path = self.load_checkpoint()
         self.events.phase("resume", f"resumed from checkpoint {path} (after iteration {self.iteration})")
         return path
 
-    def load_checkpoint(self) -> Path:
-        latest = self.checkpoint_dir / "latest" if self.checkpoint_dir else None
-        if latest is None or not latest.is_file():
+    def load_checkpoint(self) -> Location:
+        name = latest_name(self.checkpoint_dir)
+        if name is None:
             raise HflowError(f"nothing to resume in {self.checkpoint_dir}: no 'latest' checkpoint; run without "
                              "--resume first")
-        path = self.checkpoint_dir / latest.read_text().strip()
-        state = json.loads((path / "driver.json").read_text())
+        path = self.checkpoint_dir / name
+        state = json.loads((path / DRIVER_STATE).read_text())
         if state["algorithm"] != self.plan.algorithm or state["placement"] != self.plan.placement():
             raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
                              "resume with the same plan")

@@ -9,8 +9,9 @@ run started from.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+from hybridflow.runtime.checkpoints import latest_name
+from hybridflow.runtime.locations import Location, check_url, is_url, readable
 from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
@@ -29,13 +30,16 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def checkpoint_roles(checkpoint: str) -> dict[str, Path]:
-    """The trained roles a checkpoint holds: {role: its folder}; one-line errors for anything else.
-    The layout is the trainer's: CKPT/latest names CKPT/iter_N, which holds actor/ and critic/, each with
-    dcp/ (TrainingEngine.save) and the model's config.json (EngineState.save)."""
-    path = Path(checkpoint)
-    if (path / "latest").is_file():
-        path = path / (path / "latest").read_text().strip()
+def checkpoint_roles(checkpoint: str) -> dict[str, Location]:
+    """The trained roles a checkpoint (a path or a URL) holds: {role: its folder}; one-line errors for
+    anything else. The layout is the trainer's (runtime/checkpoints.py): CKPT/latest names CKPT/iter_N,
+    which holds actor/ and critic/, each with dcp/ (TrainingEngine.save) and the model's config.json
+    (EngineState.save)."""
+    if is_url(checkpoint):
+        check_url(checkpoint, "CHECKPOINT")
+    path = Location(checkpoint)
+    if (name := latest_name(path)) is not None:
+        path = path / name
     if not path.is_dir():
         raise HflowError(f"{checkpoint}: no such checkpoint; pass a checkpoint folder (CKPT/iter_N) or the "
                          "--checkpoint-dir of a run")
@@ -51,9 +55,12 @@ def checkpoint_roles(checkpoint: str) -> dict[str, Path]:
 
 
 def run(args) -> int:
-    roles = checkpoint_roles(args.checkpoint)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
+    with readable(args.checkpoint, "CHECKPOINT"):
+        roles = checkpoint_roles(args.checkpoint)
+    if is_url(args.out):
+        check_url(args.out, "--out")
+    out = Location(args.out)
+    if out.is_file():
         raise HflowError(f"--out {out}: is a file; give a folder")
     taken = [str(out / r) for r in roles if (out / r).exists()]
     if taken:

@@ -14,10 +14,11 @@ send the metrics to those loggers too. At the end: predicted vs measured (tools/
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
+from hybridflow.runtime.checkpoints import latest_name
+from hybridflow.runtime.locations import Location, check_url, is_url, readable
 from hybridflow.runtime.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
@@ -115,15 +116,16 @@ def check_args(args) -> None:
     if args.keep_last and not args.checkpoint_dir:
         raise HflowError("--keep-last needs --checkpoint-dir (the folder whose checkpoints it prunes)")
     for folder, flag in ((args.checkpoint_dir, "--checkpoint-dir"), (args.export_hf, "--export-hf")):
-        if folder and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", folder):
-            raise HflowError(f"{flag} {folder}: remote URLs are not written to directly; mount the bucket (s3fs, "
-                             "gcsfuse, a shared filesystem every node sees) and give its path")
+        if folder and is_url(folder):
+            check_url(folder, flag)  # its fsspec package installed (one line naming it)
     if args.checkpoint_dir:
-        ckpt = Path(args.checkpoint_dir)
-        if ckpt.exists() and not ckpt.is_dir():
-            raise HflowError(f"--checkpoint-dir {ckpt}: is a file; give a folder")
-        if args.resume and not (ckpt / "latest").is_file():
-            raise HflowError(f"nothing to resume in {ckpt}: no 'latest' checkpoint; run without --resume first")
+        with readable(args.checkpoint_dir, "--checkpoint-dir"):
+            ckpt = Location(args.checkpoint_dir)
+            if ckpt.is_file():
+                raise HflowError(f"--checkpoint-dir {args.checkpoint_dir}: is a file; give a folder")
+            if args.resume and latest_name(ckpt) is None:
+                raise HflowError(f"nothing to resume in {args.checkpoint_dir}: no 'latest' checkpoint; run without "
+                                 "--resume first")
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     for path, flag in ((args.trace, "--trace"), (args.timeline, "--timeline"), (args.metrics, "--metrics")):
@@ -184,12 +186,15 @@ def check_export_dir(folder: str | None) -> None:
     """--export-hf DIR replaces DIR/actor and DIR/critic (a run's own earlier exports), nothing else."""
     if not folder:
         return
-    if Path(folder).exists() and not Path(folder).is_dir():
-        raise HflowError(f"--export-hf {folder}: is a file; give a folder for the exported models")
-    for role in TRAINED_ROLES:
-        target = Path(folder) / role
-        if target.exists() and not (target / "config.json").is_file():
-            raise HflowError(f"--export-hf {folder}: {target} exists and is not a model folder; give another folder")
+    with readable(folder, "--export-hf"):
+        out = Location(folder)
+        if out.is_file():
+            raise HflowError(f"--export-hf {folder}: is a file; give a folder for the exported models")
+        for role in TRAINED_ROLES:
+            target = out / role
+            if target.exists() and not (target / "config.json").is_file():
+                raise HflowError(f"--export-hf {folder}: {target} exists and is not a model folder; give another "
+                                 "folder")
 
 
 def run(args) -> int:

@@ -7,39 +7,33 @@ behind and never clobbers what the user had.
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
 
 
-def positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'")
-    return n
+def bounded_number(kind: type[int] | type[float], least: float, expected: str,
+                   least_allowed: bool = True) -> Callable[[str], int | float]:
+    """An argparse type: a finite `kind` (int or float) of at least `least` (above it, unless
+    `least_allowed`); anything else is one line saying what was `expected`."""
+    def parse(text: str) -> int | float:
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or x < least or (x == least and not least_allowed):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'")
+        return x
+
+    parse.__name__ = expected  # argparse names the type by it
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number (0 or more), got '{text}'")
-    return n
-
-
-def positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = 0.0
-    if not x > 0 or x == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
-    return x
+positive_int = bounded_number(int, 1, "a positive whole number")
+non_negative_int = bounded_number(int, 0, "a whole number (0 or more)")
+positive_float = bounded_number(float, 0.0, "a positive number of seconds", least_allowed=False)
 
 
 def backends_arg(text: str) -> tuple[str, ...]:

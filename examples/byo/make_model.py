@@ -57,6 +57,9 @@ def supervised_steps(model, tokenizer, rows: list[dict], steps: int, seed: int) 
         prompt = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
         prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
         pairs.append((prompt, tokenizer(r["answer"], add_special_tokens=False)["input_ids"] + [eos]))
+    # One thread: on a model this small more threads only add their synchronisation (several times
+    # slower on a busy machine), and the trained weights do not depend on the machine's core count.
+    torch.set_num_threads(1)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()

@@ -7,6 +7,7 @@ result (or its traceback) through a queue.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import socket
@@ -17,9 +18,21 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+# Imported once in the forkserver, which every group of a session shares (the first run_local
+# starts it with its preload list): megatron.core takes seconds to import, so where it is
+# installed it is preloaded too, rather than imported again by each rank of a megatron group.
 PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
            "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
-           "hybridflow.runtime.engines.generation"]
+           "hybridflow.runtime.engines.generation",
+           *(["megatron.core", "hybridflow.runtime.engines.megatron_training"] if _installed("megatron.core") else [])]
 
 
 def _free_port() -> int:

@@ -7,29 +7,30 @@ that a resumed run draws the same random numbers as a straight one.
 from __future__ import annotations
 
 import io
+import os
 import random
-from pathlib import Path
 
 import torch
 
-from hybridflow.simulator.io import write_atomic
+from hybridflow.runtime.locations import Location
 
 
-def rank_state_file(path: Path, rank: int) -> Path:
-    return path / f"extra_rank{rank}.pt"
+def rank_state_file(path: str | os.PathLike | Location, rank: int) -> Location:
+    """Beside the rank's shards, in a local folder or at a URL."""
+    return Location(path) / f"extra_rank{rank}.pt"
 
 
-def save_rank_state(path: Path, rank: int, step: int) -> None:
+def save_rank_state(path: str | os.PathLike | Location, rank: int, step: int) -> None:
     state = {"step": step, "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     buf = io.BytesIO()
     torch.save(state, buf)
-    write_atomic(rank_state_file(path, rank), buf.getvalue())
+    rank_state_file(path, rank).write(buf.getvalue())
 
 
-def load_rank_state(path: Path, rank: int) -> int:
+def load_rank_state(path: str | os.PathLike | Location, rank: int) -> int:
     """Restores this process's random-number states; returns the saved optimizer step."""
-    state = torch.load(rank_state_file(path, rank), weights_only=False)
+    state = torch.load(io.BytesIO(rank_state_file(path, rank).read_bytes()), weights_only=False)
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     if state.get("cuda_rng") is not None and torch.cuda.is_available():

@@ -51,6 +51,7 @@ from torch.distributed.tensor import DTensor
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
+from ..locations import Location
 from .packing import Packed, bucket_order, inverse_order, pack
 from .parallelize import (
     build_mesh,
@@ -432,12 +433,13 @@ class TrainingEngine:
     def _rank(self) -> int:
         return dist.get_rank() if self.distributed else 0
 
-    def save(self, path: str | Path) -> Path:
-        """Model + optimizer (torch.distributed.checkpoint, sharded) and per-rank step and RNG states."""
+    def save(self, path: str | Path) -> Location:
+        """Model + optimizer (torch.distributed.checkpoint, sharded) and per-rank step and RNG states, in a
+        local folder or at a URL (DCP's fsspec writer then)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        path = Path(path)
+        path = Location(path)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"),
                  no_dist=not self.distributed)
@@ -450,7 +452,7 @@ class TrainingEngine:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        path = Path(path)
+        path = Location(path)
         extra_file = rank_state_file(path, self._rank())
         if not (path / "dcp").is_dir() or not extra_file.is_file():
             raise HflowError(f"{path}: not a training checkpoint of this layout (need dcp/ and {extra_file.name}); "

@@ -146,11 +146,12 @@ class EngineState:
 
     @register("ONE_TO_ALL")
     def save(self, path: str) -> None:
-        from hybridflow.simulator.io import fsync_dir
+        """Save under path/role; `path` is a local folder or a URL (runtime/locations.py)."""
+        from hybridflow.runtime.locations import Location
 
         self.engine.save(f"{path}/{self.role}")
         for folder in (f"{path}/{self.role}/dcp", f"{path}/{self.role}", path):  # the shards' names durable too
-            fsync_dir(folder)
+            Location(folder).sync()
         if self.rank == 0:  # the checkpoint carries its model's config and tokenizer (hf_export.py)
             from hybridflow.runtime.hf_export import copy_model_files
 

@@ -1,45 +1,52 @@
-"""Checkpoint retention (runtime/trainer.py prune_checkpoints): the newest `keep_last` complete
+"""Checkpoint retention (runtime/checkpoints.py prune_checkpoints): the newest `keep_last` complete
 checkpoints stay, the one `latest` names always stays, a crashed save older than the newest complete
-one goes, nothing else in the folder is touched. Real folders, no Ray (the end-to-end run with
-retention is tests/runtime/test_rl_e2e.py's resume test)."""
+one goes, nothing else in the folder is touched. Alike in a local folder and at a URL (fsspec's
+memory://: no file of it is on disk, so no step can take a path for it). No Ray (the end-to-end run
+with retention is tests/runtime/test_rl_e2e.py's resume test)."""
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
-pytest.importorskip("torch")
+from hybridflow.runtime.checkpoints import prune_checkpoints
+from hybridflow.runtime.locations import Location
 
-from hybridflow.runtime.trainer import prune_checkpoints  # noqa: E402
+
+@pytest.fixture(params=["path", "url"])
+def folder(request, tmp_path):
+    where = Location(tmp_path if request.param == "path" else f"memory://retention-{secrets.token_hex(4)}")
+    yield where
+    where.remove()
 
 
 def make(folder, name, complete=True):
-    d = folder / name
-    d.mkdir(parents=True)
-    (d / "actor").mkdir()
+    (folder / name / "actor" / "shard").write("x")
     if complete:
-        (d / "driver.json").write_text("{}")
+        (folder / name / "driver.json").write("{}")
 
 
 def names(folder):
-    return sorted(p.name for p in folder.iterdir())
+    return [p.name for p in folder.children()]
 
 
-def test_keeps_the_newest_complete_ones_and_what_latest_names(tmp_path):
+def test_keeps_the_newest_complete_ones_and_what_latest_names(folder):
     for i in range(1, 6):
-        make(tmp_path, f"iter_{i:06d}", complete=i != 2)  # iteration 2's save crashed
-    make(tmp_path, "iter_000006", complete=False)  # a save in progress (newer than every complete one)
-    (tmp_path / "latest").write_text("iter_000001\n")  # e.g. rewound by hand to resume from there
-    (tmp_path / "notes.txt").write_text("mine")
-    gone = prune_checkpoints(tmp_path, keep_last=2)
+        make(folder, f"iter_{i:06d}", complete=i != 2)  # iteration 2's save crashed
+    make(folder, "iter_000006", complete=False)  # a save in progress (newer than every complete one)
+    (folder / "latest").write("iter_000001\n")  # e.g. rewound by hand to resume from there
+    (folder / "notes.txt").write("mine")
+    gone = prune_checkpoints(folder, keep_last=2)
     assert sorted(p.name for p in gone) == ["iter_000002", "iter_000003"]
-    assert names(tmp_path) == ["iter_000001", "iter_000004", "iter_000005", "iter_000006", "latest", "notes.txt"]
+    assert names(folder) == ["iter_000001", "iter_000004", "iter_000005", "iter_000006", "latest", "notes.txt"]
 
 
-def test_keep_last_one_leaves_the_latest_complete_checkpoint(tmp_path):
+def test_keep_last_one_leaves_the_latest_complete_checkpoint(folder):
     for i in (1, 2, 3):
-        make(tmp_path, f"iter_{i:06d}")
-    (tmp_path / "latest").write_text("iter_000003\n")
-    prune_checkpoints(tmp_path, keep_last=1)
-    assert names(tmp_path) == ["iter_000003", "latest"]
-    prune_checkpoints(tmp_path, keep_last=1)  # nothing more to do
-    assert names(tmp_path) == ["iter_000003", "latest"]
+        make(folder, f"iter_{i:06d}")
+    (folder / "latest").write("iter_000003\n")
+    prune_checkpoints(folder, keep_last=1)
+    assert names(folder) == ["iter_000003", "latest"]
+    prune_checkpoints(folder, keep_last=1)  # nothing more to do
+    assert names(folder) == ["iter_000003", "latest"]

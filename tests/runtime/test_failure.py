@@ -108,21 +108,30 @@ def test_a_start_past_the_start_timeout_names_the_stage_and_reports_while_it_wai
     from hybridflow.runtime.resource_pool import ResourcePool
     from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
 
-    heard = []
+    class ShortWeightsStage(WorkerGroup):
+        """The start timeout, short for the weights stage only: the test then waits 8 s for it, while
+        the process start takes what it takes on a busy machine (each stage is bounded alike)."""
+
+        def _wait(self, refs, stage):
+            self.init_timeout_s = 8.0 if stage.startswith("loading") else 120.0
+            return super()._wait(refs, stage)
+
+    heard, weights_from = [], []
     pool = ResourcePool.local(1, name="slowstart")
-    t0 = time.monotonic()
     try:
         with pytest.raises(WorkerTimeoutError) as e:
-            WorkerGroup(pool, {"actor": RoleSpec(SlowStart)}, init_timeout_s=25.0, report_every_s=5.0,
-                        on_wait=lambda stage, s: heard.append((stage, round(s))))
+            ShortWeightsStage(pool, {"actor": RoleSpec(SlowStart)}, init_timeout_s=120.0, report_every_s=2.0,
+                              on_role=lambda role: weights_from.append(time.monotonic()),
+                              on_wait=lambda stage, s: heard.append((stage, round(s))))
+        waited = time.monotonic() - weights_from[0]
     finally:
         pool.remove()
-    assert time.monotonic() - t0 < 80  # each stage bounded (the process start has its own 25 s)
+    assert 8 <= waited < 20, waited  # the stage ended at its timeout, not when the load would have
     msg = str(e.value)
-    assert msg.startswith("group 'slowstart': loading actor's weights took over 25s (still waiting: rank 0 of group "
+    assert msg.startswith("group 'slowstart': loading actor's weights took over 8s (still waiting: rank 0 of group "
                           "'slowstart' on node 0") and "raise --start-timeout" in msg, msg
     weights = [s for stage, s in heard if stage == "loading actor's weights"]
-    assert weights and weights == sorted(weights) and weights[0] >= 5 and len(weights) <= 5, heard
+    assert weights and weights == sorted(weights) and weights[0] >= 2 and len(weights) <= 4, heard
 
 
 @pytest.mark.slow

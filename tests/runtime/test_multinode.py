@@ -196,6 +196,7 @@ def test_folders_one_node_cannot_see_are_one_line_naming_it_before_anything_load
 
 @pytest.mark.slow
 def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ray_two_nodes, tmp_path, monkeypatch):
+    from hybridflow.runtime.checkpoints import publish_latest
     from hybridflow.runtime.elastic import run_with_restarts
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.run_events import RunEvents
@@ -209,33 +210,38 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ra
             self.seen.append((name, text))
 
     plan = spread_rl_plan()
-    with Trainer(plan) as t:
-        t.run(2)
-        want = t.fingerprints()
     monkeypatch.chdir(tmp_path)  # the driver's folder; the workers run elsewhere
     events, killed = Phases(), []
 
-    def kill_node_1_rank_after_iteration_1(m):
-        if m["iteration"] == 1 and not killed:
+    def kill_node_1_rank_after_iteration_2(m):
+        if m["iteration"] == 2 and not killed:
             killed.append(t.groups["actor"].nodes[1]["pid"])
             os.kill(killed[0], signal.SIGKILL)
 
+    # One start serves the run without the fault too: 3 iterations straight, then back to the checkpoint
+    # of iteration 1 and on to 3 again with a rank killed after iteration 2 (and its checkpoint).
     t = Trainer(plan, RunConfig(max_restarts=1), checkpoint_dir="ckpt", metrics_path="m.jsonl", events=events)
     try:
-        out = run_with_restarts(t, 2, on_iteration=kill_node_1_rank_after_iteration_1)
+        t.run(3)
+        want = t.fingerprints()
+        publish_latest(t.checkpoint_dir, "iter_000001")
+        t.resume()  # by hand: the restart must tell this run's own checkpoint (iteration 2's) from this one
+        out = run_with_restarts(t, 2, on_iteration=kill_node_1_rank_after_iteration_2)
         got = t.fingerprints()
     finally:
         t.shutdown()
     assert killed and got == want  # every rank's parameters, optimizer state and step
-    assert [m["iteration"] for m in out] == [1, 2]
+    assert [m["iteration"] for m in out] == [2, 3]
     restarts = [text for name, text in events.seen if name == "restart"]
     assert len(restarts) == 1 and "rank 1 of group 'g0' on node 1 (ip 127.0.0.2" in restarts[0], restarts
     assert "from the last checkpoint" in restarts[0]
+    resumed = [text for name, text in events.seen if name == "resume"]
+    assert len(resumed) == 2 and "iter_000001" in resumed[0] and "iter_000002" in resumed[1], resumed
     lines = [json.loads(x)["iteration"] for x in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert lines == [1, 2]  # each iteration once (test_rl_e2e.py: one that ran twice)
+    assert lines == [1, 2, 3]  # each iteration once (test_rl_e2e.py: one that ran twice)
     # the relative checkpoint dir is one folder beside the driver, holding both nodes' shards
     ckpt = tmp_path / "ckpt"
-    assert (ckpt / "latest").read_text().strip() == "iter_000002"
+    assert (ckpt / "latest").read_text().strip() == "iter_000003"
     assert {f.name for f in (ckpt / "iter_000002" / "actor").glob("extra_rank*.pt")} == {"extra_rank0.pt",
                                                                                         "extra_rank1.pt"}
     assert len(list((ckpt / "iter_000002" / "actor" / "dcp").glob("*.distcp"))) == 2

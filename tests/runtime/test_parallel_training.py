@@ -14,6 +14,7 @@ from hybridflow.runtime.engines.training import (
     token_entropy,
     token_log_probs,
 )
+from hybridflow.runtime.locations import Location
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
@@ -109,22 +110,28 @@ def test_unsupported_layouts_are_one_line_errors():
     assert "untied" in messages[0] and "3 processes" in messages[1] and "tp=2 must divide" in messages[2]
 
 
-def test_save_load_restores_weights_optimizer_and_rng(tmp_path):
+@pytest.mark.parametrize("store", ["path", "url"])
+def test_save_load_restores_weights_optimizer_and_rng(tmp_path, store):
+    # "url": fsspec's memory:// (DCP's fsspec writer and reader); none of its files is on disk
+    root = str(tmp_path) if store == "path" else f"memory://engine-{tmp_path.name}"
     batch = TensorDict(token_batch(n=4), batch_size=[4])
     engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1e-2))
     engine.train_step(batch, nll_loss)
-    engine.save(tmp_path / "ckpt")
+    engine.save(f"{root}/ckpt")
     expect = [engine.train_step(batch, nll_loss)["loss"] for _ in range(2)]
     expect_rand = torch.rand(3)
 
     fresh = TrainingEngine(tiny_model(seed=5), optim=OptimConfig(lr=1e-2))
-    fresh.load(tmp_path / "ckpt")
+    fresh.load(f"{root}/ckpt")
     assert fresh.step == 1
     got = [fresh.train_step(batch, nll_loss)["loss"] for _ in range(2)]
     assert got == expect  # weights and Adam moments restored exactly
     assert torch.equal(torch.rand(3), expect_rand)
     with pytest.raises(HflowError, match="not a training checkpoint"):
-        fresh.load(tmp_path / "nowhere")
+        fresh.load(f"{root}/nowhere")
+    if store == "url":
+        assert not list(tmp_path.iterdir())
+        Location(root).remove()
 
 
 def _save_load_sharded(rank, world, path):

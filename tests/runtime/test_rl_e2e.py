@@ -163,6 +163,40 @@ def test_resume_is_bit_identical_to_a_straight_run(ray_local, tmp_path):
                                                                            b["critic/loss"])
 
 
+def test_checkpoints_at_a_url_resume_bit_exactly(ray_local, tmp_path, monkeypatch):
+    # --checkpoint-dir and --export-hf as file:// URLs: every write goes through fsspec (the shards through
+    # DCP's fsspec writer, from two ranks in two processes) and nothing takes the URL for a path (which
+    # would make a folder "file:" in the working directory). One trainer serves both runs: 2 iterations
+    # straight, then rewound to the checkpoint of iteration 1 and run on to 2 again, bit-exactly.
+    from hybridflow.runtime.checkpoints import latest_name, publish_latest
+    from hybridflow.runtime.locations import Location
+    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.tools.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    plan = tiny_plan("grpo", [["actor", "ref"]], devices=[2],
+                     workload=Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8,
+                                       micro_batch_size=4, mini_batches=1))
+    ckpt, export = Location(f"file://{tmp_path}/ckpt"), Location(f"file://{tmp_path}/export")
+    with Trainer(plan, checkpoint_dir=ckpt.url, export_dir=export.url) as t:
+        straight = t.run(2)
+        want = t.fingerprints()
+        assert latest_name(ckpt) == "iter_000002"
+        assert sorted(p.name for p in ckpt.children()) == ["iter_000001", "iter_000002", "latest"]
+        assert {"config.json", "dcp", "extra_rank0.pt", "extra_rank1.pt"} <= {
+            p.name for p in (ckpt / "iter_000001" / "actor").children()}
+        assert (export / "iter_000002" / "actor" / "model.safetensors").is_file()
+        publish_latest(ckpt, "iter_000001")
+        resumed = t.run(1, resume=True)
+        assert t.fingerprints() == want  # parameters, optimizer states and step, both ranks
+    assert [m["reward_mean"] for m in resumed] == [m["reward_mean"] for m in straight[1:]]
+    # `hflow-plan export` reads the URL checkpoint (DCP's fsspec reader) and writes to a URL: the run's export
+    assert main(["export", ckpt.url, "--out", f"file://{tmp_path}/out"]) == 0
+    assert (tmp_path / "out/actor/model.safetensors").read_bytes() == (
+        tmp_path / "export/iter_000002/actor/model.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "export", "out"]  # no marker, no "file:" folder
+
+
 def test_dead_worker_is_a_clear_error_and_the_last_checkpoint_resumes(ray_local, tmp_path):
     import os
     import signal

@@ -106,7 +106,20 @@ def test_cluster_flags_reach_the_run_config_and_bad_values_are_one_line(capsys):
     for argv, what in ((["--call-timeout", "0"], "positive number of seconds"),
                        (["--start-timeout", "inf"], "positive number of seconds"),
                        (["--max-restarts", "two"], "a whole number (0 or more)"),
-                       (["--checkpoint-dir", "s3://bucket/ckpt"], "remote URLs are not written to directly; mount")):
+                       (["--checkpoint-dir", "s3://bucket/ckpt"], "s3:// needs the package s3fs: pip install s3fs"),
+                       (["--export-hf", "gs://bucket/out"], "gs:// needs the package gcsfs: pip install gcsfs"),
+                       (["--checkpoint-dir", "nope://x"], "fsspec knows no protocol 'nope'"),
+                       (["--checkpoint-dir", "memory://ckpt"], "memory:// lives in one process")):
         assert main(["run", "p.json", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert what in err and "\n" not in err, err
+
+
+def test_a_url_checkpoint_dir_is_read_through_fsspec(tmp_path, capsys):
+    # file:// is read as a URL (fsspec), not as a relative folder named "file:"
+    url = f"file://{tmp_path}/ckpt"
+    assert main(["run", "p.json", "--checkpoint-dir", url, "--resume"]) == 2
+    assert f"nothing to resume in {url}: no 'latest'" in capsys.readouterr().err
+    (tmp_path / "ckpt").write_text("")
+    assert main(["run", "p.json", "--checkpoint-dir", url]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
