@@ -15,9 +15,6 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
     if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
-    if plan.mode == "async":
-        raise HflowError("mode 'async' is priced by the simulator but not yet executed by the runtime; use --mode "
-                         "one-step-off (staleness 1) or sync")
     actor = plan.roles.get("actor")
     separate = actor is not None and actor.generate_group is not None
     if separate and actor.rollout != "native":
