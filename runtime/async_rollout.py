@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from hybridflow.simulator.errors import HflowError
+
 from .batch import Batch
 from .dataflow import PendingRollout, left_pad_prompts
 from .disaggregated import DisaggregatedDataflow
@@ -94,10 +96,12 @@ class AsyncDataflow(DisaggregatedDataflow):
         """Prompts drawn and not yet trained: in the queue, in flight, or not yet launched."""
         return len(self.queue) + self._groups_in_flight() + len(self.unlaunched)
 
-    def _next_prompts(self, count: int) -> Batch:
+    def _next_prompts(self, count: int) -> Batch | None:
+        """Up to `count` prompt groups to launch, drawn after those the trainer handed in (None: no more)."""
         if len(self.unlaunched) < count and self.prompts is not None:
             self._add_prompts(self.prompts(count - len(self.unlaunched)))
-        return concat_groups([self.unlaunched.popleft() for _ in range(min(count, len(self.unlaunched)))])
+        take = min(count, len(self.unlaunched))
+        return concat_groups([self.unlaunched.popleft() for _ in range(take)]) if take else None
 
     def _add_prompts(self, batch: Batch) -> None:
         n = self.group_size
@@ -111,7 +115,7 @@ class AsyncDataflow(DisaggregatedDataflow):
         self.sync_weights()
         while room > 0:
             prompts = self._next_prompts(min(self.chunk_prompts, room))
-            if not len(prompts):
+            if prompts is None:
                 return
             self.in_flight.append(self.launch_rollout(prompts, sample_round=self.launched))
             self.launched += 1
@@ -129,6 +133,9 @@ class AsyncDataflow(DisaggregatedDataflow):
             taken, dropped = taken + got, dropped + lost
             if len(taken) < self.batch_prompts:
                 self.refill()  # no-op while chunks are in flight
+                if not self.in_flight:
+                    raise HflowError(f"async mode: {len(taken)} of the batch's {self.batch_prompts} prompt groups and "
+                                     "no more prompts; give the dataflow a prompt source (`prompts`)")
                 self.queue.put(self.collect_rollout(self.in_flight.popleft()))
         self.refill()  # the rollout runs on while this batch trains
         self.dropped += dropped
