@@ -76,10 +76,9 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
     with Trainer(plan, RunConfig(save_every=4), checkpoint_dir=tmp_path) as t:
         rows = trained_rows(t)
         out = [t.step() for _ in range(3)]  # the tiny update is fast, the rollout slow
-        gen = max(e.seconds for e in t.timeline.events if e.op == "generate")
+        # the rollout of a wave (k batches), launched in iteration 2
+        wave = sum(e.seconds for e in t.timeline.events if e.op == "generate" and e.iteration == 2)
         reward = t.df.functions["reward"]
-
-        wave = gen * k * b // t.df.chunk_prompts  # the rollout of k batches
 
         def slow_reward(prompt, response, **kw):  # now the trainer's side is the slow one
             time.sleep(1.5 * wave / (b * WORKLOAD.samples_per_prompt))
