@@ -12,7 +12,8 @@ so it is trained within the next k iterations: staleness ≤ k by construction. 
 anyway when a batch is taken: a group older than k is dropped (not regenerated: its prompt is
 skipped, counted in `async/dropped_groups`), which the launch rule above keeps from happening.
 
-With k = 1 and chunks of a whole batch this is exactly one-step-off. Every launch decision is made
+In the measured Timeline a chunk's `generate` belongs to the iteration whose batch it serves (it
+ran during earlier ones). With k = 1 and chunks of a whole batch this is exactly one-step-off. Every launch decision is made
 at an iteration boundary from counts, never from timing, so a run is reproducible (sampling is
 seeded by the iteration and the chunk's index within it), whichever side is faster.
 
@@ -136,7 +137,9 @@ class AsyncDataflow(DisaggregatedDataflow):
                 if not self.in_flight:
                     raise HflowError(f"async mode: {len(taken)} of the batch's {self.batch_prompts} prompt groups and "
                                      "no more prompts; give the dataflow a prompt source (`prompts`)")
-                self.queue.put(self.collect_rollout(self.in_flight.popleft()))
+                chunk = self.in_flight.popleft()
+                chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
+                self.queue.put(self.collect_rollout(chunk))
         self.refill()  # the rollout runs on while this batch trains
         self.dropped += dropped
         self.stats.update({"async/queue_groups": float(len(self.queue)),

@@ -76,8 +76,8 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
     with Trainer(plan, RunConfig(save_every=4), checkpoint_dir=tmp_path) as t:
         rows = trained_rows(t)
         out = [t.step() for _ in range(3)]  # the tiny update is fast, the rollout slow
-        # the rollout of a wave (k batches), launched in iteration 2
-        wave = sum(e.seconds for e in t.timeline.events if e.op == "generate" and e.iteration == 2)
+        # the rollout of a wave (k batches; the Timeline puts a chunk's ops in the iteration it serves)
+        wave = k * sum(e.seconds for e in t.timeline.events if e.op == "generate" and e.iteration == 3)
         reward = t.df.functions["reward"]
 
         def slow_reward(prompt, response, **kw):  # now the trainer's side is the slow one
@@ -99,11 +99,12 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
     ev = {}
     for e in timeline.events:
         ev.setdefault((e.op, e.iteration), []).append(e)
-    for it in (2, 4):  # the next wave generates while this batch is scored and trained
+    for it in (2, 4):  # the next wave (serving iterations it + 1, …) generates while this batch trains
         start, end = ev[("reward", it)][0].start, ev[("actor_update", it)][0].end
-        assert any(min(g.end, end) - max(g.start, start) > 0 for g in ev[("generate", it)]), f"no overlap in {it}"
+        assert any(min(g.end, end) - max(g.start, start) > 0 for g in ev[("generate", it + 1)]), f"no overlap in {it}"
+    assert ev[("generate", 3)][0].seconds > ev[("actor_update", 3)][0].seconds  # a slow rollout …
     trainer_side = ev[("actor_update", 5)][0].end - ev[("reward", 5)][0].start
-    assert trainer_side > sum(g.seconds for g in ev[("generate", 4)])  # the slow trainer in the end
+    assert trainer_side > wave  # … then a slow trainer
     # the checkpoint after 4 iterations rewinds the data order to the first untrained prompt …
     driver = json.loads((tmp_path / "iter_000004" / "driver.json").read_text())
     assert driver["sampler"]["cursor"] == 4 * b
