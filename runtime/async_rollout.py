@@ -22,8 +22,9 @@ the last ones the sampler drew, so the checkpoint rewinds the data order by them
 (`prompts_in_flight`): a resumed run draws them again and regenerates them with the checkpoint's
 weights (the policy version the checkpoint holds), training every prompt exactly once.
 
-Dynamic sampling's extra rounds and ReMax's greedy baseline generate synchronously (they wait for
-the chunks in flight).
+Dynamic sampling's extra rounds take the next groups from the queue like any batch (the prompts
+they draw join its end), so the prompts not yet trained stay the last ones drawn. ReMax's greedy
+baseline is refused in pipelined modes (plan_support.check_runnable).
 """
 
 from __future__ import annotations
@@ -77,14 +78,13 @@ class AsyncDataflow(DisaggregatedDataflow):
     def __init__(self, *args, chunk_prompts: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         w = self.plan.workload
-        self.group_size, self.batch_prompts = w.samples_per_prompt, w.prompts
+        self.group_size = w.samples_per_prompt
         self.chunk_prompts = chunk_prompts or max(1, -(-w.prompts // STREAM_CHUNKS))
         self.capacity = self.plan.max_staleness * w.prompts  # groups ready + in flight
         self.queue = RolloutQueue(w.samples_per_prompt, self.plan.max_staleness)
         self.in_flight: deque[PendingRollout] = deque()
         self.unlaunched: deque[Batch] = deque()  # prompt groups drawn, not yet submitted
         self.launched = 0  # chunks submitted in this iteration (their sampling seeds)
-        self.dropped = 0
 
     def start_iteration(self, iteration: int) -> None:
         super().start_iteration(iteration)
@@ -123,26 +123,27 @@ class AsyncDataflow(DisaggregatedDataflow):
             room -= len(prompts) // self.group_size
 
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
-        if greedy or sample_round:  # ReMax's baseline, dynamic sampling's extra rounds: synchronous
+        """As many groups from the queue as `batch` has prompts; `batch`'s prompts join the queue's end."""
+        if greedy:  # refused in pipelined modes (check_runnable); synchronous if called directly
             self.sync_weights()
             return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
         self._add_prompts(batch)
+        want = len(batch) // self.group_size
         taken: list[Batch] = []
         dropped = 0
-        while len(taken) < self.batch_prompts:
-            got, lost = self.queue.take(self.batch_prompts - len(taken), self.version)
+        while len(taken) < want:
+            got, lost = self.queue.take(want - len(taken), self.version)
             taken, dropped = taken + got, dropped + lost
-            if len(taken) < self.batch_prompts:
+            if len(taken) < want:
                 self.refill()  # no-op while chunks are in flight
                 if not self.in_flight:
-                    raise HflowError(f"async mode: {len(taken)} of the batch's {self.batch_prompts} prompt groups and "
-                                     "no more prompts; give the dataflow a prompt source (`prompts`)")
+                    raise HflowError(f"async mode: {len(taken)} of {want} prompt groups and no more prompts; give "
+                                     "the dataflow a prompt source (`prompts`)")
                 chunk = self.in_flight.popleft()
                 chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
                 self.queue.put(self.collect_rollout(chunk))
         self.refill()  # the rollout runs on while this batch trains
-        self.dropped += dropped
         self.stats.update({"async/queue_groups": float(len(self.queue)),
                            "async/in_flight_groups": float(self._groups_in_flight()),
-                           "async/dropped_groups": float(dropped)})
+                           "async/dropped_groups": self.stats.get("async/dropped_groups", 0.0) + dropped})
         return concat_groups(taken)
