@@ -94,14 +94,16 @@ class DisaggregatedDataflow(Dataflow):
         if self.plan.mode == "sync" or greedy or sample_round:
             self.sync_weights()
             return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
-        if self.ahead is None:  # the first iteration (or the first after a resume): its batch now
+        first = self.ahead is None
+        if first:  # the first iteration (or the first after a resume): its batch now
             self.sync_weights()
             current = self.collect_rollout(self.launch_rollout(batch))
             upcoming = self.prompts(None) if self.prompts else batch
         else:
             current, upcoming = self.collect_rollout(self.ahead), batch
         self.sync_weights()  # the rollout devices are idle now: the newest weights, then the next batch
-        self.ahead = self.launch_rollout(upcoming)
+        # the iteration's second launch draws its own randomness (its seed: the launch's index in the iteration)
+        self.ahead = self.launch_rollout(upcoming, sample_round=int(first))
         return current
 
     def update(self, batch: Batch) -> dict[str, float]:

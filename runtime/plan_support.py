@@ -15,11 +15,11 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
     if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
-    if plan.mode == "async":
-        raise HflowError("mode 'async' is priced by the simulator but not yet executed by the runtime; use --mode "
-                         "one-step-off (staleness 1) or sync")
     actor = plan.roles.get("actor")
     separate = actor is not None and actor.generate_group is not None
+    if plan.mode != "sync" and separate and _greedy_baseline(plan):
+        raise HflowError(f"{plan.algorithm}'s greedy baseline is generated for the prompts the iteration is handed, "
+                         f"and mode '{plan.mode}' trains on prompts launched earlier; use --mode sync")
     if separate and actor.rollout != "native":
         raise HflowError(f"rollout devices (generate_group '{actor.generate_group}') run the native engine; the "
                          f"'{actor.rollout}' rollout runs on the actor's own devices: use --rollout native or drop "
@@ -33,6 +33,14 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     if separate and plan.roles_in(actor.generate_group):
         raise HflowError(f"group '{actor.generate_group}' holds the rollout and role(s) "
                          f"{', '.join(plan.roles_in(actor.generate_group))}; rollout devices hold only the rollout")
+
+
+def _greedy_baseline(plan: Plan) -> bool:
+    """Whether the algorithm's loop generates a greedy baseline (ReMax), read from its dataflow graph."""
+    from hybridflow.simulator.schedule import plan_dataflow
+
+    graph, _ = plan_dataflow(plan)
+    return any(a["op"] == "generate_baseline" for _, a in graph.nodes(data=True))
 
 
 def rollout_parallel(plan: Plan) -> ParallelConfig:

@@ -40,6 +40,7 @@ from hybridflow.simulator.timeline import Timeline, throughput
 from .algorithms.advantages import get_advantage_estimator
 from .algorithms.functional import masked_mean
 from .algorithms.losses import get_policy_loss
+from .async_rollout import AsyncDataflow
 from .batch import Batch
 from .checkpoints import DRIVER_STATE, check_checkpoint_dir, latest_name, prune_checkpoints, publish_latest
 from .dataflow import Dataflow
@@ -202,7 +203,8 @@ class Trainer:
                     self.groups[ROLLOUT] = start_rollout_group(self.plan, pools[rollout_devices],
                                                                specs["actor"].args[0], self._sampling(),
                                                                self.config.seed)
-            flow = DisaggregatedDataflow if rollout_devices else Dataflow
+            flow = (Dataflow if not rollout_devices else AsyncDataflow if self.plan.mode == "async"
+                    else DisaggregatedDataflow)
             self.df = flow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
         except BaseException:
             self.shutdown()

@@ -88,9 +88,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rollout", metavar="BACKEND", type=rollout_arg,
                    help="generation engine: native or vllm (needs vLLM installed); overrides the plan's "
                         "(default: the plan's, native unless it says otherwise)")
-    p.add_argument("--mode", type=mode_arg, help="sync, or one-step-off: generate the next batch on the actor's "
-                   "rollout devices (its generate_group) while training on this one; overrides the plan's "
-                   "(default: the plan's, sync unless it says otherwise)")
+    p.add_argument("--mode", type=mode_arg, help="sync; one-step-off: generate the next batch on the actor's "
+                   "rollout devices (its generate_group) while training on this one; async: stream rollouts into a "
+                   "queue of at most --max-staleness batches; overrides the plan's (default: the plan's, sync unless "
+                   "it says otherwise)")
+    p.add_argument("--max-staleness", metavar="K", type=positive_int,
+                   help="async: the most updates a trained batch's policy may lag behind; overrides the plan's")
     p.add_argument("--tensorboard", metavar="DIR", help="also write the metrics as TensorBoard events in DIR")
     p.add_argument("--logger", metavar="NAMES", help="also log the metrics to tensorboard, wandb (offline) and/or "
                                                      "mlflow (local file store), comma-separated")
@@ -218,6 +221,11 @@ def run(args) -> int:
     plan = with_rollout(resolve_role_paths(Plan.load(args.plan), folders), cfg)  # rollout backend checked here too
     if args.mode:
         plan = plan.with_mode(args.mode)
+    if args.max_staleness is not None:
+        if plan.mode != "async":
+            raise HflowError(f"--max-staleness {args.max_staleness} bounds mode 'async', and the plan runs "
+                             f"'{plan.mode}'; add --mode async")
+        plan = plan.model_copy(update={"max_staleness": args.max_staleness})
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     checks = check_plan(plan, cfg, args.address, events)

@@ -2,7 +2,8 @@
 the rollout weights equal the trainer's after every sync (exact bytes), each sync moves the model's bytes
 to every rollout rank, the calls are the simulator's graph; one step off, rollout overlaps training and a
 trained batch's policy is never more than one update old — with a fast trainer and a slow rollout, and
-the reverse."""
+the reverse; synchronous on rollout devices learns exactly what the hybrid engine on the training device
+learns."""
 
 import json
 import math
@@ -99,3 +100,26 @@ def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
     assert ev[("generate", 2)][0].seconds > ev[("actor_update", 2)][0].seconds  # slow rollout …
     trainer_side = ev[("actor_update", 5)][0].end - ev[("reward", 5)][0].start
     assert trainer_side > ev[("generate", 4)][0].seconds  # … then a slow trainer
+
+
+def test_sync_on_rollout_devices_trains_exactly_as_the_hybrid_engine(ray_local):
+    """The same rollouts (weights applied on the rollout side, the same sampler seeds) and so the same updates:
+    a rollout that generated from stale weights, drew other randomness or trained with other settings differs."""
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    disaggregated = plan_for("sync", None)
+    doc = disaggregated.model_dump()
+    doc["groups"] = [g for g in doc["groups"] if g["name"] != "gen"] + [
+        {"name": "gen", "devices": [{"node": 0, "index": 1}]}]  # one rollout replica, as on one training device
+    plans = {"hybrid engine": tiny_plan("grpo", placement=[["actor", "ref"]], workload=disaggregated.workload),
+             "rollout devices": Plan.model_validate(doc).validate_parallel()}
+    runs = {}
+    for name, plan in plans.items():
+        with Trainer(plan, RunConfig(actor_lr=1e-3)) as t:
+            runs[name] = [t.step() for _ in range(2)], t.fingerprints()["actor"]
+    (hybrid, hybrid_weights), (separate, separate_weights) = runs.values()
+    for a, b in zip(hybrid, separate, strict=True):
+        for key in ("reward_mean", "response_length", "actor/pg_loss", "kl"):
+            assert a.get(key) == b.get(key), (key, a["iteration"])
+    assert hybrid_weights == separate_weights

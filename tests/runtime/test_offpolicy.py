@@ -67,6 +67,12 @@ def _disaggregated(mode: str = "sync", generate: ParallelConfig | None = None, *
 def test_modes_and_rollout_devices_in_the_plan():
     plan = _disaggregated("one-step-off")
     check_runnable(plan, RunConfig())
+    check_runnable(_disaggregated("async"), RunConfig())  # executed (runtime/async_rollout.py)
+    remax = Plan.model_validate({**_disaggregated("async").model_dump(), "algorithm": "remax"})
+    check_runnable(remax.with_mode("sync"), RunConfig())
+    for mode in ("one-step-off", "async"):  # the baseline would be another batch's prompts'
+        with pytest.raises(HflowError, match=f"remax's greedy baseline .* mode '{mode}' trains on prompts launched"):
+            check_runnable(remax.with_mode(mode), RunConfig())
     assert rollout_parallel(plan) == ParallelConfig(dp=2)  # every rollout device a replica by default
     assert rollout_parallel(_disaggregated(generate=ParallelConfig(tp=2))) == ParallelConfig(tp=2)
     assert plan.with_mode("sync").mode == "sync"

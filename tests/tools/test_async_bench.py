@@ -1,5 +1,5 @@
 """The async-modes benchmark without running it (the runs are tested in tests/runtime/test_disaggregated.py):
-its three plans are runnable and priced, one step off predicted faster on the same devices; its helpers by
+its four plans are runnable and priced, one step off predicted faster on the same devices; its helpers by
 hand; bad input is one line."""
 
 import pytest
@@ -12,11 +12,12 @@ from hybridflow.simulator.schedule import simulate
 from hybridflow.tools.bench import async_modes as bench
 
 
-def test_three_plans_on_the_same_two_devices_priced():
+def test_four_plans_on_the_same_two_devices_priced():
     cal = calibrate_file("cpu-2core")
     cluster = cal.cluster(nodes=1, devices_per_node=2)
     plans = bench.bench_plans(cluster.model_dump())
-    assert list(plans) == ["sync colocated", "sync disaggregated", "one-step-off"]
+    assert list(plans) == ["sync colocated", "sync disaggregated", "one-step-off", "async"]
+    assert plans["async"].staleness == bench.ASYNC_STALENESS
     for plan in plans.values():
         check_runnable(plan, RunConfig())
         assert sorted((d.node, d.index) for g in plan.groups for d in g.devices) == [(0, 0), (0, 1)]
@@ -33,5 +34,5 @@ def test_helpers_by_hand():
 def test_bad_input_is_one_line():
     with pytest.raises(HflowError, match="at least 3"):
         bench.main(["--iterations", "2"])
-    with pytest.raises(HflowError, match="unknown plan 'async'"):
-        bench.main(["--only", "async"])
+    with pytest.raises(HflowError, match="unknown plan 'asink'"):
+        bench.main(["--only", "asink"])

@@ -23,6 +23,9 @@ def test_run_input_errors_are_one_line(tmp_path, capsys):
         (["run", str(plan_file), "--timeline", "x.svg"], "ending in .png"),
         (["run", str(plan_file), "--task", "chess"], "unknown task 'chess'"),
         (["run", str(tmp_path / "none.json")], "no such file"),
+        (["run", str(plan_file), "--max-staleness", "2"], "--max-staleness 2 bounds mode 'async', and the plan runs "
+                                                          "'sync'; add --mode async"),
+        (["run", str(plan_file), "--mode", "async"], "mode 'async' overlaps rollout with training"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()

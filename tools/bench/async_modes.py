@@ -1,17 +1,20 @@
-"""Synchronous vs one-step-off on separate rollout devices, predicted and measured (issue 19).
+"""Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
-    python -m hybridflow.tools.bench.async_modes [--iterations 12] [--profile cpu-2core] [--seed 0] [--json]
+    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--json]
 
-The tiny GRPO task on the same 2 devices three ways:
+The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
 - `sync disaggregated`: actor and reference train on device 0, the actor generates on device 1 (the
   weights broadcast after every update);
-- `one-step-off`: the same devices, the rollout of batch i+1 running while batch i trains.
+- `one-step-off`: the same devices, the rollout of batch i+1 running while batch i trains;
+- `async`: the same devices, the rollout streaming prompt groups into a queue of at most k = 2
+  batches (runtime/async_rollout.py).
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
 plan's steady iteration), the measured ones (median over the steady iterations of the seconds from
 one iteration's end to the next: a pipelined iteration's rollout runs inside the one before, so
 this is the figure both modes share), the speedup over sync colocated, the staleness and the mean
-reward of the first and last thirds of the run (the reward must rise in every mode).
+reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
+prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
 """
 
 from __future__ import annotations
@@ -25,19 +28,20 @@ from hybridflow.simulator.plan import Plan
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
-WORKLOAD = {"prompts": 8, "samples_per_prompt": 4, "prompt_len": 13, "response_len": 8, "micro_batch_size": 32,
+WORKLOAD = {"prompts": 16, "samples_per_prompt": 8, "prompt_len": 13, "response_len": 8, "micro_batch_size": 128,
             "mini_batches": 1}
+ASYNC_STALENESS = 2  # the async plan's bound k
 REWARD = "hybridflow.runtime.tasks.builtin:sort_reward"
 
 
 def bench_plans(cluster: dict) -> dict[str, Plan]:
-    """The three plans on devices 0 and 1 of `cluster`."""
+    """The four plans on devices 0 and 1 of `cluster`."""
     def plan(groups: dict[str, list[int]], actor: dict, ref_group: str, mode: str = "sync", reshard="hybridflow"):
         roles = {"actor": {"model": "tiny", **actor}, "ref": {"model": "tiny", "group": ref_group,
                                                              "train": {"dp": len(groups[ref_group])}}}
         return Plan.model_validate({
             "algorithm": "grpo", "cluster": cluster, "workload": WORKLOAD, "reward_function": REWARD,
-            "reshard": reshard, "mode": mode, "roles": roles,
+            "reshard": reshard, "mode": mode, "max_staleness": ASYNC_STALENESS, "roles": roles,
             "groups": [{"name": g, "devices": [{"node": 0, "index": i} for i in d]} for g, d in groups.items()],
         }).validate_parallel()
 
@@ -47,6 +51,7 @@ def bench_plans(cluster: dict) -> dict[str, Plan]:
         "sync colocated": plan({"all": [0, 1]}, {"group": "all", "train": {"dp": 2}}, "all"),
         "sync disaggregated": plan(split, separate, "train", reshard="broadcast"),
         "one-step-off": plan(split, separate, "train", mode="one-step-off", reshard="broadcast"),
+        "async": plan(split, separate, "train", mode="async", reshard="broadcast"),
     }
 
 
@@ -84,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
-    ap.add_argument("--iterations", type=int, default=12, help="iterations per plan (the first is start-up)")
+    ap.add_argument("--iterations", type=int, default=16, help="iterations per plan (the first is start-up)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", help="comma-separated plan names (default: all three)")
+    ap.add_argument("--only", help="comma-separated plan names (default: all four)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
