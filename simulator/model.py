@@ -83,6 +83,12 @@ class ModelSpec(BaseModel):
             out = 0 if self.tied_embeddings else self.vocab * self.hidden
         return embed + self.layers * self.layer_params() + self.hidden + out
 
+    def expert_params(self) -> int:
+        """The experts' parameters over all layers (0 for a dense model): what expert parallelism splits."""
+        if self.experts is None:
+            return 0
+        return self.layers * self.experts * (3 * self.hidden * self.ffn + (2 * self.ffn + self.hidden if self.mlp_bias else 0))
+
     def matmul_params(self, head: Head = "lm") -> int:
         """Parameters that take part in a matmul per token (the embedding lookup does not; of a MoE, the
         experts the token is routed to)."""

@@ -179,3 +179,29 @@ def test_search_refuses_an_unsupported_folder_at_plan_time(tmp_path, capsys):
     # A supported family plans.
     (tmp_path / "config.json").write_text(json.dumps(RELEASES["Qwen3-8B"][1]))
     assert main(["search", "--nodes", "1", "--model", str(tmp_path), "--batch", "64", "--json", "--top", "1"]) == 0
+
+
+def test_expert_parallelism_is_megatrons_and_divides_experts_and_dp():
+    from pydantic import ValidationError
+
+    from hybridflow.simulator.parallel import ParallelConfig
+
+    with pytest.raises(ValidationError, match="expert parallelism runs on the megatron backend"):
+        ParallelConfig(dp=4, ep=2)
+    moe, dense = MODEL_PRESETS["mixtral-8x7b"], MODEL_PRESETS["llama2-7b"]
+    ok = ParallelConfig(tp=2, dp=4, ep=4, backend="megatron")
+    assert ok.problems(moe) == [] and ok.world_size == 8 and str(ok) == "pp1·tp2·dp4·ep4"
+    assert ok.generation_layout() == ParallelConfig(tp=2, dp=4)
+    assert "ep=4 must divide the experts (8) and dp=2" in ParallelConfig(dp=2, ep=4, backend="megatron").problems(moe)[0]
+    assert "a dense model" in ParallelConfig(dp=2, ep=2, backend="megatron").problems(dense)[0]
+
+
+def test_megatron_memory_splits_the_experts_over_ep():
+    from hybridflow.simulator.memory import state_bytes
+    from hybridflow.simulator.parallel import ParallelConfig
+
+    moe = MODEL_PRESETS["mixtral-8x7b"]
+    assert moe.expert_params() == 32 * 8 * 3 * 4096 * 14336 and MODEL_PRESETS["llama2-7b"].expert_params() == 0
+    one, four = (state_bytes(moe, "lm", ParallelConfig(tp=2, dp=4, ep=ep, backend="megatron"), True) for ep in (1, 4))
+    assert one.weights - four.weights == 2 * moe.expert_params() * 3 / 4 / 2  # bf16, 3/4 of the experts, over tp
+    assert one.optimizer == four.optimizer
