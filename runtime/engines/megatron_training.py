@@ -10,7 +10,8 @@ no pipelining at pp = 1, 1F1B above); checkpoints are `dist_checkpointing`. Rank
 The loss plugs in as for the FSDP2 engine, `loss_fn(outputs, micro)`, and micro-batches are
 weighted the same way (rows, or the tokens of `token_weights` over all dp ranks), so both engines
 take the same step on the same batch. Each micro-batch is packed (packing.py) and padded on the right
-to the local batch's longest row: pipeline stages exchange tensors of one shape. RoPE positions are
+to the local batch's longest row (under ep > 1 the longest over the dp ranks: the experts' token
+all-gather needs as many tokens on each): pipeline stages exchange tensors of one shape. RoPE positions are
 0.. within each packed row, as packing gives them.
 
 Weights in HF names (loading, the reshard source, export) live in megatron_shards.py and checkpoints
