@@ -162,10 +162,18 @@ def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path, backe
     assert len(reshard) == 2 and all(e.bytes > 0 for e in reshard)
     greedy = SamplingParams(max_new_tokens=8, greedy=True, eos_token_id=t.tok.eos_id, pad_token_id=t.tok.pad_id)
     ids, mask = batch["prompt_ids"], batch["prompt_mask"]
-    want = GenerationEngine(load_pretrained(tmp_path / "actor")).generate(ids, mask, greedy)
+    actor = load_pretrained(tmp_path / "actor")
+    want = GenerationEngine(actor).generate(ids, mask, greedy)
     before = GenerationEngine(load_pretrained(tmp_path / "initial")).generate(ids, mask, greedy)
     assert not torch.equal(want.response, before.response)  # the updates changed the greedy answers
-    assert torch.equal(got["responses"], want.response) and torch.equal(got["response_mask"], want.response_mask)
+    # Every token vLLM chose is the actor's greedy choice: its logit within fp32 noise of the best. (Token-
+    # exact equality with the native engine does not hold where two tokens tie to that noise, as the
+    # trained policy's do: vLLM batches, and reuses the prefix cache of a repeated prompt.)
+    p, r = ids.shape[1], got["responses"].shape[1]
+    with torch.no_grad():
+        logits = actor(got["input_ids"], attention_mask=got["attention_mask"])[:, p - 1:p + r - 1].float()
+    chosen = logits.gather(-1, got["responses"][..., None]).squeeze(-1)
+    assert float(((logits.max(-1).values - chosen) * got["response_mask"]).max()) < 1e-4
 
 
 @needs_vllm
