@@ -116,19 +116,20 @@ def _all_cases(rank, world, ckpt):
     after = _training_state(engine)
     out["release"] = (held, released, after.keys() == before.keys() and all(torch.equal(after[k], v)
                                                                              for k, v in before.items()))
-    # save -> load: the step after loading equals the step after saving
-    parallel_state.destroy_model_parallel()
-    cfg = ParallelConfig(tp=2, dp=2, backend="megatron")
-    engine = MegatronEngine(_model(False, CASES["tp2-dp2"][4]), cfg, optim=OptimConfig(lr=1e-2))
-    batch = _batch(engine.dp_rank, 2)
-    engine.train_step(batch, nll_loss)
-    engine.save(ckpt)
-    expect = engine.train_step(batch, nll_loss)
-    other = tiny_model(seed=3, num_hidden_layers=LAYERS, num_key_value_heads=2)  # overwritten by the load
-    fresh = MegatronEngine(other, cfg, optim=OptimConfig(lr=1e-2))
-    fresh.load(ckpt)
-    got = fresh.train_step(batch, nll_loss)
-    out["save-load"] = (expect["loss"], got["loss"], expect["grad_norm"], got["grad_norm"], fresh.step)
+    # save -> load: the step after loading equals the step after saving (the MoE's experts sharded over ep)
+    for name, cfg, options in (("save-load-moe", ParallelConfig(dp=4, ep=2, backend="megatron"), MOE),
+                               ("save-load", ParallelConfig(tp=2, dp=2, backend="megatron"), CASES["tp2-dp2"][4])):
+        parallel_state.destroy_model_parallel()
+        engine = MegatronEngine(_model(False, options), cfg, optim=OptimConfig(lr=1e-2))
+        batch = _batch(engine.dp_rank, cfg.dp)
+        engine.train_step(batch, nll_loss)
+        engine.save(f"{ckpt}-{name}")
+        expect = engine.train_step(batch, nll_loss)
+        other = tiny_model(seed=3, num_hidden_layers=LAYERS, **options)  # overwritten by the load
+        fresh = MegatronEngine(other, cfg, optim=OptimConfig(lr=1e-2))
+        fresh.load(f"{ckpt}-{name}")
+        got = fresh.train_step(batch, nll_loss)
+        out[name] = (expect["loss"], got["loss"], expect["grad_norm"], got["grad_norm"], fresh.step)
     # the 3D-HybridEngine from Megatron's tp = 2 shards into generation layouts t_g = 1 and 2
     for t_g in (1, 2):
         out[f"reshard-tg{t_g}"] = resharded(fresh, ParallelConfig(tp=t_g, dp=4 // t_g))
@@ -179,6 +180,7 @@ def test_generation_frees_the_megatron_trainers_buffers_and_rebuilds_them_exactl
 
 
 @pytest.mark.slow
-def test_megatron_save_load_is_exact(results):
-    for expect_loss, got_loss, expect_norm, got_norm, step in (r["save-load"] for r in results):
+@pytest.mark.parametrize("case", ["save-load", "save-load-moe"])
+def test_megatron_save_load_is_exact(results, case):
+    for expect_loss, got_loss, expect_norm, got_norm, step in (r[case] for r in results):
         assert got_loss == expect_loss and got_norm == expect_norm and step == 2
