@@ -2,7 +2,8 @@
 
 Every supported family (families.py) is this decoder with some options on: RMSNorm → grouped-query
 attention with RoPE (optionally biased q/k/v and o, per-head q/k RMSNorm, a sliding window) →
-RMSNorm → SwiGLU MLP (optionally biased). Torch-free, so the simulator, the folder check and the
+RMSNorm → SwiGLU MLP (optionally biased), or a sparse mixture of SwiGLU experts with top-k routing
+(Mixtral). Torch-free, so the simulator, the folder check and the
 runtime share it; runtime/models/decoder.py is the model it describes.
 """
 
@@ -66,6 +67,10 @@ class DecoderConfig(BaseModel):
     sliding_window: PositiveInt | None = None  # keys further back than this are not attended to
     layer_types: tuple[LayerType, ...] | None = None  # which layers use the window; None: all of them
     initializer_range: PositiveFloat = 0.02
+    # A sparse MoE feed-forward (Mixtral): this many SwiGLU experts of intermediate_size in every layer,
+    # each token routed to num_experts_per_tok of them. None: the dense MLP.
+    num_local_experts: PositiveInt | None = None
+    num_experts_per_tok: PositiveInt = 2
 
     @model_validator(mode="after")
     def _shape(self):
@@ -77,6 +82,11 @@ class DecoderConfig(BaseModel):
                              f"num_key_value_heads {self.num_key_value_heads}")
         if self.dim_head % 2:
             raise ValueError(f"head_dim {self.dim_head} must be even (RoPE rotates pairs)")
+        if self.num_local_experts is not None and self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_local_experts "
+                             f"{self.num_local_experts}")
+        if self.num_local_experts is not None and self.mlp_bias:
+            raise ValueError("mlp_bias is not supported with experts (Mixtral's experts have no bias)")
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types lists {len(self.layer_types)} layers but num_hidden_layers is "
                              f"{self.num_hidden_layers}")
@@ -85,6 +95,10 @@ class DecoderConfig(BaseModel):
     @property
     def dim_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts is not None
 
     def attention_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer` (None: it attends to every earlier key)."""

@@ -3,8 +3,10 @@
 In the spirit of TorchTitan's per-model spec, a `Family` names its Hugging Face `model_type`s and
 architectures, says how its `config.json` reads into a `DecoderConfig` (which decoder options it
 turns on), its tensor-parallel plan and its pipeline stage cut (both as data: module names), and
-whether the fused decode path runs it. All four families keep Llama's HF module and tensor names
-(`model.layers.{i}.self_attn.q_proj.weight`, …), listed once in `tensor_shapes`.
+whether the fused decode path runs it. Every family keeps Llama's HF module and tensor names
+(`model.layers.{i}.self_attn.q_proj.weight`, …), listed once in `tensor_shapes`; Mixtral's sparse MoE
+replaces the MLP by `block_sparse_moe.gate` (the router) and `block_sparse_moe.experts.{e}.w1/w3/w2`
+(gate, up, down), the names of its published checkpoints (which transformers 5 writes too).
 
 Torch-free: the simulator (`ModelSpec.from_hf_config`), the folder check and the runtime read HF
 configs through `read_hf_config` here. Semantics follow transformers' own config classes:
@@ -64,6 +66,7 @@ class Family(BaseModel):
     default_sliding_window: PositiveInt | None = None
     default_max_positions: PositiveInt
     fused_decode: bool  # engines/fast_decode.py runs it (else the module path generates)
+    experts: bool = False  # a sparse MoE in every layer: `num_local_experts`, `num_experts_per_tok` (Mixtral)
     tp_plan: TensorParallelPlan
     stage_cut: StageCut = StageCut()
 
@@ -96,7 +99,15 @@ QWEN3 = Family(name="qwen3", model_types=("qwen3",), causal_lm="Qwen3ForCausalLM
                default_head_dim=128, default_max_positions=32768, fused_decode=True,
                tp_plan=TensorParallelPlan(**_ATTENTION_MLP, head_norms=("self_attn.q_norm", "self_attn.k_norm")))
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}
+# Tensor parallelism splits Mixtral's attention; its experts stay whole on each tp rank (the megatron
+# backend splits them over ParallelConfig.ep instead).
+MIXTRAL = Family(name="mixtral", model_types=("mixtral",), causal_lm="MixtralForCausalLM",
+                 score_model="MixtralForSequenceClassification", attention_bias="none", reads_mlp_bias=False,
+                 qk_norm=False, rope_types=("default",), sliding_window="all_layers", default_max_positions=131072,
+                 fused_decode=False, experts=True,
+                 tp_plan=TensorParallelPlan(colwise=_ATTENTION_MLP["colwise"][:3], rowwise=("self_attn.o_proj",)))
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL)}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 _BY_ARCHITECTURE = {a: f for f in FAMILIES.values() for a in (f.causal_lm, f.score_model)}
 
@@ -191,6 +202,16 @@ def _sliding(hf: dict[str, Any], fam: Family, layers: int) -> tuple[int | None, 
     return window, (None if all(t == "sliding_attention" for t in types) else tuple(types))
 
 
+def _experts(hf: dict[str, Any], fam: Family, source: str) -> dict[str, Any]:
+    if not fam.experts:
+        return {}
+    if not hf.get("num_local_experts"):
+        raise HflowError(f"{source}: a {fam.name} config.json needs num_local_experts (the experts per layer)")
+    if hf.get("router_jitter_noise"):
+        raise HflowError(f"{source}: router_jitter_noise {hf['router_jitter_noise']} is not supported; set it to 0")
+    return dict(num_local_experts=hf["num_local_experts"], num_experts_per_tok=hf.get("num_experts_per_tok", 2))
+
+
 def read_hf_config(hf: dict[str, Any], source: str = "config.json") -> HFModelConfig:
     """The family, decoder config and head of an HF `config.json` mapping; a one-line HflowError
     for anything the runtime cannot run (model_type, architecture, activation, rope type, shape)."""
@@ -207,6 +228,7 @@ def read_hf_config(hf: dict[str, Any], source: str = "config.json") -> HFModelCo
         raise HflowError(f"{source}: a score model needs num_labels = 1 (one scalar per token), "
                          f"got {len(hf['id2label'])} labels")
     theta, scaling = _rope(hf, fam, source)
+    experts = _experts(hf, fam, source)
     window, layer_types = _sliding(hf, fam, hf["num_hidden_layers"])
     bias = bool(hf.get("attention_bias", False))
     head_dim = hf.get("head_dim") or fam.default_head_dim
@@ -222,7 +244,7 @@ def read_hf_config(hf: dict[str, Any], source: str = "config.json") -> HFModelCo
         qkv_bias={"config": bias, "qkv": True, "none": False}[fam.attention_bias],
         o_bias=bias if fam.attention_bias == "config" else False,
         mlp_bias=bool(hf.get("mlp_bias", False)) if fam.reads_mlp_bias else False,
-        qk_norm=fam.qk_norm, sliding_window=window, layer_types=layer_types,
+        qk_norm=fam.qk_norm, sliding_window=window, layer_types=layer_types, **experts,
     )
     for key in ("rms_norm_eps", "initializer_range"):
         if hf.get(key) is not None:
@@ -248,6 +270,7 @@ def _representable(cfg: DecoderConfig, fam: Family) -> None:
         (f"rope_type {cfg.rope_scaling.rope_type}", cfg.rope_scaling.rope_type in fam.rope_types),
         ("a sliding window", fam.sliding_window != "none" or cfg.sliding_window is None),
         ("per-layer windows", fam.sliding_window == "layer_types" or cfg.layer_types is None),
+        ("experts" if cfg.is_moe else "a dense MLP", cfg.is_moe == fam.experts),
     ) if not ok]
     if problems:
         raise HflowError(f"a {fam.name} config.json cannot hold {', '.join(problems)}; pick the family whose "
@@ -278,14 +301,17 @@ def hf_config(cfg: DecoderConfig, head: Head = "lm", dtype: str = "float32") -> 
         d.update(use_sliding_window=cfg.sliding_window is not None, sliding_window=cfg.sliding_window,
                  layer_types=[("full_attention" if cfg.attention_window(i) is None else "sliding_attention")
                               for i in range(cfg.num_hidden_layers)])
+    if fam.experts:
+        d.update(num_local_experts=cfg.num_local_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                 router_jitter_noise=0.0, output_router_logits=False)
     if head == "scalar":
         d.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     return d
 
 
 def tensor_shapes(cfg: DecoderConfig, head: Head = "lm") -> dict[str, tuple[int, ...]]:
-    """Every tensor an HF checkpoint of this model holds, by name (all four families use Llama's
-    names). A tied LM head is not listed (checkpoints omit it); nor is our score bias (HF's
+    """Every tensor an HF checkpoint of this model holds, by name (Llama's names; Mixtral's
+    for its experts). A tied LM head is not listed (checkpoints omit it); nor is our score bias (HF's
     `score` has none): both are optional on reading."""
     h, d, f = cfg.hidden_size, cfg.dim_head, cfg.intermediate_size
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
@@ -300,7 +326,13 @@ def tensor_shapes(cfg: DecoderConfig, head: Head = "lm") -> dict[str, tuple[int,
             layer["self_attn.o_proj.bias"] = (h,)
         if cfg.qk_norm:
             layer |= {"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)}
-        layer |= {"mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+        if cfg.is_moe:
+            layer["block_sparse_moe.gate.weight"] = (cfg.num_local_experts, h)
+            for e in range(cfg.num_local_experts):
+                x = f"block_sparse_moe.experts.{e}."
+                layer |= {x + "w1.weight": (f, h), x + "w2.weight": (h, f), x + "w3.weight": (f, h)}
+        else:
+            layer |= {"mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
         if cfg.mlp_bias:
             layer |= {"mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (h,)}
         layer |= {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}

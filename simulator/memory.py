@@ -100,9 +100,14 @@ def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int |
 def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool) -> MemoryBreakdown:
     n = parallel.world_size
     params = model.num_params(head)
-    # Megatron (distributed optimizer, ZeRO-1): weights whole over dp, optimizer states sharded over dp.
-    held = parallel.model_parallel_size if parallel.backend == "megatron" else n
-    return _mb(weights=WEIGHT_BYTES * params / held, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
+    # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
+    # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
+    if parallel.backend == "megatron":
+        experts = model.expert_params()
+        weights = (params - experts) / parallel.model_parallel_size + experts / (parallel.model_parallel_size * parallel.ep)
+    else:
+        weights = params / n
+    return _mb(weights=WEIGHT_BYTES * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:

@@ -1,7 +1,9 @@
 """Decoder-transformer shapes: exact parameter counts, FLOPs per token and KV-cache bytes.
 
 A block is RMSNorm → attention (q, k, v, o; grouped-query; per-family biases and q/k norms) →
-RMSNorm → SwiGLU MLP (gate, up, down). Critics and reward/cost models replace the LM head by a
+RMSNorm → SwiGLU MLP (gate, up, down), or a sparse MoE of `experts` such MLPs of which each token
+runs `experts_per_token` (Mixtral: all experts count in the parameters and the weight memory, only
+the active ones in the FLOPs per token). Critics and reward/cost models replace the LM head by a
 scalar head (`head="scalar"`). HF folders are read through the model families (families.py), so
 the simulator plans only what the runtime can run. Presets are the published configs; their
 counts are checked against the published totals in the tests.
@@ -39,6 +41,8 @@ class ModelSpec(BaseModel):
     qk_norm: bool = False  # per-head q and k RMSNorm (Qwen3)
     head_dim: PositiveInt | None = None  # defaults to hidden // heads
     family: str = "llama"  # the runtime builds (and writes config.json as) this family
+    experts: PositiveInt | None = None  # a sparse MoE feed-forward of this many experts per layer; None: dense
+    experts_per_token: PositiveInt = 2  # the top-k each token is routed to
 
     @model_validator(mode="after")
     def _shape(self):
@@ -46,6 +50,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.experts is not None and self.experts_per_token > self.experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
         if self.family not in FAMILIES:
             raise ValueError(f"unknown model family '{self.family}'; supported: {', '.join(FAMILIES)}")
         return self
@@ -55,7 +61,8 @@ class ModelSpec(BaseModel):
         return self.head_dim or self.hidden // self.heads
 
     # ---- parameters -------------------------------------------------------------------------
-    def layer_params(self) -> int:
+    def layer_params(self, active: bool = False) -> int:
+        """One decoder layer's parameters; `active`: those one token uses (its top-k experts and the router)."""
         h, d = self.hidden, self.dim_head
         q = h * self.heads * d
         kv = 2 * h * self.kv_heads * d
@@ -63,6 +70,8 @@ class ModelSpec(BaseModel):
         bias = (self.heads + 2 * self.kv_heads) * d if self.attention_bias else 0
         bias += h if self.o_bias else 0
         mlp = 3 * h * self.ffn + (2 * self.ffn + h if self.mlp_bias else 0)
+        if self.experts is not None:  # the router (hidden -> experts) and the experts one token runs
+            mlp = mlp * (self.experts_per_token if active else self.experts) + h * self.experts
         norms = 2 * h + (2 * d if self.qk_norm else 0)
         return q + kv + o + bias + mlp + norms
 
@@ -74,10 +83,17 @@ class ModelSpec(BaseModel):
             out = 0 if self.tied_embeddings else self.vocab * self.hidden
         return embed + self.layers * self.layer_params() + self.hidden + out
 
+    def expert_params(self) -> int:
+        """The experts' parameters over all layers (0 for a dense model): what expert parallelism splits."""
+        if self.experts is None:
+            return 0
+        return self.layers * self.experts * (3 * self.hidden * self.ffn + (2 * self.ffn + self.hidden if self.mlp_bias else 0))
+
     def matmul_params(self, head: Head = "lm") -> int:
-        """Parameters that take part in a matmul per token (the embedding lookup does not)."""
+        """Parameters that take part in a matmul per token (the embedding lookup does not; of a MoE, the
+        experts the token is routed to)."""
         out = self.hidden if head == "scalar" else self.vocab * self.hidden
-        return self.layers * self.layer_params() + out
+        return self.layers * self.layer_params(active=True) + out
 
     # ---- compute and memory per token -------------------------------------------------------
     def forward_flops_per_token(self, context: float, head: Head = "lm") -> float:
@@ -104,6 +120,7 @@ class ModelSpec(BaseModel):
             kv_heads=cfg.num_key_value_heads, ffn=cfg.intermediate_size, vocab=cfg.vocab_size,
             tied_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.qkv_bias, o_bias=cfg.o_bias,
             mlp_bias=cfg.mlp_bias, qk_norm=cfg.qk_norm, head_dim=cfg.head_dim, family=cfg.family,
+            experts=cfg.num_local_experts, experts_per_token=cfg.num_experts_per_tok,
         )
 
     def decoder_config(self, **overrides) -> DecoderConfig:
@@ -113,6 +130,7 @@ class ModelSpec(BaseModel):
             num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
             head_dim=self.head_dim, tie_word_embeddings=self.tied_embeddings, qkv_bias=self.attention_bias,
             o_bias=self.o_bias, mlp_bias=self.mlp_bias, qk_norm=self.qk_norm,
+            num_local_experts=self.experts, num_experts_per_tok=self.experts_per_token,
         )
         return DecoderConfig(**{**fields, **overrides})
 
@@ -158,6 +176,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, **_QWEN2),
         _m("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, **_QWEN3),
         _m("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, **_QWEN3),
+        _m("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, family="mixtral", experts=8, experts_per_token=2),
         # The embedded default's policy: small enough to train on two CPU cores.
         _m("tiny", 4, 128, 4, 4, 512, 64),
     ]

@@ -1,4 +1,6 @@
-"""ParallelConfig: how one model is split over its devices (pipeline × tensor × data).
+"""ParallelConfig: how one model is split over its devices (pipeline × tensor × data, and for a MoE model
+trained by megatron-core, expert parallelism: each MoE layer's experts split over `ep` of the dp ranks,
+which hold the rest of the model as before).
 
 Data parallelism in training is fully sharded (FSDP / ZeRO-3: weights, gradients and optimizer
 states are split over dp), which is what the runtime runs. Rank order is (pp, dp, tp) with tp
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from .errors import HflowError
 from .model import ModelSpec
@@ -24,6 +26,14 @@ class ParallelConfig(BaseModel):
     # The training engine of a train config: FSDP2 + DTensor TP, or megatron-core (runtime/engines/
     # megatron_training.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
     backend: Literal["fsdp", "megatron"] = "fsdp"
+    ep: PositiveInt = 1  # expert-parallel size (megatron only); not a factor of world_size
+
+    @model_validator(mode="after")
+    def _experts_on_megatron(self):
+        if self.ep > 1 and self.backend != "megatron":
+            raise ValueError(f"ep={self.ep}: expert parallelism runs on the megatron backend (FSDP keeps every "
+                             "expert on each rank); set backend: megatron or ep: 1")
+        return self
 
     @property
     def world_size(self) -> int:
@@ -31,17 +41,17 @@ class ParallelConfig(BaseModel):
 
     def generation_layout(self) -> ParallelConfig:
         """The same (pp, tp, dp) as a generation config (which names no training engine)."""
-        return self if self.backend == "fsdp" else self.model_copy(update={"backend": "fsdp"})
+        return self if self.backend == "fsdp" else self.model_copy(update={"backend": "fsdp", "ep": 1})
 
     @property
     def model_parallel_size(self) -> int:
         return self.pp * self.tp
 
     def label(self) -> str:
-        return f"{self.pp}-{self.tp}-{self.dp}"
+        return f"{self.pp}-{self.tp}-{self.dp}" + (f"-ep{self.ep}" if self.ep > 1 else "")
 
     def __str__(self) -> str:
-        return f"pp{self.pp}·tp{self.tp}·dp{self.dp}"
+        return f"pp{self.pp}·tp{self.tp}·dp{self.dp}" + (f"·ep{self.ep}" if self.ep > 1 else "")
 
     def problems(self, model: ModelSpec, devices_per_node: int | None = None) -> list[str]:
         out = []
@@ -49,6 +59,9 @@ class ParallelConfig(BaseModel):
             out.append(f"tp={self.tp} must divide heads={model.heads} and kv_heads={model.kv_heads}")
         if model.layers % self.pp:
             out.append(f"pp={self.pp} must divide layers={model.layers}")
+        if self.ep > 1 and (model.experts is None or model.experts % self.ep or self.dp % self.ep):
+            out.append(f"ep={self.ep} must divide the experts ({model.experts or 'none: a dense model'}) and "
+                       f"dp={self.dp}")
         if devices_per_node is not None and self.tp > devices_per_node:
             out.append(f"tp={self.tp} exceeds {devices_per_node} devices per node (tensor parallelism stays inside a node)")
         return out

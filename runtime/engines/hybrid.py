@@ -80,7 +80,9 @@ class HybridEngine(RolloutEngine):
                 stats = self.resharder.to_generation_staged(shards, *self.staged, out=target)
             d = self.trainer.parallel.dp
             stats.dp_gather_bytes = sum(v.numel() * v.element_size() for v in shards.values()) * (d - 1) // d
-        if release_training:
+        if release_training and hasattr(self.trainer, "release_weights"):  # megatron: its DDP buffers
+            self._released = self.trainer.release_weights()
+        elif release_training:
             for n, p in self.trainer.model.named_parameters():
                 if n in self.resharder.own_views:  # a slice of the generation weights
                     storage = _local(p).untyped_storage()
@@ -106,6 +108,8 @@ class HybridEngine(RolloutEngine):
         weights back into the trainer (bit-identical, no communication)."""
         if not self._released:
             return
+        if hasattr(self.trainer, "restore_weights"):
+            self.trainer.restore_weights(self._released)
         for n, p in self.trainer.model.named_parameters():
             if n in self._released:
                 _local(p).untyped_storage().resize_(self._released[n])

@@ -5,8 +5,9 @@ narrow places ask CUDA for things that have a plain CPU meaning:
 
 - the model-parallel RNG tracker saves and restores `torch.cuda` RNG states: `CpuRNGStatesTracker`
   keeps the same named states with the CPU generator;
-- `torch.cuda.current_device()` (rotary embeddings, buffers, the optimizer) raises without CUDA: it
-  answers device 0, which the mode below maps to the CPU;
+- `torch.cuda.current_device()` (rotary embeddings, buffers, the optimizer, the MoE token dispatch)
+  raises without CUDA: it answers the CPU device (not an index, which torch reads as a CUDA device:
+  autograd runs backward functions outside the mode below, and the MoE dispatch allocates there);
 - tensors made with `device="cuda"` (grad scaler, found-inf flags, norms) and `.cuda()` calls:
   `_CudaToCpu`, a TorchFunctionMode, makes them on the CPU;
 - the optimizers check `param.type() == "torch.cuda.FloatTensor"`: a CPU tensor's type() answers
@@ -96,7 +97,7 @@ def megatron_on_cpu() -> Iterator[None]:
         mrandom._CUDA_RNG_STATE_TRACKER = cpu_rng_tracker_class()()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: 0))
+        stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: torch.device("cpu")))
         stack.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
         stack.enter_context(_CudaToCpu())
         yield

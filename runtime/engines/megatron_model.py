@@ -6,6 +6,12 @@ RoPE scaling, sliding windows and a bias on o_proj without one on the MLP (Megat
 `add_bias_linear` puts a bias on every linear layer; `add_qkv_bias` on q, k, v alone).
 The scalar head (critic, reward) replaces the LM head: `ScalarHead`, hidden -> 1 with a bias,
 replicated over tensor parallelism.
+
+A MoE model (Mixtral) gets Megatron's MoE layer with its local experts (SequentialMLP), routed as
+transformers routes (softmax over the top-k logits = the renormalised top-k probabilities, in fp32,
+no load-balancing loss), the experts split over `ep` ranks and whole on each (expert tensor parallel
+size 1). Tokens reach their experts through the all-to-all dispatcher on GPUs; on CPU through the
+all-gather one, as the all-to-all dispatcher makes CUDA streams when it is built.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from hybridflow.simulator.decoder_config import DecoderConfig, Head
 from hybridflow.simulator.errors import HflowError
 
 
-def megatron_problems(cfg: DecoderConfig, tp: int = 1, pp: int = 1) -> list[str]:
-    """What keeps this model from Megatron's GPTModel at (tp, pp); [] when it runs."""
+def megatron_problems(cfg: DecoderConfig, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
+    """What keeps this model from Megatron's GPTModel at (tp, pp, ep); [] when it runs."""
     problems = []
+    if ep > 1 and (cfg.num_local_experts or 1) % ep:
+        problems.append(f"ep={ep} must divide the experts per layer ({cfg.num_local_experts or 'a dense model'})")
     if cfg.rope_scaling.rope_type != "default":
         problems.append(f"RoPE scaling '{cfg.rope_scaling.rope_type}' is not supported by the megatron backend")
     if cfg.sliding_window is not None:
@@ -36,13 +44,32 @@ def megatron_problems(cfg: DecoderConfig, tp: int = 1, pp: int = 1) -> list[str]
     return problems
 
 
-def check_megatron(cfg: DecoderConfig, tp: int = 1, pp: int = 1) -> None:
-    problems = megatron_problems(cfg, tp, pp)
+def check_megatron(cfg: DecoderConfig, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+    problems = megatron_problems(cfg, tp, pp, ep)
     if problems:
         raise HflowError(f"{problems[0]}; use train.backend: fsdp for this model")
 
 
-def transformer_config(cfg: DecoderConfig, tp: int, pp: int, dtype: torch.dtype = torch.float32):
+def _moe_options(cfg: DecoderConfig, ep: int) -> dict:
+    if not cfg.is_moe:
+        return {}
+    return dict(num_moe_experts=cfg.num_local_experts, moe_router_topk=cfg.num_experts_per_tok,
+                moe_ffn_hidden_size=cfg.intermediate_size, moe_router_dtype="fp32",
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
+                moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather",
+                expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+
+
+def _define_te_general_gemm() -> None:
+    """megatron-core 0.16 leaves `moe_utils.te_general_gemm` undefined when Transformer Engine is not
+    installed, and its router then fails with a NameError; None is what it checks for."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def transformer_config(cfg: DecoderConfig, tp: int, pp: int, dtype: torch.dtype = torch.float32, ep: int = 1):
     from megatron.core.transformer import TransformerConfig
 
     all_bias = cfg.o_bias and cfg.mlp_bias
@@ -60,7 +87,7 @@ def transformer_config(cfg: DecoderConfig, tp: int, pp: int, dtype: torch.dtype 
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         # fp32 softmax and residuals, as our decoder and HF compute them
-        attention_softmax_in_fp32=True, fp32_residual_connection=False,
+        attention_softmax_in_fp32=True, fp32_residual_connection=False, **_moe_options(cfg, ep),
     )
 
 
@@ -77,7 +104,7 @@ class ScalarHead(nn.Module):
 
 
 def build_stage(cfg: DecoderConfig, head: Head, tp: int, pp: int, pp_rank: int,
-                dtype: torch.dtype = torch.float32) -> nn.Module:
+                dtype: torch.dtype = torch.float32, ep: int = 1) -> nn.Module:
     """This pipeline stage's GPTModel (layers numbered from 0 within the stage), uninitialised."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -86,11 +113,12 @@ def build_stage(cfg: DecoderConfig, head: Head, tp: int, pp: int, pp_rank: int,
         import transformer_engine  # noqa: F401
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=cfg.qk_norm)
+        spec = get_gpt_layer_with_transformer_engine_spec(cfg.num_local_experts, qk_layernorm=cfg.qk_norm)
     except ImportError:
-        spec = get_gpt_layer_local_spec(qk_layernorm=cfg.qk_norm, normalization="RMSNorm")
+        _define_te_general_gemm()
+        spec = get_gpt_layer_local_spec(cfg.num_local_experts, qk_layernorm=cfg.qk_norm, normalization="RMSNorm")
     post = pp_rank == pp - 1
-    model = GPTModel(transformer_config(cfg, tp, pp, dtype), spec, vocab_size=cfg.vocab_size,
+    model = GPTModel(transformer_config(cfg, tp, pp, dtype, ep), spec, vocab_size=cfg.vocab_size,
                      max_sequence_length=cfg.max_position_embeddings, pre_process=pp_rank == 0, post_process=post,
                      parallel_output=False,  # whole-vocabulary logits: log-probs as our decoder computes them
                      share_embeddings_and_output_weights=cfg.tie_word_embeddings and head == "lm",

@@ -10,19 +10,20 @@ no pipelining at pp = 1, 1F1B above); checkpoints are `dist_checkpointing`. Rank
 The loss plugs in as for the FSDP2 engine, `loss_fn(outputs, micro)`, and micro-batches are
 weighted the same way (rows, or the tokens of `token_weights` over all dp ranks), so both engines
 take the same step on the same batch. Each micro-batch is packed (packing.py) and padded on the right
-to the local batch's longest row: pipeline stages exchange tensors of one shape. RoPE positions are
+to the local batch's longest row (under ep > 1 the longest over the dp ranks: the experts' token
+all-gather needs as many tokens on each): pipeline stages exchange tensors of one shape. RoPE positions are
 0.. within each packed row, as packing gives them.
 
-On a machine without CUDA every megatron call runs inside `megatron_on_cpu()` (the shim).
+Weights in HF names (loading, the reshard source, export) live in megatron_shards.py and checkpoints
+in megatron_checkpoint.py, mixed into the engine. A MoE model's experts are split over the plan's
+`ep` (megatron_model.py). On a machine without CUDA every megatron call runs inside
+`megatron_on_cpu()` (the shim).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,25 +34,16 @@ from hybridflow.simulator.decoder_config import Head
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
+from .megatron_checkpoint import MegatronCheckpoint
 from .megatron_cpu_shim import megatron_on_cpu
 from .megatron_model import build_stage, check_megatron
-from .megatron_weights import (
-    hf_to_megatron,
-    hf_tp_dim,
-    layer_index,
-    megatron_to_hf,
-    stage_layers,
-    to_local_layer,
-    tp_shard,
-    tp_unshard,
-)
+from .megatron_shards import MegatronShards
 from .packing import bucket_order, inverse_order, pack
 from .phase_clock import PhaseClock
-from .rank_state import load_rank_state, rank_state_file, save_rank_state
 from .training import LossFn, OptimConfig, as_tensordict, token_entropy, token_log_probs
 
 
-class MegatronEngine:
+class MegatronEngine(MegatronShards, MegatronCheckpoint):
     """A CausalLM or ScoreModel (our decoder, whole, on CPU) trained by megatron-core as `parallel` says."""
 
     def __init__(self, model, parallel: ParallelConfig | None = None, *, optim: OptimConfig | None = None,
@@ -69,12 +61,13 @@ class MegatronEngine:
         self.decoder_config = model.config
         self.head: Head = "lm" if hasattr(model, "lm_head") else "scalar"
         self.is_lm = self.head == "lm"
-        check_megatron(self.decoder_config, self.parallel.tp, self.parallel.pp)
+        check_megatron(self.decoder_config, self.parallel.tp, self.parallel.pp, self.parallel.ep)
         self.optim_config = optim or OptimConfig()
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.skipped_in_a_row = 0
         self.step = 0
+        self._kept: dict[str, torch.Tensor] = {}  # what release_weights keeps aside
         self.clock = PhaseClock()  # the step breakdown times FSDP's phases; Megatron's schedule is not split
         dtype = torch.bfloat16 if mixed_precision and torch.cuda.is_available() else torch.float32
         hf_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -92,18 +85,22 @@ class MegatronEngine:
         pc = self.parallel
         # megatron-core keeps one parallel state per process: colocated megatron roles share it.
         if not ps.model_parallel_is_initialized():
-            ps.initialize_model_parallel(tensor_model_parallel_size=pc.tp, pipeline_model_parallel_size=pc.pp)
+            ps.initialize_model_parallel(tensor_model_parallel_size=pc.tp, pipeline_model_parallel_size=pc.pp,
+                                         expert_model_parallel_size=pc.ep, expert_tensor_parallel_size=1)
             model_parallel_cuda_manual_seed(seed)
-        elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (pc.tp, pc.pp):
-            raise HflowError(f"megatron roles colocated in one process must share tp and pp (megatron-core keeps one "
-                             f"parallel state per process); {pc} differs from tp{ps.get_tensor_model_parallel_world_size()}"
-                             f"·pp{ps.get_pipeline_model_parallel_world_size()}: give them the same, or train one "
+        elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+              ps.get_expert_model_parallel_world_size()) != (pc.tp, pc.pp, pc.ep):
+            raise HflowError(f"megatron roles colocated in one process must share tp, pp and ep (megatron-core keeps "
+                             f"one parallel state per process); {pc} differs from "
+                             f"tp{ps.get_tensor_model_parallel_world_size()}·pp{ps.get_pipeline_model_parallel_world_size()}"
+                             f"·ep{ps.get_expert_model_parallel_world_size()}: give them the same, or train one "
                              "with train.backend: fsdp")
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pc.pp - 1
-        module = build_stage(self.decoder_config, self.head, pc.tp, pc.pp, self.pp_rank, dtype)
+        module = build_stage(self.decoder_config, self.head, pc.tp, pc.pp, self.pp_rank, dtype, pc.ep)
         if torch.cuda.is_available():
             module = module.cuda()
         self._load_hf(module, hf_state)
@@ -129,29 +126,6 @@ class MegatronEngine:
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
-    def _stage_names(self) -> dict[str, str]:
-        return self._stage_names_of(self.module)
-
-    @torch.no_grad()
-    def _load_hf(self, module, hf_state: dict[str, torch.Tensor]) -> None:
-        mg = hf_to_megatron(hf_state, self.decoder_config)
-        if self.decoder_config.tie_word_embeddings and self.is_lm and self.last_stage and not self.first_stage:
-            mg["output_layer.weight"] = mg["embedding.word_embeddings.weight"]  # the last stage's copy
-        own = module.state_dict()
-        for global_name, local in self._stage_names_of(module).items():
-            own[local].copy_(tp_shard(global_name, mg[global_name], self.tp_rank, self.parallel.tp,
-                                      scalar_head=not self.is_lm))
-
-    def _stage_names_of(self, module) -> dict[str, str]:
-        """Global megatron name -> the stage's own parameter name, for the tensors the stage holds."""
-        layers = stage_layers(self.decoder_config, self.pp_rank, self.parallel.pp)
-        out = {}
-        for local, t in module.state_dict().items():
-            if local.endswith("_extra_state") or not isinstance(t, torch.Tensor):
-                continue
-            out[local if layer_index(local) is None else to_local_layer(local, -layers.start)] = local
-        return out
-
     # ---- forward ------------------------------------------------------------------------------
     def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None) -> list[TensorDict]:
         n = batch.batch_size[0]
@@ -174,7 +148,15 @@ class MegatronEngine:
 
     def _width(self, batch: TensorDict) -> int:
         mask = batch.get("attention_mask", None)
-        return batch["input_ids"].shape[1] if mask is None else max(int(mask.long().sum(-1).max()), 1)
+        width = batch["input_ids"].shape[1] if mask is None else max(int(mask.long().sum(-1).max()), 1)
+        if self.parallel.ep == 1:
+            return width
+        # The experts' token all-gather over the ep ranks (other dp ranks) needs as many tokens on each.
+        from megatron.core import parallel_state as ps
+
+        t = torch.tensor([width])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+        return int(t)
 
     def _outputs(self, out: torch.Tensor, ids: torch.Tensor, unpack, entropy: bool) -> dict[str, torch.Tensor]:
         if not self.is_lm:
@@ -299,6 +281,16 @@ class MegatronEngine:
             g["lr"] = lr
         return lr
 
+    def _clip(self, total_norm: float) -> None:
+        """Scale the gradients to grad_clip by the norm over all of them: of a MoE model the optimizer is
+        a chain (dense and expert parameters, reduced over different groups) sharing that one norm."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            params = opt.get_parameters()
+            if params:
+                clip_grad_by_total_norm_fp32(params, max_norm=self.optim_config.grad_clip, total_norm=total_norm)
+
     def _finish_step(self, sums: dict[str, float]) -> dict[str, float]:
         """Clip and step with Megatron's optimizer; a non-finite gradient norm or loss skips the step."""
         sums = {"nonfinite_loss": 0.0, **sums}
@@ -311,7 +303,7 @@ class MegatronEngine:
             skip = not math.isfinite(grad_norm) or metrics.pop("nonfinite_loss") > 0
             if not skip:
                 if self.optim_config.grad_clip > 0:
-                    self.optimizer.clip_grad_norm(self.optim_config.grad_clip)
+                    self._clip(grad_norm)
                 self.optimizer.step_with_ready_grads()
         if skip:
             self.skipped_in_a_row += 1
@@ -323,111 +315,3 @@ class MegatronEngine:
             self.skipped_in_a_row = 0
         metrics.update(grad_norm=grad_norm, lr=lr, step=self.step, skipped=float(skip))
         return metrics
-
-    # ---- tensor-parallel shards in HF names (the 3D-HybridEngine's source, engines/hybrid.py) ----
-    def _tied(self) -> bool:
-        return self.is_lm and self.decoder_config.tie_word_embeddings
-
-    def tp_shard_dims(self) -> dict[str, int | None]:
-        """For each HF-named tensor this stage holds, the dim split over tensor parallelism (None: whole)."""
-        return {n: hf_tp_dim(n, self._tied()) for n in self.tp_shards()}
-
-    @contextmanager
-    def gathered_tp_shards(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's tensor-parallel shard of every parameter of its stage, in HF names. Megatron keeps
-        the weights whole over dp (its distributed optimizer shards only optimizer states), so nothing
-        is gathered but a tied embedding, which the generation layout keeps whole."""
-        yield self.tp_shards()
-
-    @torch.no_grad()
-    def tp_shards(self) -> dict[str, torch.Tensor]:
-        own = self.module.state_dict()
-        mine = {g: own[local].detach() for g, local in self._stage_names().items()}
-        if self._tied():
-            mine.pop("output_layer.weight", None)  # the last stage's copy of the embedding
-            if "embedding.word_embeddings.weight" in mine and self.parallel.tp > 1:
-                from megatron.core import parallel_state as ps
-
-                t = mine["embedding.word_embeddings.weight"]
-                shards = [torch.empty_like(t) for _ in range(self.parallel.tp)]
-                dist.all_gather(shards, t.contiguous(), group=ps.get_tensor_model_parallel_group())
-                mine["embedding.word_embeddings.weight"] = torch.cat(shards)
-        hf = megatron_to_hf(mine, self.decoder_config, self.head, tp=self.parallel.tp)
-        if self._tied() and "model.embed_tokens.weight" in hf and self.last_stage:
-            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        return hf
-
-    @torch.no_grad()
-    def load_tp_shards(self, shards: dict[str, torch.Tensor]) -> None:
-        """The inverse of tp_shards: HF-named shards of this rank back into its megatron parameters."""
-        mg = hf_to_megatron({k: v for k, v in shards.items() if k != "lm_head.weight" or not self._tied()},
-                            self.decoder_config, tp=self.parallel.tp)
-        own = self.module.state_dict()
-        for g, local in self._stage_names().items():
-            if g in mg and not (self._tied() and g == "embedding.word_embeddings.weight" and self.parallel.tp > 1):
-                own[local].copy_(mg[g])
-
-    # ---- weights out: HF names (export) -------------------------------------------------------
-    @torch.no_grad()
-    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
-        """Whole fp32 weights in HF names on CPU, on every rank (gathered over tp and pp)."""
-        from megatron.core import parallel_state as ps
-
-        own = self.module.state_dict()
-        mine = {g: own[local].detach().float().cpu() for g, local in self._stage_names().items()}
-        tp_group = ps.get_tensor_model_parallel_group()
-        whole = {}
-        for name, t in mine.items():
-            shards = [torch.empty_like(t) for _ in range(self.parallel.tp)]
-            dist.all_gather(shards, t.contiguous(), group=tp_group)
-            whole[name] = tp_unshard(name, shards, scalar_head=not self.is_lm)
-        if self.parallel.pp > 1:
-            stages = [None] * self.parallel.pp
-            dist.all_gather_object(stages, whole, group=ps.get_pipeline_model_parallel_group())
-            whole = {}
-            for s in stages:  # the last stage's copy of a tied embedding is the first's
-                whole |= {k: v for k, v in s.items() if k not in whole}
-        if self.decoder_config.tie_word_embeddings and self.is_lm:
-            whole.pop("output_layer.weight", None)
-        hf = megatron_to_hf(whole, self.decoder_config, self.head)
-        if self.is_lm and self.decoder_config.tie_word_embeddings:
-            hf["lm_head.weight"] = hf["model.embed_tokens.weight"]
-        return {} if rank0_only and dist.get_rank() != 0 else hf
-
-    # ---- checkpoints --------------------------------------------------------------------------
-    def _sharded_state(self, loading: bool = False):
-        # "dp_reshardable": the optimizer states as the dp buckets hold them (torch Adam keeps "step" there).
-        if loading:  # the load fills optimizer states in place: a fresh optimizer must have them
-            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                if not opt.optimizer.state:
-                    opt._init_optimizer_states_with_dummy_values()
-        model_sd = self.module.sharded_state_dict()
-        optim_sd = self.optimizer.sharded_state_dict(model_sd, is_loading=loading,
-                                                     metadata={"distrib_optim_sharding_type": "dp_reshardable"})
-        return {"model": model_sd, "optim": optim_sd}
-
-    def save(self, path: str | Path) -> Path:
-        """Model + distributed optimizer with megatron's dist_checkpointing, and per-rank step and RNG."""
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        (path / "dist").mkdir(parents=True, exist_ok=True)
-        with megatron_on_cpu():
-            dist_checkpointing.save(self._sharded_state(), str(path / "dist"))
-        save_rank_state(path, dist.get_rank(), self.step)
-        dist.barrier()
-        return path
-
-    def load(self, path: str | Path) -> None:
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        extra_file = rank_state_file(path, dist.get_rank())
-        if not (path / "dist").is_dir() or not extra_file.is_file():
-            raise HflowError(f"{path}: not a megatron training checkpoint of this layout (need dist/ and "
-                             f"{extra_file.name}); pass a folder written by MegatronEngine.save")
-        with megatron_on_cpu(), torch.no_grad():  # states are copied into leaf parameters in place
-            state = dist_checkpointing.load(self._sharded_state(loading=True), str(path / "dist"))
-            self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optim"])
-        self.step = load_rank_state(path, dist.get_rank())

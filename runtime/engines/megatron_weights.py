@@ -10,11 +10,16 @@ partition dim:
 - `linear_proj` and `linear_fc2` (o_proj, down_proj) are split along their input dim (row
   parallel), embeddings and the LM head along the vocabulary; norms and row-parallel biases are
   replicated;
+- a MoE layer (Mixtral): the router `block_sparse_moe.gate` is `mlp.router`, replicated; expert e's
+  w1, w3 (gate, up) are its `linear_fc1` = [w1; w3] and w2 its `linear_fc2`, under
+  `mlp.experts.local_experts.{e}`. Experts are not split over tp (expert tensor parallel size 1, as
+  the FSDP engine keeps them whole); expert parallelism gives each ep rank a contiguous block of them,
+  renumbered from 0 there (`to_local_expert`);
 - tied embeddings: no `output_layer` where the model has one stage (the last pipeline stage
   keeps a copy Megatron keeps equal); the scalar head (`score`) is `output_layer`, replicated.
 
 Pure tensor code (no megatron import): the conversions are exact permutations and concatenations.
-Layer indices are global here; a pipeline stage renumbers its own (`stage_names`).
+Layer and expert indices are global here; a pipeline stage renumbers its layers, an ep rank its experts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import torch
 from hybridflow.simulator.decoder_config import DecoderConfig
 
 _LAYER = re.compile(r"^(model\.layers|decoder\.layers)\.(\d+)\.(.+)$")
+_HF_EXPERT = re.compile(r"^block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_MG_EXPERT = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 # HF name inside a layer -> megatron name inside a layer (one-to-one tensors).
 _LAYER_SIMPLE = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -36,6 +43,7 @@ _LAYER_SIMPLE = {
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
     "mlp.down_proj.weight": "mlp.linear_fc2.weight",
     "mlp.down_proj.bias": "mlp.linear_fc2.bias",
+    "block_sparse_moe.gate.weight": "mlp.router.weight",
 }
 _TOP_SIMPLE = {
     "model.embed_tokens.weight": "embedding.word_embeddings.weight",
@@ -44,7 +52,7 @@ _TOP_SIMPLE = {
     "score.weight": "output_layer.weight",
     "score.bias": "output_layer.bias",
 }
-_REPLICATED_SUFFIXES = ("layernorm.weight", "linear_proj.bias", "linear_fc2.bias")
+_REPLICATED_SUFFIXES = ("layernorm.weight", "linear_proj.bias", "linear_fc2.bias", "router.weight")
 
 
 def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: DecoderConfig, tp: int) -> torch.Tensor:
@@ -83,6 +91,13 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], cfg: DecoderConfig, tp: int = 1)
             p = f"model.layers.{i}.self_attn."
             out[f"{prefix}self_attention.linear_qkv.{kind}"] = _qkv_fuse(
                 hf[f"{p}q_proj.{kind}"], hf[f"{p}k_proj.{kind}"], hf[f"{p}v_proj.{kind}"], cfg, tp)
+        elif (e := _HF_EXPERT.match(rest)) is not None:
+            x = f"model.layers.{i}.block_sparse_moe.experts.{e.group(1)}."
+            local = f"{prefix}mlp.experts.local_experts.{e.group(1)}."
+            if e.group(2) == "w1":
+                out[local + "linear_fc1.weight"] = torch.cat([hf[x + "w1.weight"], hf[x + "w3.weight"]])
+            elif e.group(2) == "w2":
+                out[local + "linear_fc2.weight"] = t
         elif rest.startswith("mlp.gate_proj."):
             kind = rest.rsplit(".", 1)[1]
             p = f"model.layers.{i}.mlp."
@@ -113,6 +128,13 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], cfg: DecoderConfig, head: str = 
             kind = rest.rsplit(".", 1)[1]
             for proj, part in zip(("q_proj", "k_proj", "v_proj"), _qkv_split(t, cfg, tp), strict=True):
                 out[f"{prefix}self_attn.{proj}.{kind}"] = part.contiguous()
+        elif (e := _MG_EXPERT.match(name)) is not None:
+            x = f"{prefix}block_sparse_moe.experts.{e.group(2)}."
+            if e.group(3) == "linear_fc1":
+                w1, w3 = t.chunk(2)
+                out[x + "w1.weight"], out[x + "w3.weight"] = w1.contiguous(), w3.contiguous()
+            else:
+                out[x + "w2.weight"] = t
         elif rest.startswith("mlp.linear_fc1."):
             kind = rest.rsplit(".", 1)[1]
             gate, up = t.chunk(2)
@@ -130,6 +152,8 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], cfg: DecoderConfig, head: str = 
 def partition(name: str) -> tuple[int | None, int]:
     """(partition dim, stride) of a megatron parameter under tensor parallelism (None: replicated)."""
     if name.endswith(_REPLICATED_SUFFIXES) or name.startswith("output_layer.") and name.endswith("bias"):
+        return None, 1
+    if is_expert(name):  # whole on every tp rank (expert tensor parallel size 1)
         return None, 1
     if "linear_fc1." in name:
         return 0, 2
@@ -180,6 +204,18 @@ def to_local_layer(name: str, offset: int) -> str:
     """A global layer name renumbered as the stage's own (`decoder.layers.{i - offset}`)."""
     m = _LAYER.match(name)
     return name if m is None else f"{m.group(1)}.{int(m.group(2)) - offset}.{m.group(3)}"
+
+
+def is_expert(name: str) -> bool:
+    """A megatron tensor of one expert (held by one ep rank)."""
+    return _MG_EXPERT.match(name) is not None
+
+
+def to_local_expert(name: str, offset: int) -> str:
+    """An expert's tensor renumbered by `-offset` (global -> an ep rank's own with its first expert's
+    index; local -> global with minus that)."""
+    m = _MG_EXPERT.match(name)
+    return name if m is None else f"{m.group(1)}{int(m.group(2)) - offset}.{m.group(3)}.weight"
 
 
 def layer_index(name: str) -> int | None:

@@ -1,6 +1,7 @@
 """The decoder every supported model family runs, readable top to bottom (nanoGPT / TorchTitan style).
 
-RMSNorm → grouped-query attention with RoPE → RMSNorm → SwiGLU MLP, repeated; a final RMSNorm;
+RMSNorm → grouped-query attention with RoPE → RMSNorm → SwiGLU MLP (or a sparse mixture of SwiGLU
+experts, Mixtral), repeated; a final RMSNorm;
 then either an LM head (`CausalLM`) or a scalar head (`ScoreModel`, for critics and reward/cost
 models). What differs between Llama, Mistral, Qwen2 and Qwen3 is a `DecoderConfig` option, not a
 copy of this file: biases on q/k/v, o and the MLP; per-head q/k RMSNorm before RoPE (Qwen3); RoPE
@@ -155,18 +156,63 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Expert(nn.Module):
+    """One SwiGLU expert under Mixtral's names: w1 the gate, w3 the up and w2 the down projection."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.intermediate_size
+        self.w1 = nn.Linear(h, f, bias=False)
+        self.w2 = nn.Linear(f, h, bias=False)
+        self.w3 = nn.Linear(h, f, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SparseMoE(nn.Module):
+    """Mixtral's sparse feed-forward: the router `gate` scores every expert per token; each token goes
+    to its top-k experts, their outputs summed with the top-k softmax probabilities renormalised to 1
+    (routing in fp32, as transformers does it)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(cfg) for _ in range(cfg.num_local_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.gate(tokens).float(), dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # [tokens, k]
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            # Every expert runs, on no tokens if none chose it, so each gets a gradient (0) every step.
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            out.index_add_(0, token, expert(tokens[token]) * weights[token, slot, None])
+        return out.view_as(x)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
         # Declared in HF's order, so state dicts list the same names in the same order.
         self.self_attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg)
+        if cfg.is_moe:
+            self.block_sparse_moe = SparseMoE(cfg)
+        else:
+            self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    @property
+    def feed_forward(self) -> nn.Module:
+        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+
     def forward(self, x, cos, sin, mask, cache):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.feed_forward(self.post_attention_layernorm(x))
 
 
 # ---- masks and positions ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Each case is a family with the options its real releases use (Llama-3.1/3.2 llama3 RoPE scaling,
 tied and untied; Llama-2-style linear scaling with biases; Mistral's sliding window, small enough
-that it bites; Qwen2.5's q/k/v biases; Qwen3's q/k norms with a head_dim apart from hidden/heads).
+that it bites; Qwen2.5's q/k/v biases; Qwen3's q/k norms with a head_dim apart from hidden/heads; Mixtral's top-2 of 4 experts).
 Norm weights and biases are perturbed off their initial 1 / 0, so a misplaced one shows.
 """
 
@@ -25,9 +25,10 @@ CASES = {
     "qwen2.5-tied": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", dict(head_dim=32)),
     "qwen3-tied": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=1000000.0)),
 }
 # One score-model (ForSequenceClassification) case per family.
-SCORE_CASES = ("llama3.1", "mistral-window", "qwen2.5-tied", "qwen3")
+SCORE_CASES = ("llama3.1", "mistral-window", "qwen2.5-tied", "qwen3", "mixtral")
 
 
 def hf_config(case: str, **extra):

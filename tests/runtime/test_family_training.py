@@ -1,6 +1,7 @@
 """tp = 2 / dp = 2 training (FSDP2 + DTensor TP) equals one process for a few steps, for every
 family (each TP path: vocabulary-split and tied embeddings, row/column biases, Qwen3's q/k norms,
-Mistral's windowed masks) and a scalar head; one process group for all of them.
+Mistral's windowed masks, Mixtral's experts kept whole over tp) and a scalar head; one process group
+for all of them.
 
 The workers get the decoder configs (read from transformers' config classes here, in the parent):
 this module imports no transformers, so the spawned processes start quickly."""
@@ -20,7 +21,7 @@ from hybridflow.simulator.parallel import ParallelConfig
 
 STEPS = 3
 # family_util cases; the tied variants of Llama and Qwen3 take no other TP path than these.
-TRAIN_CASES = ("llama3.1", "llama2-linear-bias", "mistral-window", "qwen2.5-tied", "qwen3")
+TRAIN_CASES = ("llama3.1", "llama2-linear-bias", "mistral-window", "qwen2.5-tied", "qwen3", "mixtral")
 OPTIM = OptimConfig(lr=3e-3, grad_clip=0.5)
 
 

@@ -1,6 +1,7 @@
 """The megatron-core engine on CPU (gloo, the CPU shim): the same steps as the FSDP2 engine's
 single-process reference on the same weights, at tp = 2 × pp = 2, tp = 2 × dp = 2 and pp = 2 × dp = 2
-(critic), tied embeddings across stages, save → load exact, and the HF weights back out exact.
+(critic), tied embeddings across stages, a Mixtral MoE with its experts over ep = 2, save → load
+exact, the HF weights back out exact, and the generation weights after the reshard equal to them.
 
 megatron.core takes seconds to import in each rank, so one 4-rank group runs every case
 (`_all_cases`, a module fixture) and the tests read its results.
@@ -22,12 +23,14 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed (pip in
 STEPS = 3
 OPTIM = OptimConfig(lr=3e-3, grad_clip=0.5)
 LAYERS = 4
-# case -> (pp, tp, dp, score model, extra decoder options)
+MOE = dict(family="mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+# case -> (pp, tp, dp, score model, extra decoder options, ep)
 CASES = {
-    "tp2-pp2": (2, 2, 1, False, dict(num_key_value_heads=2)),
-    "tp2-pp2-tied": (2, 2, 1, False, dict(num_key_value_heads=2, tie_word_embeddings=True, qkv_bias=True)),
-    "tp2-dp2": (1, 2, 2, False, dict(num_key_value_heads=2)),
-    "pp2-dp2-critic": (2, 1, 2, True, {}),
+    "tp2-pp2": (2, 2, 1, False, dict(num_key_value_heads=2), 1),
+    "tp2-pp2-tied": (2, 2, 1, False, dict(num_key_value_heads=2, tie_word_embeddings=True, qkv_bias=True), 1),
+    "tp2-dp2": (1, 2, 2, False, dict(num_key_value_heads=2), 1),
+    "pp2-dp2-critic": (2, 1, 2, True, {}, 1),
+    "moe-dp4-ep2": (1, 1, 4, False, MOE, 2),
 }
 
 
@@ -68,39 +71,68 @@ def _model(score: bool, options: dict):
     return tiny_model(score=score, num_hidden_layers=LAYERS, **options)
 
 
+def _training_state(engine) -> dict[str, torch.Tensor]:
+    """Copies of the weights and optimizer states (copies: numpy views would pin the storage)."""
+    state = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    for i, opt in enumerate(getattr(engine.optimizer, "chained_optimizers", [engine.optimizer])):
+        for pid, st in opt.optimizer.state_dict()["state"].items():
+            state |= {f"{i}.{pid}.{k}": v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}
+    return state
+
+
 def _all_cases(rank, world, ckpt):
     from megatron.core import parallel_state
 
-    from hybridflow.runtime.engines.megatron_training import MegatronEngine
-
-    out = {}
-    for name, (pp, tp, dp, score, options) in CASES.items():
-        parallel_state.destroy_model_parallel()  # a new layout: megatron's state is per process
-        engine = MegatronEngine(_model(score, options), ParallelConfig(pp=pp, tp=tp, dp=dp), optim=OPTIM)
-        out[name] = (*_run(engine, _batch(engine.dp_rank, dp), score), engine.dp_rank)
-    # save -> load: the step after loading equals the step after saving
-    parallel_state.destroy_model_parallel()
-    cfg = ParallelConfig(tp=2, dp=2)
-    engine = MegatronEngine(_model(False, CASES["tp2-dp2"][4]), cfg, optim=OptimConfig(lr=1e-2))
-    batch = _batch(engine.dp_rank, 2)
-    engine.train_step(batch, nll_loss)
-    engine.save(ckpt)
-    expect = engine.train_step(batch, nll_loss)
-    other = tiny_model(seed=3, num_hidden_layers=LAYERS, num_key_value_heads=2)  # overwritten by the load
-    fresh = MegatronEngine(other, cfg, optim=OptimConfig(lr=1e-2))
-    fresh.load(ckpt)
-    got = fresh.train_step(batch, nll_loss)
-    out["save-load"] = (expect["loss"], got["loss"], expect["grad_norm"], got["grad_norm"], fresh.step)
-    # the 3D-HybridEngine from Megatron's tp = 2 shards into generation layouts t_g = 1 and 2
     from hybridflow.runtime.engines.hybrid import HybridEngine
+    from hybridflow.runtime.engines.megatron_training import MegatronEngine
     from hybridflow.runtime.models.decoder import CausalLM
 
-    whole = fresh.full_state_dict()
-    for t_g in (1, 2):
-        hybrid = HybridEngine(fresh, CausalLM(fresh.decoder_config), ParallelConfig(tp=t_g, dp=4 // t_g))
+    def resharded(engine, gen: ParallelConfig) -> list[str]:
+        """The HF names whose generation weights differ from the engine's after the switch."""
+        whole = engine.full_state_dict()
+        hybrid = HybridEngine(engine, CausalLM(engine.decoder_config), gen)
         hybrid.to_generation()
-        gen = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in hybrid.model.state_dict().items()}
-        out[f"reshard-tg{t_g}"] = sorted(k for k in whole if not torch.equal(gen[k], whole[k]))
+        got = {n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in hybrid.model.state_dict().items()}
+        return sorted(k for k in whole if not torch.equal(got[k], whole[k]))
+
+    out = {}
+    for name, (pp, tp, dp, score, options, ep) in CASES.items():
+        parallel_state.destroy_model_parallel()  # a new layout: megatron's state is per process
+        engine = MegatronEngine(_model(score, options), ParallelConfig(pp=pp, tp=tp, dp=dp, ep=ep, backend="megatron"),
+                                optim=OPTIM)
+        out[name] = (*_run(engine, _batch(engine.dp_rank, dp), score), engine.dp_rank)
+    # every expert from the two ep ranks in each generation replica
+    out["reshard-moe"] = resharded(engine, ParallelConfig(dp=4))
+    # generating frees the trainer's weight and gradient buffers; to_training rebuilds them bit-identical
+    from hybridflow.runtime.engines.generation import SamplingParams
+
+    before = _training_state(engine)
+    hybrid = HybridEngine(engine, CausalLM(engine.decoder_config), ParallelConfig(dp=4))
+    hybrid.to_generation(release_training=True)
+    held = sum(p.untyped_storage().nbytes() for p in engine.module.parameters())
+    hybrid.generate(token_batch(n=2, seq=5)["input_ids"], None, SamplingParams(greedy=True, max_new_tokens=3))
+    released = hybrid.released_bytes()
+    hybrid.to_training()
+    after = _training_state(engine)
+    out["release"] = (held, released, after.keys() == before.keys() and all(torch.equal(after[k], v)
+                                                                             for k, v in before.items()))
+    # save -> load: the step after loading equals the step after saving (the MoE's experts sharded over ep)
+    for name, cfg, options in (("save-load-moe", ParallelConfig(dp=4, ep=2, backend="megatron"), MOE),
+                               ("save-load", ParallelConfig(tp=2, dp=2, backend="megatron"), CASES["tp2-dp2"][4])):
+        parallel_state.destroy_model_parallel()
+        engine = MegatronEngine(_model(False, options), cfg, optim=OptimConfig(lr=1e-2))
+        batch = _batch(engine.dp_rank, cfg.dp)
+        engine.train_step(batch, nll_loss)
+        engine.save(f"{ckpt}-{name}")
+        expect = engine.train_step(batch, nll_loss)
+        other = tiny_model(seed=3, num_hidden_layers=LAYERS, **options)  # overwritten by the load
+        fresh = MegatronEngine(other, cfg, optim=OptimConfig(lr=1e-2))
+        fresh.load(f"{ckpt}-{name}")
+        got = fresh.train_step(batch, nll_loss)
+        out[name] = (expect["loss"], got["loss"], expect["grad_norm"], got["grad_norm"], fresh.step)
+    # the 3D-HybridEngine from Megatron's tp = 2 shards into generation layouts t_g = 1 and 2
+    for t_g in (1, 2):
+        out[f"reshard-tg{t_g}"] = resharded(fresh, ParallelConfig(tp=t_g, dp=4 // t_g))
     return out
 
 
@@ -120,7 +152,7 @@ def _reference(score: bool, options: dict):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_megatron_matches_the_fsdp_engine(results, case):
-    pp, tp, dp, score, options = CASES[case]
+    pp, tp, dp, score, options, _ = CASES[case]
     ref_loss, ref_norm, ref_state, ref_before = _reference(score, options)
     assert ref_loss[-1] < ref_loss[0]
     per = 8 // dp
@@ -134,12 +166,21 @@ def test_megatron_matches_the_fsdp_engine(results, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("t_g", [1, 2])
-def test_generation_weights_equal_megatron_training_weights_after_the_switch(results, t_g):
-    assert all(r[f"reshard-tg{t_g}"] == [] for r in results)
+@pytest.mark.parametrize("case", ["tg1", "tg2", "moe"])
+def test_generation_weights_equal_megatron_training_weights_after_the_switch(results, case):
+    assert all(r[f"reshard-{case}"] == [] for r in results)
 
 
 @pytest.mark.slow
-def test_megatron_save_load_is_exact(results):
-    for expect_loss, got_loss, expect_norm, got_norm, step in (r["save-load"] for r in results):
+def test_generation_frees_the_megatron_trainers_buffers_and_rebuilds_them_exactly(results):
+    n_params = sum(p.numel() for p in _model(False, MOE).parameters())
+    for held, released, identical in (r["release"] for r in results):
+        assert held == 0 and released >= 2 * 4 * n_params // 2  # weights and grads; half the experts per rank
+        assert identical
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["save-load", "save-load-moe"])
+def test_megatron_save_load_is_exact(results, case):
+    for expect_loss, got_loss, expect_norm, got_norm, step in (r[case] for r in results):
         assert got_loss == expect_loss and got_norm == expect_norm and step == 2

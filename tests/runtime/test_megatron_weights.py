@@ -12,8 +12,10 @@ from hybridflow.runtime.engines.megatron_model import megatron_problems
 from hybridflow.runtime.engines.megatron_weights import (
     hf_to_megatron,
     hf_tp_dim,
+    is_expert,
     megatron_to_hf,
     partition,
+    to_local_expert,
     tp_shard,
     tp_unshard,
 )
@@ -24,6 +26,7 @@ OPTIONS = {
     "qwen2-tied": dict(num_key_value_heads=2, qkv_bias=True, tie_word_embeddings=True),
     "qwen3-qknorm": dict(num_key_value_heads=1, qk_norm=True, head_dim=32),
     "all-biases": dict(qkv_bias=True, o_bias=True, mlp_bias=True),
+    "mixtral-moe": dict(family="mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
 }
 
 
@@ -77,6 +80,23 @@ def test_tp_shards_rebuild_the_whole_and_hold_whole_groups(tp):
     assert torch.equal(fc1[f:], hf["model.layers.0.mlp.up_proj.weight"][f:2 * f])
     assert partition("decoder.layers.0.self_attention.linear_proj.weight") == (1, 1)
     assert partition("decoder.layers.0.self_attention.linear_proj.bias") == (None, 1)
+
+
+def test_experts_map_to_megatrons_local_experts_whole_over_tp():
+    cfg, hf = _state(OPTIONS["mixtral-moe"])
+    mg = hf_to_megatron(hf, cfg)
+    x, hx = "decoder.layers.1.mlp.", "model.layers.1.block_sparse_moe."
+    assert torch.equal(mg[x + "router.weight"], hf[hx + "gate.weight"])
+    fc1 = mg[x + "experts.local_experts.3.linear_fc1.weight"]  # [gate; up] of expert 3
+    assert torch.equal(fc1, torch.cat([hf[hx + "experts.3.w1.weight"], hf[hx + "experts.3.w3.weight"]]))
+    assert torch.equal(mg[x + "experts.local_experts.3.linear_fc2.weight"], hf[hx + "experts.3.w2.weight"])
+    for name in (x + "router.weight", x + "experts.local_experts.3.linear_fc1.weight"):
+        assert partition(name) == (None, 1) and torch.equal(tp_shard(name, mg[name], 1, 2), mg[name])
+    assert hf_tp_dim(hx + "experts.3.w1.weight") is None and hf_tp_dim(hx + "gate.weight") is None
+    # ep rank 1 of 2 holds experts 2 and 3 as its local 0 and 1
+    assert to_local_expert(x + "experts.local_experts.3.linear_fc2.weight", 2) == x + "experts.local_experts.1.linear_fc2.weight"
+    assert is_expert(x + "experts.local_experts.0.linear_fc1.weight") and not is_expert(x + "router.weight")
+    assert "ep=3 must divide the experts per layer (4)" in megatron_problems(cfg, ep=3)[0]
 
 
 def test_what_megatron_cannot_run_is_named():

@@ -127,15 +127,20 @@ def test_sampling_is_seeded_and_logprobs_match_recompute(rollout):
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.slow
-def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path):
-    """Plan field `rollout: vllm`; training tp 2 → vLLM tp_g 2 over the same two processes (one replica).
-    After two updates the rollout's greedy responses equal the native engine's on the actor's weights."""
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path, backend):
+    """Plan field `rollout: vllm`; training tp 2 (FSDP2 or megatron-core) → vLLM tp_g 2 over the same two
+    processes (one replica). After two updates the rollout's greedy responses equal the native engine's
+    on the actor's weights."""
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e '.[megatron]')")
     from hybridflow.runtime.models.hf_format import load_pretrained
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
 
     w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8)
-    plan = tiny_plan("grpo", [["actor", "ref"]], [2], train={"actor": ParallelConfig(tp=2), "ref": ParallelConfig(dp=2)},
+    plan = tiny_plan("grpo", [["actor", "ref"]], [2], train={"actor": ParallelConfig(tp=2, backend=backend),
+                                                             "ref": ParallelConfig(dp=2)},
                      generate=ParallelConfig(tp=2), workload=w)
     data = plan.model_dump()
     data["roles"]["actor"]["rollout"] = "vllm"  # as a plan file says it
@@ -149,17 +154,26 @@ def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path):
         got = t.df.generate(batch, greedy=True)  # pushes the weights of update 2 first
         t.groups["actor"].call("actor", "export_hf", str(tmp_path / "actor"))
         timeline = t.timeline
-    assert [m["actor/step"] for m in out] == [1, 2]
+    k = w.mini_batches  # optimizer steps per iteration; the metric is their mean step
+    assert [m["actor/step"] for m in out] == [(k + 1) / 2, k + (k + 1) / 2]
     assert {"reshard", "generate", "actor_update"} <= set(out[1]["op_seconds"])
     # each of the 2 ranks holds half of the tp-sharded weights and receives the other half
     reshard = [e for e in timeline.events if e.op == "reshard"]
     assert len(reshard) == 2 and all(e.bytes > 0 for e in reshard)
     greedy = SamplingParams(max_new_tokens=8, greedy=True, eos_token_id=t.tok.eos_id, pad_token_id=t.tok.pad_id)
     ids, mask = batch["prompt_ids"], batch["prompt_mask"]
-    want = GenerationEngine(load_pretrained(tmp_path / "actor")).generate(ids, mask, greedy)
+    actor = load_pretrained(tmp_path / "actor")
+    want = GenerationEngine(actor).generate(ids, mask, greedy)
     before = GenerationEngine(load_pretrained(tmp_path / "initial")).generate(ids, mask, greedy)
     assert not torch.equal(want.response, before.response)  # the updates changed the greedy answers
-    assert torch.equal(got["responses"], want.response) and torch.equal(got["response_mask"], want.response_mask)
+    # Every token vLLM chose is the actor's greedy choice: its logit within fp32 noise of the best. (Token-
+    # exact equality with the native engine does not hold where two tokens tie to that noise, as the
+    # trained policy's do: vLLM batches, and reuses the prefix cache of a repeated prompt.)
+    p, r = ids.shape[1], got["responses"].shape[1]
+    with torch.no_grad():
+        logits = actor(got["input_ids"], attention_mask=got["attention_mask"])[:, p - 1:p + r - 1].float()
+    chosen = logits.gather(-1, got["responses"][..., None]).squeeze(-1)
+    assert float(((logits.max(-1).values - chosen) * got["response_mask"]).max()) < 1e-4
 
 
 @needs_vllm

@@ -50,13 +50,19 @@ RELEASES = {
         max_window_layers=36, num_attention_heads=32, num_hidden_layers=36, num_key_value_heads=8,
         rms_norm_eps=1e-06, rope_scaling=None, rope_theta=1000000, sliding_window=None,
         tie_word_embeddings=False, use_sliding_window=False, vocab_size=151936)),
+    "Mixtral-8x7B-v0.1": (46_702_792_704, dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_act="silu", hidden_size=4096,
+        intermediate_size=14336, max_position_embeddings=32768, num_attention_heads=32, num_experts_per_tok=2,
+        num_hidden_layers=32, num_key_value_heads=8, num_local_experts=8, output_router_logits=False,
+        rms_norm_eps=1e-05, rope_theta=1000000.0, router_aux_loss_coef=0.02, sliding_window=None,
+        tie_word_embeddings=False, vocab_size=32000)),
 }
 
 # Published totals of the presets (the same sources), in parameters.
 PRESET_TOTALS = {
     "llama3.1-8b": 8_030_261_248, "llama3.1-70b": 70_553_706_496, "qwen2.5-7b": 7_615_616_512,
     "qwen2.5-32b": 32_763_876_352, "qwen2.5-72b": 72_706_203_648, "qwen3-8b": 8_190_735_360,
-    "qwen3-32b": 32_762_123_264,
+    "qwen3-32b": 32_762_123_264, "mixtral-8x7b": 46_702_792_704,
 }
 
 
@@ -109,6 +115,21 @@ def test_q_k_norm_and_bias_parameters_are_counted_exactly():
         2 * (64 + 2 * 96 + 64)
 
 
+def test_moe_counts_every_expert_in_parameters_and_the_routed_ones_in_flops():
+    moe = MODEL_PRESETS["mixtral-8x7b"]
+    assert moe.decoder_config().num_local_experts == 8 and moe.decoder_config().num_experts_per_tok == 2
+    # Per token: the router plus two experts, i.e. a dense model of twice the ffn plus the router.
+    dense = moe.model_copy(update={"experts": None, "ffn": 2 * moe.ffn})
+    assert moe.matmul_params() == dense.matmul_params() + moe.layers * moe.hidden * 8
+    assert moe.num_params() - moe.matmul_params() > 6 * moe.layers * 3 * moe.hidden * moe.ffn  # 6 idle experts
+    mixtral = read_hf_config(RELEASES["Mixtral-8x7B-v0.1"][1])
+    assert mixtral.family.name == "mixtral" and mixtral.decoder.num_local_experts == 8
+    for bad, message in ((dict(num_local_experts=None), "needs num_local_experts"),
+                         (dict(router_jitter_noise=0.1), "router_jitter_noise 0.1 is not supported")):
+        with pytest.raises(HflowError, match=message):
+            read_hf_config(RELEASES["Mixtral-8x7B-v0.1"][1] | bad)
+
+
 @pytest.mark.parametrize("release", list(RELEASES))
 def test_config_json_round_trip(release):
     read = read_hf_config(RELEASES[release][1])
@@ -121,7 +142,7 @@ def test_config_json_round_trip(release):
 def test_unrunnable_configs_are_one_line_errors():
     base = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
     cases = [
-        (dict(model_type="gpt2"), "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"),
+        (dict(model_type="gpt2"), "model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3, mixtral"),
         (dict(architectures=["LlamaForTokenClassification"]), "architecture 'LlamaForTokenClassification' is not "
                                                               "supported; supported: LlamaForCausalLM"),
         (dict(model_type="qwen2", architectures=["LlamaForCausalLM"]), "does not match model_type 'qwen2'"),
@@ -144,7 +165,9 @@ def test_a_config_json_says_only_what_its_family_can():
     cfg = read_hf_config(RELEASES["Qwen2.5-7B"][1]).decoder
     with pytest.raises(HflowError, match="a llama config.json cannot hold q/k/v bias True with o bias False"):
         hf_config(cfg.model_copy(update={"family": "llama"}))
-    assert set(FAMILIES) == {"llama", "mistral", "qwen2", "qwen3"}
+    with pytest.raises(HflowError, match="a llama config.json cannot hold experts"):
+        hf_config(read_hf_config(RELEASES["Mixtral-8x7B-v0.1"][1]).decoder.model_copy(update={"family": "llama"}))
+    assert set(FAMILIES) == {"llama", "mistral", "qwen2", "qwen3", "mixtral"}
 
 
 def test_search_refuses_an_unsupported_folder_at_plan_time(tmp_path, capsys):
@@ -156,3 +179,29 @@ def test_search_refuses_an_unsupported_folder_at_plan_time(tmp_path, capsys):
     # A supported family plans.
     (tmp_path / "config.json").write_text(json.dumps(RELEASES["Qwen3-8B"][1]))
     assert main(["search", "--nodes", "1", "--model", str(tmp_path), "--batch", "64", "--json", "--top", "1"]) == 0
+
+
+def test_expert_parallelism_is_megatrons_and_divides_experts_and_dp():
+    from pydantic import ValidationError
+
+    from hybridflow.simulator.parallel import ParallelConfig
+
+    with pytest.raises(ValidationError, match="expert parallelism runs on the megatron backend"):
+        ParallelConfig(dp=4, ep=2)
+    moe, dense = MODEL_PRESETS["mixtral-8x7b"], MODEL_PRESETS["llama2-7b"]
+    ok = ParallelConfig(tp=2, dp=4, ep=4, backend="megatron")
+    assert ok.problems(moe) == [] and ok.world_size == 8 and str(ok) == "pp1·tp2·dp4·ep4"
+    assert ok.generation_layout() == ParallelConfig(tp=2, dp=4)
+    assert "ep=4 must divide the experts (8) and dp=2" in ParallelConfig(dp=2, ep=4, backend="megatron").problems(moe)[0]
+    assert "a dense model" in ParallelConfig(dp=2, ep=2, backend="megatron").problems(dense)[0]
+
+
+def test_megatron_memory_splits_the_experts_over_ep():
+    from hybridflow.simulator.memory import state_bytes
+    from hybridflow.simulator.parallel import ParallelConfig
+
+    moe = MODEL_PRESETS["mixtral-8x7b"]
+    assert moe.expert_params() == 32 * 8 * 3 * 4096 * 14336 and MODEL_PRESETS["llama2-7b"].expert_params() == 0
+    one, four = (state_bytes(moe, "lm", ParallelConfig(tp=2, dp=4, ep=ep, backend="megatron"), True) for ep in (1, 4))
+    assert one.weights - four.weights == 2 * moe.expert_params() * 3 / 4 / 2  # bf16, 3/4 of the experts, over tp
+    assert one.optimizer == four.optimizer
