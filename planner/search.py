@@ -30,8 +30,9 @@ from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logp
 from hybridflow.simulator.schedule import call_gaps, makespan, schedule
 
 from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
-from .pricing import Candidate, RolePricer, SetPricer
+from .pricing import Candidate, RolePricer
 from .request import SearchRequest
+from .sets import SetPricer
 
 INF = math.inf
 
@@ -143,10 +144,10 @@ class Planner:
     def min_devices(self, members: tuple[str, ...]) -> int | None:
         """Smallest allowed size on which the set has a feasible combination of configs (None when
         not even the whole cluster holds it: checked first, so hopeless sets cost one front)."""
-        if not self.sets.front(members, self.opts[-1]):
+        if not self.sets.feasible(members, self.opts[-1]):
             return None
         for n in self.opts:
-            if self.sets.front(members, n):
+            if self.sets.feasible(members, n):
                 return n
         return None
 
