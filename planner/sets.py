@@ -22,13 +22,38 @@ The merged way is used when it is exact, the per-assignment way otherwise.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Hashable
+
+import numpy as np
 
 from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .pricing import Candidate, RolePricer, SetCandidate, pareto, total
+
+# Most combinations of the members' options the merged way enumerates; beyond it the fronts over
+# seconds, states and transient keep most of them and the assignments of classes are fewer.
+MERGE_LIMIT = 20_000
+
+
+def _front_of(items: list, vecs: list[tuple[float, ...]]) -> list:
+    """pricing.pareto over many items in many dimensions (the merged way's partial combinations): the same
+    items, each tested against the kept ones at once with numpy."""
+    if not items:
+        return []
+    v = np.asarray(vecs, dtype=float)
+    order = np.argsort(v.sum(axis=1), kind="stable")
+    kept = np.empty_like(v)
+    out, k = [], 0
+    for i in order:
+        if k and np.any(np.all(kept[:k] <= v[i], axis=1)):
+            continue
+        kept[k] = v[i]
+        k += 1
+        out.append(items[i])
+    return out
 
 
 class SetPricer:
@@ -52,7 +77,7 @@ class SetPricer:
                        else self._per_assignment(members, n, classes, recompute))
         # A combination priced with recomputation although it fits without is dominated by (or equal
         # to) the same combination without it, so the union's front is the true front.
-        hit = pareto(combos, lambda sc: tuple(s for _, s in sc.node_seconds))
+        hit = _front_of(combos, [tuple(s for _, s in sc.node_seconds) for sc in combos])
         self._fronts[key] = hit
         return hit
 
@@ -130,12 +155,14 @@ class SetPricer:
         return pareto(out, lambda o: o[0].seconds + (o[1].total, total(o[2])))
 
     def _merged(self, members, n, classes, recompute: bool) -> list[SetCandidate]:
+        options = [self._options(r, n, members, classes, recompute) for r in members]
+        if math.prod(len(o) for o in options) > MERGE_LIMIT:  # fronts in that many dimensions barely prune
+            return self._per_assignment(members, n, classes, recompute)
         partial: list[tuple[tuple, float, float, tuple]] = [((), 0.0, 0.0, ())]  # picks, states, transient, secs
-        for r in members:
-            opts = self._options(r, n, members, classes, recompute)
+        for opts in options:
             grown = [(picks + (o,), w + o[1].total, max(t, total(o[2])), secs + o[0].seconds)
                      for picks, w, t, secs in partial for o in opts]
-            partial = pareto(grown, lambda p: p[3] + (p[1], p[2]))
+            partial = _front_of(grown, [p[3] + (p[1], p[2]) for p in grown])
         out = []
         for picks, *_ in partial:  # price the survivors exactly beside their own resident bytes
             resident = sum((o[1] for o in picks), MemoryBreakdown())
