@@ -36,21 +36,21 @@ def _set_layouts(rp: RolePricer, members, n):
 
 def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate, ...]] | None:
     """Node seconds and candidates of one full combination of a set; None if it does not fit."""
-    resident = sum((rp.states(r, n) for r in members), MemoryBreakdown())
+    resident = sum((entry[1] for entry, _ in layout), MemoryBreakdown())  # each config's own states
     trained = any(r in TRAINED_ROLES for r in members)
     for recompute in ((False, True) if trained else (False,)):
         ok, gens = True, {}
-        for r, ((cfg, fwd, trans, _), g) in zip(members, layout, strict=False):
+        for r, ((cfg, own, fwd, trans, _), g) in zip(members, layout, strict=False):
             ok = ok and rp._fits(resident, max(trans[recompute], fwd, key=sum))
             if r == "actor" and not rp.separate_rollout:
-                gens[r] = rp.generation(cfg, g, resident.total, rp.states("actor", n).weights, n)
+                gens[r] = rp.generation(cfg, g, resident.total, own.weights, n)
                 ok = ok and gens[r] is not None and rp._fits(resident, gens[r][0])
         if ok:
             break
     if not ok:
         return None
     secs, cands = {}, []
-    for r, ((cfg, _, _, s), g) in zip(members, layout, strict=False):
+    for r, ((cfg, _, _, _, s), g) in zip(members, layout, strict=False):
         mine = []
         for x in rp.role_nodes.get(r, []):
             op = rp.node_attrs[x]["op"]

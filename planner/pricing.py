@@ -4,20 +4,22 @@ The search calls the cost model's per-op methods directly, exactly as `cost.pric
 `memory.plan_memory` do for a Plan (tests/planner/test_agreement.py checks they agree):
 
 - a model's states (weights, optimizer) are sharded over all n devices of its group whatever
-  the config, so a colocated set's resident bytes R depend only on its members and n;
+  the config under FSDP; under Megatron (distributed optimizer) the weights are whole over dp, so
+  they depend on tp·pp. A colocated set's resident bytes R depend on its members, n and each
+  member's *weight class* (the weight bytes its configs hold: one for FSDP, one per tp·pp for
+  Megatron), and the set is priced once per assignment of classes to its members;
 - the set fits when every op's transient (activations, gather buffers, the actor's generation
   weights and KV cache) fits in what R leaves; when it does not, trained members recompute
   activations (memory.plan_recompute), which changes their training seconds;
 - the actor's generation batch — and so its seconds — depends on the free memory R leaves.
 
-So for a set on n devices and a recompute flag, each member's feasible configs are independent,
-and only their Pareto front over op seconds matters: the schedule's makespan never decreases
+So for a set on n devices, an assignment of weight classes and a recompute flag, each member's
+feasible configs are independent, and only their Pareto front over op seconds matters: the schedule's makespan never decreases
 when an op gets longer. The set's front is the Pareto front of the product of its members'.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -30,8 +32,11 @@ from hybridflow.simulator.dataflow import call_order
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.memory import (
     MemoryBreakdown,
+    decode_batch,
     forward_transient,
+    generate_buffers,
     generate_transient,
+    generate_weights,
     state_bytes,
     train_transient,
 )
@@ -84,11 +89,11 @@ def pareto(items: Sequence, vec) -> list:
 PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
 
 
-def _parts(b: MemoryBreakdown) -> tuple[float, ...]:
+def parts(b: MemoryBreakdown) -> tuple[float, ...]:
     return tuple(getattr(b, k) for k in PARTS)
 
 
-def _total(parts: tuple[float, ...]) -> float:
+def total(parts: tuple[float, ...]) -> float:
     w, g, o, a, kv, b = parts
     return w + g + o + a + kv + b  # MemoryBreakdown.total's order, so the sums agree to the last bit
 
@@ -125,6 +130,9 @@ class RolePricer:
         self._states: dict[tuple, MemoryBreakdown] = {}
         self._static: dict[tuple, list] = {}
         self._gen: dict[tuple, tuple | None] = {}
+        self._gen_weights: dict[tuple, float] = {}
+        self._gen_by_batch: dict[tuple, tuple | None] = {}
+        self._gen_nodes = [x for x in self.role_nodes.get("actor", ()) if self.node_attrs[x]["op"] in GEN_OPS]
         self._reshard: dict[tuple, float] = {}
         self._fronts: dict[tuple, list[Candidate]] = {}
         self._bounds: dict[tuple, float] = {}
@@ -142,13 +150,19 @@ class RolePricer:
                             resampled=bool(self.node_attrs[n].get("resampled"))).seconds
                 for n in self.driver_nodes}
 
-    def states(self, role: str, n: int) -> MemoryBreakdown:
-        key = (self._key(role), n)
+    def states(self, role: str, cfg: ParallelConfig) -> MemoryBreakdown:
+        """The role's resident states in training layout `cfg` (memory.state_bytes; Megatron's depend on tp·pp)."""
+        key = (self._key(role), cfg.world_size, cfg.model_parallel_size if cfg.backend == "megatron" else 0)
         hit = self._states.get(key)
         if hit is None:
-            hit = state_bytes(self.req.models[role], role_head(role), ParallelConfig(dp=n), role in TRAINED_ROLES)
+            hit = state_bytes(self.req.models[role], role_head(role), cfg, role in TRAINED_ROLES)
             self._states[key] = hit
         return hit
+
+    def weight_classes(self, role: str, n: int) -> tuple[MemoryBreakdown, ...]:
+        """The distinct resident states the role's configs on n devices hold, fewest bytes first."""
+        out = {st.total: st for _, st, *_ in self.static(role, n)}
+        return tuple(out[k] for k in sorted(out))
 
     def _seqs(self, node) -> int:
         # cost.price_op: the ReMax greedy pass and its reward score one response per prompt
@@ -158,8 +172,9 @@ class RolePricer:
 
     # ---- per training config: what does not depend on the set ------------------------------------
     def static(self, role: str, n: int) -> list:
-        """Per training config: (config, forward transient, train transient by recompute flag,
-        seconds of the non-generation op nodes by recompute flag). Memoized per (model, role, n)."""
+        """Per training config: (config, its resident states, forward transient, train transient by
+        recompute flag, seconds of the non-generation op nodes by recompute flag). Memoized per (model,
+        role, n)."""
         key = (self._key(role), n)
         hit = self._static.get(key)
         if hit is not None:
@@ -168,8 +183,8 @@ class RolePricer:
         trained = role in TRAINED_ROLES
         out = []
         for cfg in train_configs(model, n, self.per_node, self.req.max_pp, backends=self.req.backends):
-            fwd = _parts(forward_transient(model, head, cfg, w))
-            trans = {f: _parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
+            fwd = parts(forward_transient(model, head, cfg, w))
+            trans = {f: parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
             secs = {False: {}, True: {}}
             for node in self.role_nodes.get(role, ()):
                 op = self.node_attrs[node]["op"]
@@ -179,7 +194,7 @@ class RolePricer:
                 elif op not in GEN_OPS and op not in WEIGHT_SYNC_OPS:
                     s = cm.forward(model, head, cfg, w, self._seqs(node)).seconds
                     secs[False][node] = secs[True][node] = s
-            out.append((cfg, fwd, trans, secs))
+            out.append((cfg, self.states(role, cfg), fwd, trans, secs))
         self._static[key] = out
         return out
 
@@ -196,48 +211,88 @@ class RolePricer:
             r = self._reshard[key] = self.cm.reshard(self.req.models["actor"], train, gen, self.reshard).seconds
         return phase[0], phase[1], r
 
+    def gen_batches(self, train: ParallelConfig, gen: ParallelConfig, resident: float,
+                    own_weights: float) -> tuple[int, ...]:
+        """The decode batches the actor's generation runs with beside `resident` bytes: the KV cache's
+        (the transient) and each generation node's (cost.generate, with the transient's logits held).
+        Its transient and seconds depend on `resident` only through them."""
+        model, w = self.req.models["actor"], self.req.workload
+        key = (train, gen, own_weights)
+        wg = self._gen_weights.get(key)
+        if wg is None:
+            wg = self._gen_weights[key] = generate_weights(model, train, gen, self.reshard, own_weights)
+        kv_free = self.usable - resident
+        b = decode_batch(model, gen, w, kv_free - wg, self.p)
+        free = kv_free - wg - generate_buffers(model, gen, b)
+        return (b,) + tuple(decode_batch(model, gen, w, free, self.p, self._seqs(x)) for x in self._gen_nodes)
+
     def _gen_phase(self, train: ParallelConfig, gen: ParallelConfig, resident: float, own_weights: float):
         # With our reshard the generation weights are its peak M/(tp_g·pp_g) less the training shard:
         # they do not depend on which training layout `gen` came from, so the key leaves `train` out.
         key = (gen, resident, own_weights) if self.reshard == "hybridflow" else (train, gen, resident, own_weights)
         if key in self._gen:
             return self._gen[key]
-        model, w = self.req.models["actor"], self.req.workload
-        t = generate_transient(model, train, gen, w, self.usable - resident, self.p, self.reshard, own_weights)
-        out = None
-        if t.kv_cache > 0:
-            free = self.usable - resident - t.weights - t.buffers
-            try:
-                secs = {node: self.cm.generate(model, gen, w, self._seqs(node), free).seconds
-                        for node in self.role_nodes["actor"] if self.node_attrs[node]["op"] in GEN_OPS}
-                out = (_parts(t), secs)
-            except HflowError:
-                out = None
+        batches = self.gen_batches(train, gen, resident, own_weights)
+        out = self._gen_by_batch.get((key[:-2], own_weights, batches), False)
+        if out is False:  # the same batches give the same transient and seconds (memory.generate_transient, cost.generate)
+            model, w = self.req.models["actor"], self.req.workload
+            t = generate_transient(model, train, gen, w, self.usable - resident, self.p, self.reshard, own_weights)
+            out = None
+            if t.kv_cache > 0:
+                free = self.usable - resident - t.weights - t.buffers
+                try:
+                    secs = {node: self.cm.generate(model, gen, w, self._seqs(node), free).seconds
+                            for node in self._gen_nodes}
+                    out = (parts(t), secs)
+                except HflowError:
+                    out = None
+            self._gen_by_batch[(key[:-2], own_weights, batches)] = out
         self._gen[key] = out
         return out
 
     # ---- a role's Pareto front in a given set context ------------------------------------------------
-    def front(self, role: str, n: int, resident: MemoryBreakdown, recompute: bool) -> list[Candidate]:
-        """Feasible configs of `role` on n devices beside `resident` states (its own included), priced
-        with the set's recompute flag; only the Pareto front over its op seconds."""
-        key = (self._key(role), n, resident.total, recompute)
+    def front(self, role: str, n: int, resident: MemoryBreakdown, recompute: bool,
+              own: MemoryBreakdown) -> list[Candidate]:
+        """Feasible configs of `role` on n devices holding states `own` (a weight class), beside
+        `resident` states (its own included), priced with the set's recompute flag; only the Pareto
+        front over its op seconds."""
+        key = (self._key(role), n, resident.total, recompute, own.total)
         hit = self._fronts.get(key)
         if hit is not None:
             return hit
+        # What `resident` changes: which configs fit and the actor's decode batches. Priced once per those.
+        fitting = [e for e in self.static(role, n) if e[1].total == own.total
+                   and self._fits(resident, max(e[3][recompute], e[2], key=total))]
+        sig = (key[:2], recompute, own.total, tuple(id(e) for e in fitting))
+        if role == "actor":
+            sig += tuple(self._gen_fits(e[0], g, resident, own) for e in fitting for g in self.gens(e[0]))
+        hit = self._fronts.get(sig)
+        if hit is None:
+            hit = self._fronts[sig] = self._front(role, n, fitting, resident, recompute, own)
+        self._fronts[key] = hit
+        return hit
+
+    def _gen_fits(self, cfg: ParallelConfig, g: ParallelConfig, resident: MemoryBreakdown,
+                  own: MemoryBreakdown) -> tuple:
+        gen = self.generation(cfg, g, resident.total, own.weights, 0)
+        fits = gen is not None and self._fits(resident, gen[0])
+        return (fits, self.gen_batches(cfg, g, resident.total, own.weights) if fits else None)
+
+    def gens(self, cfg: ParallelConfig) -> tuple[ParallelConfig, ...]:
+        """The actor's generation layouts reachable from training layout `cfg` under the search's rule."""
+        return (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
+
+    def _front(self, role: str, n: int, fitting: list, resident: MemoryBreakdown, recompute: bool,
+               own: MemoryBreakdown) -> list[Candidate]:
         nodes = self.role_nodes.get(role, [])
         out = []
-        for cfg, fwd, trans, secs in self.static(role, n):
-            base = max(trans[recompute], fwd, key=_total)
-            if not self._fits(resident, base):
-                continue
+        for cfg, _st, _fwd, _trans, secs in fitting:
             if role != "actor" or self.separate_rollout:
                 s = tuple(secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, None, s, sum(s)))
                 continue
-            gens = (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
-            own = self.states("actor", n).weights
-            for g in gens:
-                gen = self.generation(cfg, g, resident.total, own, n)
+            for g in self.gens(cfg):
+                gen = self.generation(cfg, g, resident.total, own.weights, n)
                 if gen is None or not self._fits(resident, gen[0]):
                     continue
                 t, gsecs, rsecs = gen
@@ -245,9 +300,7 @@ class RolePricer:
                           else secs[recompute][x] for x in nodes)
                 out.append(Candidate(cfg, g, s, sum(s)))
         self.configs_priced += len(out)
-        hit = pareto(out, lambda c: c.seconds)
-        self._fronts[key] = hit
-        return hit
+        return pareto(out, lambda c: c.seconds)
 
     def rollout_front(self, n: int) -> list[Candidate]:
         """The Pareto front of rollout_layouts(n)."""
@@ -264,7 +317,7 @@ class RolePricer:
         model, w, out = self.req.models["actor"], self.req.workload, []
         for gen in standalone_generate_configs(model, n, self.per_node, self.req.max_gen_pp):
             t = generate_transient(model, gen, gen, w, self.usable, self.p, "broadcast")
-            if t.kv_cache <= 0 or not self._fits(MemoryBreakdown(), _parts(t)):
+            if t.kv_cache <= 0 or not self._fits(MemoryBreakdown(), parts(t)):
                 continue
             free = self.usable - t.weights - t.buffers  # memory.kv_free_bytes of such a plan
             try:
@@ -303,58 +356,14 @@ class RolePricer:
             return hit
         nodes = self.role_nodes.get(role, [])
         best = float("inf")
-        own = self.states(role, n)
-        for cfg, _fwd, _trans, secs in self.static(role, n):
+        for cfg, own, _fwd, _trans, secs in self.static(role, n):
             rest = sum(secs[False][x] for x in nodes if x in secs[False])
             if role != "actor" or self.separate_rollout:
                 best = min(best, rest)
                 continue
-            gens = (cfg.generation_layout(),) if self.generate_rule == "same" else generate_configs(cfg, self.req.max_gen_pp)
-            for g in gens:
+            for g in self.gens(cfg):
                 gen = self.generation(cfg, g, own.total, own.weights, n)
                 if gen is not None:
                     best = min(best, rest + sum(gen[1].values()) + gen[2])
         self._bounds[key] = best
         return best
-
-
-class SetPricer:
-    """The Pareto front of a colocated set on n devices (memoized per set and n)."""
-
-    def __init__(self, roles: RolePricer):
-        self.roles = roles
-        self._fronts: dict[tuple, list[SetCandidate]] = {}
-
-    def front(self, members: tuple[str, ...], n: int) -> list[SetCandidate]:
-        key = (members, n)
-        hit = self._fronts.get(key)
-        if hit is not None:
-            return hit
-        rp = self.roles
-        if members == (ROLLOUT,):
-            nodes = rp.role_nodes.get(ROLLOUT, [])
-            hit = self._fronts[key] = [SetCandidate(((ROLLOUT, c),), tuple(zip(nodes, c.seconds, strict=True)),
-                                                    c.busy, False) for c in rp.rollout_front(n)]
-            return hit
-        resident = sum((rp.states(r, n) for r in members), MemoryBreakdown())
-        trained = any(r in TRAINED_ROLES for r in members)
-        combos: list[SetCandidate] = []
-        for recompute in ((False, True) if trained else (False,)):
-            fronts = [rp.front(r, n, resident, recompute) for r in members]
-            if any(not f for f in fronts):
-                continue
-            for pick in itertools.product(*fronts):
-                node_secs = tuple((x, s) for r, c in zip(members, pick, strict=False)
-                                  for x, s in zip(rp.role_nodes.get(r, []), c.seconds, strict=False))
-                combos.append(SetCandidate(tuple(zip(members, pick, strict=False)), node_secs,
-                                           sum(c.busy for c in pick), recompute))
-        # A combination priced with recomputation although it fits without is dominated by (or equal
-        # to) the same combination without it, so the union's front is the true front.
-        hit = pareto(combos, lambda sc: tuple(s for _, s in sc.node_seconds))
-        self._fronts[key] = hit
-        return hit
-
-    def bound(self, members: tuple[str, ...], n: int) -> float:
-        if members == (ROLLOUT,):
-            return min((c.busy for c in self.roles.rollout_front(n)), default=float("inf"))
-        return sum(self.roles.bound(r, n) for r in members)

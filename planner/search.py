@@ -40,8 +40,9 @@ from hybridflow.simulator.schedule import call_gaps, makespan, pipeline_period, 
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
 from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
-from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer, SetPricer
+from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
 from .request import SearchRequest
+from .sets import SetPricer
 
 INF = math.inf
 
@@ -212,10 +213,10 @@ class Planner:
     def min_devices(self, members: tuple[str, ...]) -> int | None:
         """Smallest allowed size on which the set has a feasible combination of configs (None when
         not even the whole cluster holds it: checked first, so hopeless sets cost one front)."""
-        if not self.sets.front(members, self.opts[-1]):
+        if not self.sets.feasible(members, self.opts[-1]):
             return None
         for n in self.opts:
-            if self.sets.front(members, n):
+            if self.sets.feasible(members, n):
                 return n
         return None
 

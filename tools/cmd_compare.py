@@ -1,5 +1,6 @@
 """`hflow-plan compare`: the searched plan against DeepSpeed-Chat, OpenRLHF, NeMo-Aligner and
-HybridFlow-V, all priced by the same simulator (tokens/s and speedup side by side)."""
+HybridFlow-V, all priced by the same simulator (tokens/s and speedup side by side); with more than
+one `--backends`, also the best plan of each training engine alone and of their mix (backend_choice.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def add_parser(subparsers) -> None:
                     "price all of them with the same simulator and show tokens/s and speedups. A baseline "
                     "that does not fit in device memory says why instead of giving a number.",
         epilog=examples("hflow-plan compare --nodes 16 --algo ppo --model llama2-70b",
-                        "hflow-plan compare --gpu h100-80g --nodes 2 --algo safe-rlhf --model llama2-13b --json"))
+                        "hflow-plan compare --gpu h100-80g --nodes 2 --algo safe-rlhf --model llama2-13b --json",
+                        "hflow-plan compare --nodes 16 --algo ppo --model llama2-13b --backends fsdp,megatron"))
     add_request_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: best, baselines, speedup")
     p.set_defaults(func=run)
@@ -26,6 +28,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
+    from hybridflow.tools.backend_choice import backend_choices
     from hybridflow.tools.cmd_search import request_from_args, run_search
     from hybridflow.tools.profile_option import request_with_profile
 
@@ -35,12 +38,15 @@ def run(args) -> int:
     baselines = {name: b.json() for name, b in price_baselines(req, planner, result).items()}
     speedup = {name: (best["tokens_per_second"] / b["tokens_per_second"] if "tokens_per_second" in b else None)
                for name, b in baselines.items()}
+    choices = backend_choices(req, planner.cm, result) if len(req.backends) > 1 else None
     if args.json:
         print(json.dumps({"best": best, "baselines": baselines, "speedup": speedup,
-                          "search_seconds": result.search_seconds, "plans_priced": result.plans_priced}))
+                          "search_seconds": result.search_seconds, "plans_priced": result.plans_priced,
+                          **({"backends": choices} if choices else {})}))
         return 0
     from rich.console import Console
 
+    from hybridflow.tools.backend_choice import backends_table, ops_table
     from hybridflow.tools.search_report import compare_table
 
     console = Console(file=sys.stdout, width=max(Console().width, 140))
@@ -49,4 +55,7 @@ def run(args) -> int:
                   f"{req.workload.prompts} prompts × {req.workload.samples_per_prompt} samples × "
                   f"({req.workload.prompt_len} + {req.workload.response_len}) tokens per iteration")
     console.print(compare_table(best, baselines))
+    if choices:
+        console.print(backends_table(choices))
+        console.print(ops_table(choices))
     return 0

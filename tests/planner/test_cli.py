@@ -82,6 +82,23 @@ def test_compare_shows_each_baseline(capsys):
     assert "speedup" in capsys.readouterr().out
 
 
+def test_compare_with_both_backends_shows_each_engine_alone_and_the_mix(capsys):
+    argv = ["compare", *SMALL, "--gpus-per-node", "4", "--algo", "grpo", "--backends", "fsdp,megatron"]
+    out = _json(capsys, [*argv, "--json"])
+    choices = out["backends"]
+    assert list(choices) == ["fsdp", "megatron", "fsdp,megatron"]
+    assert set(choices["fsdp"]["backends"].values()) == {"fsdp"}
+    assert set(choices["megatron"]["backends"].values()) == {"megatron"}
+    mixed = choices["fsdp,megatron"]
+    assert mixed["iteration_seconds"] == out["best"]["iteration_seconds"]
+    assert mixed["iteration_seconds"] <= min(choices[b]["iteration_seconds"] for b in ("fsdp", "megatron")) + 1e-9
+    for c in choices.values():  # each best plan's ops sum to its busiest lane at least
+        assert "actor_update" in c["ops"] and 0 < max(c["ops"].values()) <= c["iteration_seconds"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "best plan per training engine" in text and "Δ megatron" in text
+
+
 def test_request_that_cannot_fit_exits_2_with_breakdown_and_smallest_cluster(capsys):
     rc = main(["search", "--nodes", "1", "--model", "llama2-70b", "--algo", "ppo"])
     err = capsys.readouterr().err
