@@ -71,7 +71,10 @@ class FusedDecoder:
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        self.lm_head = model.lm_head.weight * (body.norm.weight * root_n)
+        # Every weight is stored [in, out] row-major, so x @ w reads it row by row in memory order: one
+        # decode row is bound by reading the weights, and this streams them faster than nn.Linear's
+        # [out, in] (a transposed view) on CPU.
+        self.lm_head = (model.lm_head.weight * (body.norm.weight * root_n)).t().contiguous()
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
@@ -91,10 +94,10 @@ class FusedDecoder:
                 (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
                 _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
             self.layers.append((
-                (wqkv * n1).t(), bqkv,  # [hidden, (H + 2·Hkv)·d]: x @ w without a transpose per call
-                att.o_proj.weight.t(), att.o_proj.bias,
-                (wgu * n2).t(), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
-                mlp.down_proj.weight.t(), mlp.down_proj.bias,
+                (wqkv * n1).t().contiguous(), bqkv,  # [hidden, (H + 2·Hkv)·d]
+                att.o_proj.weight.t().contiguous(), att.o_proj.bias,
+                (wgu * n2).t().contiguous(), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
+                mlp.down_proj.weight.t().contiguous(), mlp.down_proj.bias,
             ))
         dtype, device = self.embed.dtype, self.embed.device
         # Cache rows are (batch, kv head) pairs: a decode step's attention is then two batched
@@ -179,7 +182,7 @@ class FusedDecoder:
                                                   enable_gqa=h != hkv, scale=1.0)
             x = self._mlp(x, *rest[:2], attn.transpose(1, 2).reshape(b * s, h * d), *rest[2:])
         self.length = s
-        return F.linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
+        return self._norm(x.view(b, s, -1)[:, -1]) @ self.lm_head
 
     def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
@@ -202,4 +205,4 @@ class FusedDecoder:
             attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
             x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
         self.length = end
-        return F.linear(self._norm(x), self.lm_head)
+        return self._norm(x) @ self.lm_head
