@@ -17,6 +17,7 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA;
 - the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
+- every weight stored [in, out] row-major (see `FusedDecoder.__init__`).
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
