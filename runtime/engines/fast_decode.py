@@ -17,6 +17,7 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA;
 - the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
+- at a few rows, every weight stored [in, out] row-major (`_matmul_layout`).
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
@@ -56,6 +57,17 @@ def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
+# Up to this many rows a step stores its weights [in, out] row-major (see `_matmul_layout`).
+ROW_MAJOR_MAX_BATCH = 16
+
+
+def _matmul_layout(w: torch.Tensor, batch: int) -> torch.Tensor:
+    """Weight [out, in] as the [in, out] right operand of `x @ w`. At one or a few rows a step is
+    bound by reading the weights, and a row-major [in, out] copy is read in memory order (faster on
+    CPU); at more rows the matmul packs the weight whichever its layout, and the view is as fast."""
+    return w.t().contiguous() if batch <= ROW_MAJOR_MAX_BATCH else w.t()
+
+
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
     return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
 
@@ -71,7 +83,7 @@ class FusedDecoder:
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        self.lm_head = model.lm_head.weight * (body.norm.weight * root_n)
+        self.lm_head = _matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch)
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
@@ -91,10 +103,10 @@ class FusedDecoder:
                 (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
                 _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
             self.layers.append((
-                (wqkv * n1).t(), bqkv,  # [hidden, (H + 2·Hkv)·d]: x @ w without a transpose per call
-                att.o_proj.weight.t(), att.o_proj.bias,
-                (wgu * n2).t(), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
-                mlp.down_proj.weight.t(), mlp.down_proj.bias,
+                _matmul_layout(wqkv * n1, batch), bqkv,  # [hidden, (H + 2·Hkv)·d]
+                _matmul_layout(att.o_proj.weight, batch), att.o_proj.bias,
+                _matmul_layout(wgu * n2, batch), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
+                _matmul_layout(mlp.down_proj.weight, batch), mlp.down_proj.bias,
             ))
         dtype, device = self.embed.dtype, self.embed.device
         # Cache rows are (batch, kv head) pairs: a decode step's attention is then two batched
@@ -179,7 +191,7 @@ class FusedDecoder:
                                                   enable_gqa=h != hkv, scale=1.0)
             x = self._mlp(x, *rest[:2], attn.transpose(1, 2).reshape(b * s, h * d), *rest[2:])
         self.length = s
-        return F.linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
+        return self._norm(x.view(b, s, -1)[:, -1]) @ self.lm_head
 
     def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
@@ -202,4 +214,4 @@ class FusedDecoder:
             attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
             x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
         self.length = end
-        return F.linear(self._norm(x), self.lm_head)
+        return self._norm(x) @ self.lm_head

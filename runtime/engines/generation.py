@@ -90,14 +90,16 @@ class Rollout:
 def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
           batch: int = 0) -> torch.Tensor:
     """One index per row from softmax(logits): [B]. Exponential race: argmax p_i / E_i with
-    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial.
+    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial. E = -log U
+    with U ~ Uniform[0, 1): on CPU a third of the time of `exponential_`, the noise being most of a
+    sampled step's sampling at a large vocabulary.
     `rows` (of a full batch of `batch`): the noise is drawn for the full batch and these rows
     taken, so a row's draw does not depend on which other rows are still generating."""
     probs = torch.softmax(logits, dim=-1)
     shape = probs.shape if rows is None else (batch, *probs.shape[1:])
     # Drawn on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
     device = probs.device if generator is None else generator.device
-    race = torch.empty(shape, dtype=probs.dtype, device=device).exponential_(generator=generator)
+    race = torch.empty(shape, dtype=probs.dtype, device=device).uniform_(generator=generator).log_().neg_()
     if rows is not None:
         race = race[rows.to(device)]
     return probs.div_(race.to(probs.device)).argmax(-1)

@@ -193,12 +193,14 @@ class TrainingEngine:
         self._fsdp_units = [] if mixed else [m for m in model.modules() if isinstance(m, FSDPModule)]
         self.is_lm = hasattr(model, "lm_head")
         oc = self.optim_config
-        # Two groups: foreach kernels cannot mix DTensor (TP) and plain (replicated norm) parameters.
+        # Two groups: foreach kernels cannot mix DTensor (TP, FSDP) and plain parameters. The plain ones
+        # take the fused kernel (one pass over each tensor; several times faster than foreach on CPU).
         params = list(model.parameters())
-        groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
-                                          [p for p in params if not isinstance(p, DTensor)]) if g]
+        groups = [{"params": g, **kernel} for g, kernel in (
+            ([p for p in params if isinstance(p, DTensor)], {"foreach": True}),
+            ([p for p in params if not isinstance(p, DTensor)], {"fused": True})) if g]
         self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, eps=oc.eps,
-                                           weight_decay=oc.weight_decay, foreach=True)
+                                           weight_decay=oc.weight_decay)
         self.step = 0
         if self.parallel.pp > 1 and self.distributed:
             from .pipeline import PipelineRunner
