@@ -40,7 +40,7 @@ from .megatron_model import build_stage, check_megatron
 from .megatron_shards import MegatronShards
 from .packing import bucket_order, inverse_order, pack
 from .phase_clock import PhaseClock
-from .training import LossFn, OptimConfig, as_tensordict, token_entropy, token_log_probs
+from .train_common import LossFn, OptimConfig, as_tensordict, token_entropy, token_log_probs
 
 
 class MegatronEngine(MegatronShards, MegatronCheckpoint):

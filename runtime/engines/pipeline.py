@@ -44,7 +44,7 @@ from hybridflow.simulator.families import StageCut, family
 from ..models.decoder import positions_from_mask
 from .packing import bucket_order, inverse_order
 from .parallelize import resolve_mixed_precision
-from .training import as_tensordict, clip_grad_norm_, token_entropy, token_log_probs
+from .train_common import as_tensordict, clip_grad_norm_, token_entropy, token_log_probs
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 _MAX_CACHED = 6  # schedules (and their receive buffers) kept per runner
