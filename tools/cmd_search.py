@@ -123,11 +123,9 @@ def add_parser(subparsers) -> None:
                     "(prompt + response length) per iteration second) over every colocation of the models, "
                     "every allocation of the cluster's devices and every 3D-parallel config.",
         epilog=examples("hflow-plan search --gpu a100-80g --nodes 16 --gpus-per-node 8 --algo ppo --model llama2-70b",
-                        "hflow-plan search --nodes 1 --algo grpo --samples 4 --model llama2-7b --max-gen-pp 1 "
-                        "--out plan.json",
-                        "hflow-plan search --model tiny --gpus-per-node 2 --profile cpu-2core --algo GRPO --json",
                         "hflow-plan search --nodes 16 --algo grpo --samples 4 --model llama2-7b "
-                        "--modes sync,one-step-off,async --max-staleness 2"))
+                        "--modes sync,one-step-off,async --max-staleness 2 --out plan.json",
+                        "hflow-plan search --model tiny --gpus-per-node 2 --profile cpu-2core --algo GRPO --json"))
     add_request_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="PLAN.json", help="write the best plan (input of `hflow-plan simulate`)")
