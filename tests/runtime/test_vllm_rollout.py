@@ -218,14 +218,14 @@ def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tm
         rollout.call("rollout", "record_digests", True)
         actor.call("actor", "export_hf", str(tmp_path / "initial"))
         out = []
-        for _ in range(2):
+        for i in range(2):
+            if i == 1:  # the weights iteration 2 syncs: those after update 1
+                actor.call("actor", "export_hf", str(tmp_path / "synced"))
             before = actor.call("actor", "weights_digest", t.df.specs)[0]
             out.append(t.step())
             assert rollout.call("rollout", "weights_digest") == [before]  # this iteration's sync
         batch = t.prompt_batch()
-        got = t.df.generate(batch, greedy=True)  # syncs the weights of update 2 first
-        assert rollout.call("rollout", "weights_digest") == actor.call("actor", "weights_digest", t.df.specs)[:1]
-        actor.call("actor", "export_hf", str(tmp_path / "actor"))
+        got = t.df.generate(batch, greedy=True)  # still iteration 2's weights (update 2 syncs in iteration 3)
         model_bytes = t.df.model_bytes
         timeline = t.timeline
     assert [m["iteration"] for m in out] == [1, 2]
@@ -234,10 +234,10 @@ def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tm
         assert 0.0 <= m["reward_mean"] <= 1.0 and m["response_length"] > 0
     assert {e.group for e in timeline.events if e.op == "generate"} == {"gen"}
     # vLLM generates with the synced weights: every greedy token is the updated actor's choice (its logit within
-    # fp32 noise of the best), and the updates changed those choices (so stale weights would fail this).
+    # fp32 noise of the best), and the update changed those choices (so stale weights would fail this).
     greedy = SamplingParams(max_new_tokens=8, greedy=True, eos_token_id=t.tok.eos_id, pad_token_id=t.tok.pad_id)
     ids, mask = batch["prompt_ids"], batch["prompt_mask"]
-    updated = load_pretrained(tmp_path / "actor")
+    updated = load_pretrained(tmp_path / "synced")
     want = GenerationEngine(updated).generate(ids, mask, greedy)
     initial = GenerationEngine(load_pretrained(tmp_path / "initial")).generate(ids, mask, greedy)
     assert not torch.equal(want.response, initial.response)
