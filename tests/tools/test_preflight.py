@@ -96,9 +96,11 @@ def test_generation_on_separate_devices_passes_and_its_limits_are_refused_before
     p["groups"] = [{"name": "g", "devices": [{"node": 0, "index": 0}]}, {"name": "gen", "devices": [{"node": 0, "index": 1}]}]
     p["roles"]["actor"].update(train={"dp": 1}, generate={"dp": 1}, generate_group="gen")
     plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX, NO_KL))
-    p["roles"]["actor"]["rollout"] = "vllm"
-    with pytest.raises(HflowError, match="rollout devices .* run the native engine"):
-        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, NO_KL))
+    p["roles"]["actor"]["rollout"] = "vllm"  # vLLM on the rollout devices runs; off-policy, not with top-p
+    plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX, NO_KL))
+    with pytest.raises(HflowError, match="mode 'one-step-off' corrects with the behaviour log-probs.*top_p 0.9"):
+        plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX,
+                                 NO_KL.model_copy(update={"top_p": 0.9})))
 
 
 def test_a_kl_penalty_without_a_reference_model_is_refused():
