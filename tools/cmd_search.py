@@ -16,7 +16,14 @@ from hybridflow.simulator.algorithms import ROLES, algorithm_names, get_algorith
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.workload import Workload
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import algorithm_arg, backends_arg, modes_arg, positive_int, write_outputs
+from hybridflow.tools.outputs import (
+    algorithm_arg,
+    backends_arg,
+    modes_arg,
+    positive_int,
+    rendered_outputs,
+    write_outputs,
+)
 from hybridflow.tools.profile_option import add_profile_arg, request_with_profile
 
 # (flag, Workload field, help): the workload flags override the --workload file's fields
@@ -175,7 +182,6 @@ def _check_outputs(args) -> None:
 def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
-    from hybridflow.simulator.export import chrome_trace, gantt_png
     from hybridflow.simulator.schedule import simulate
 
     _check_outputs(args)
@@ -189,14 +195,8 @@ def run(args) -> int:
     best = plans[0]
     timeline = simulate(best, planner.cm)
 
-    outputs: list[tuple[str, str | bytes]] = []
-    if args.out:
-        outputs.append((args.out, best.model_dump_json(indent=2) + "\n"))
-    if args.trace:
-        outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
-    if args.timeline:
-        outputs.append((args.timeline, gantt_png(timeline, title=f"best plan: {req.algorithm}")))
-    write_outputs(outputs)
+    wrote = write_outputs(rendered_outputs(timeline, f"best plan: {req.algorithm}", plan=best, out=args.out,
+                                           trace=args.trace, png=args.timeline))
 
     if args.json:
         baselines = price_baselines(req, planner, result)
@@ -220,6 +220,6 @@ def run(args) -> int:
                   f"({result.configs_priced:,} model configs)")
     console.print(top_plans_table([plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)]))
     console.print(ops_table(timeline, iteration=0, title="best plan: ops (simulated, iteration 0)"))
-    extra = {"wrote": ", ".join(p for p, _ in outputs)} if outputs else None
+    extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
     return 0

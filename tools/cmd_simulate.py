@@ -13,7 +13,7 @@ from pathlib import Path
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import Plan
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import positive_int, write_outputs
+from hybridflow.tools.outputs import positive_int, rendered_outputs, write_outputs
 from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
 
 
@@ -55,7 +55,6 @@ def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
 
 
 def run(args) -> int:
-    from hybridflow.simulator.export import chrome_trace, gantt_png
     from hybridflow.simulator.memory import plan_memory
     from hybridflow.simulator.schedule import simulate
 
@@ -69,17 +68,12 @@ def run(args) -> int:
     memory = plan_memory(plan)
 
     # Render every output before writing any, so a failure leaves no file behind.
-    outputs: list[tuple[str, str | bytes]] = []
-    if args.trace:
-        outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
-    if args.timeline:
-        outputs.append((args.timeline, gantt_png(timeline, title=f"{Path(args.plan).stem}")))
-    write_outputs(outputs)
+    wrote = write_outputs(rendered_outputs(timeline, Path(args.plan).stem, trace=args.trace, png=args.timeline))
 
     if args.json:
         print(json.dumps(simulation_json(plan, timeline, memory)))
         return 0
-    _print_tables(args, plan, timeline, memory, [p for p, _ in outputs])
+    _print_tables(args, plan, timeline, memory, wrote)
     return 0
 
 

@@ -100,6 +100,24 @@ def task_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def rendered_outputs(timeline, title: str, *, plan=None, out: str | None = None, trace: str | None = None,
+                     png: str | None = None) -> list[tuple[str, str | bytes]]:
+    """(path, data) pairs for those asked for: `plan` as JSON at `out`, `timeline` as a Chrome trace at
+    `trace` and as a Gantt chart titled `title` at `png` — all rendered before any is written."""
+    import json
+
+    from hybridflow.simulator.export import chrome_trace, gantt_png
+
+    outputs: list[tuple[str, str | bytes]] = []
+    if out:
+        outputs.append((out, plan.model_dump_json(indent=2) + "\n"))
+    if trace:
+        outputs.append((trace, json.dumps(chrome_trace(timeline)) + "\n"))
+    if png:
+        outputs.append((png, gantt_png(timeline, title=title)))
+    return outputs
+
+
 def write_outputs(outputs: list[tuple[str, str | bytes]]) -> list[str]:
     """Write rendered (path, data) pairs atomically; a path that cannot be written is a one-line error."""
     for path, data in outputs:

@@ -14,7 +14,7 @@ import sys
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.plan import EXECUTION_MODES
-from hybridflow.tools.outputs import write_outputs
+from hybridflow.tools.outputs import rendered_outputs, write_outputs
 from hybridflow.tools.profile_option import request_with_profile
 
 
@@ -46,7 +46,6 @@ def _search(req, cm, modes, max_staleness):
 def _report(args, req, cm, modes) -> int:
     from hybridflow.planner.modes import mode_summary, pick_mode
     from hybridflow.planner.plans import plan_summary, scored_to_plan
-    from hybridflow.simulator.export import chrome_trace, gantt_png
     from hybridflow.simulator.schedule import simulate
 
     k = args.max_staleness
@@ -65,14 +64,8 @@ def _report(args, req, cm, modes) -> int:
     plans = [scored_to_plan(req, s) for s in picked.result.top]
     best = plans[0]
     timeline = simulate(best, cm)
-    outputs: list[tuple[str, str | bytes]] = []
-    if args.out:
-        outputs.append((args.out, best.model_dump_json(indent=2) + "\n"))
-    if args.trace:
-        outputs.append((args.trace, json.dumps(chrome_trace(timeline)) + "\n"))
-    if args.timeline:
-        outputs.append((args.timeline, gantt_png(timeline, title=f"best plan: {req.algorithm}, {chosen}")))
-    write_outputs(outputs)
+    wrote = write_outputs(rendered_outputs(timeline, f"best plan: {req.algorithm}, {chosen}", plan=best, out=args.out,
+                                           trace=args.trace, png=args.timeline))
 
     per_mode = {}
     for mode, r in results.items():
@@ -105,6 +98,6 @@ def _report(args, req, cm, modes) -> int:
                                   title=f"top plans, {chosen} (pp-tp-dp per model)"))
     steady = timeline.steady_iterations()[0]
     console.print(ops_table(timeline, iteration=steady, title=f"best plan: ops (simulated, iteration {steady})"))
-    extra = {"wrote": ", ".join(p for p, _ in outputs)} if outputs else None
+    extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
     return 0
