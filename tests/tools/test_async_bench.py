@@ -36,3 +36,14 @@ def test_bad_input_is_one_line():
         bench.main(["--iterations", "2"])
     with pytest.raises(HflowError, match="unknown plan 'asink'"):
         bench.main(["--only", "asink"])
+
+
+def test_sides_weigh_the_rollout_against_the_trainers():
+    cal = calibrate_file("cpu-2core")
+    cluster = cal.cluster(nodes=1, devices_per_node=2)
+    plan = bench.bench_plans(cluster.model_dump())[bench.BALANCE_PLAN]
+    tl = simulate(plan, cal.cost_model(cluster), iterations=3)
+    rollout, trainers = bench.sides(tl, plan)
+    ops = tl.op_seconds()
+    assert rollout == pytest.approx(ops["generate"])
+    assert trainers == pytest.approx(ops["ref_logprob"] + ops["actor_update"])  # the sync (both sides) in neither

@@ -1,6 +1,6 @@
 """Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
-    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--json]
+    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops] [--json]
 
 The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
@@ -15,6 +15,13 @@ one iteration's end to the next: a pipelined iteration's rollout runs inside the
 this is the figure both modes share), the speedup over sync colocated, the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
 prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
+
+The table's caption gives the two sides' balance, the rollout's seconds against the trainers' (log-probs
+and update) in the synchronous disaggregated plan, predicted and measured: one step off can save at most
+the shorter side. `--ops` adds, per plan, each op's predicted and measured seconds per steady iteration
+(tools/comparison.py's table; an op some iterations skip, async's weight sync, as its share per
+iteration): where a plan's error comes from. On a shared machine compare runs made back to back, by
+their ratios: its speed drifts between minutes.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ WORKLOAD = {"prompts": 16, "samples_per_prompt": 8, "prompt_len": 13, "response_
             "mini_batches": 1}
 ASYNC_STALENESS = 2  # the async plan's bound k
 REWARD = "hybridflow.runtime.tasks.builtin:sort_reward"
+BALANCE_PLAN = "sync disaggregated"  # whose two sides (rollout, trainers) the caption weighs
 
 
 def bench_plans(cluster: dict) -> dict[str, Plan]:
@@ -66,6 +74,16 @@ def thirds(rewards: list[float]) -> tuple[float, float]:
     return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 
 
+def sides(timeline, plan: Plan) -> tuple[float, float]:
+    """(rollout, trainers): seconds per steady iteration on the actor's generate_group and on its training
+    group (a disaggregated plan's two sides; the weight sync, on both, counts in neither)."""
+    actor = plan.roles["actor"]
+    its = timeline.steady_iterations()
+    per = {g: sum(e.seconds for e in timeline.events if e.group == g and e.iteration in its) / max(len(its), 1)
+           for g in (actor.generate_group, actor.group)}
+    return per[actor.generate_group], per[actor.group]
+
+
 def measure(plan: Plan, iterations: int, seed: int) -> dict:
     import time
 
@@ -80,7 +98,7 @@ def measure(plan: Plan, iterations: int, seed: int) -> dict:
             rewards.append(m["reward_mean"])
             staleness.append(m.get("staleness/max", 0.0))
             print(f"  iteration {m['iteration']}: reward {m['reward_mean']:.3f}", file=sys.stderr)
-    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness)}
+    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=16, help="iterations per plan (the first is start-up)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="comma-separated plan names (default: all four)")
+    ap.add_argument("--ops", action="store_true", help="also each plan's ops, predicted vs measured per steady iteration")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
@@ -106,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise HflowError(f"--only: unknown plan '{unknown[0]}'; plans: {', '.join(plans)}")
         plans = {n: plans[n] for n in args.only.split(",")}
-    predicted = {n: simulate(p, cm, iterations=3).iteration_seconds() for n, p in plans.items()}
+    simulated = {n: simulate(p, cm, iterations=3) for n, p in plans.items()}
+    predicted = {n: tl.iteration_seconds() for n, tl in simulated.items()}
 
     from hybridflow.runtime.resource_pool import init_ray
 
     init_ray(num_cpus=2)
-    rows = []
+    from hybridflow.tools.comparison import Comparison
+
+    rows, comparisons, balance = [], {}, {}
     for name, plan in plans.items():
         print(f"{name}: {args.iterations} iterations…", file=sys.stderr)
         m = measure(plan, args.iterations, args.seed)
@@ -120,11 +142,21 @@ def main(argv: list[str] | None = None) -> int:
                      "error": predicted[name] / m["seconds"] - 1 if m["seconds"] else None,
                      "staleness": m["staleness"], "reward_first_third": first, "reward_last_third": last,
                      "rewards": m["rewards"]})
+        its = m["timeline"].steady_iterations()
+        comparisons[name] = Comparison(predicted[name], simulated[name].op_seconds(), m["seconds"],
+                                       m["timeline"].op_seconds(), plan.workload.tokens_per_iteration,
+                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}")
+        if name == BALANCE_PLAN:
+            balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
     base = next((r["measured"] for r in rows if r["plan"] == "sync colocated"), None)
     for r in rows:
         r["speedup"] = base / r["measured"] if base and r["measured"] else None
     if args.json:
-        print(json.dumps({"profile": cal.profile, "workload": WORKLOAD, "plans": rows}))
+        out = {"profile": cal.profile, "workload": WORKLOAD, "plans": rows,
+               "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()}}
+        if args.ops:
+            out["ops"] = {n: c.json() for n, c in comparisons.items()}
+        print(json.dumps(out))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -138,7 +170,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['error']:+.1%}" if r["error"] is not None else "-",
                   f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['staleness']:.0f}",
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
-    Console(width=max(Console().width, 120)).print(t)
+    if balance:
+        t.caption = "rollout : trainers " + ", ".join(
+            f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f})" for k, (g, tr) in balance.items() if g) + \
+            f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
+        t.caption_justify = "left"
+    console = Console(width=max(Console().width, 120))
+    console.print(t)
+    if args.ops:
+        from hybridflow.tools.comparison import comparison_table
+
+        for c in comparisons.values():
+            console.print(comparison_table(c))
     return 0
 
 
