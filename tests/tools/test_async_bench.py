@@ -47,3 +47,14 @@ def test_sides_weigh_the_rollout_against_the_trainers():
     ops = tl.op_seconds()
     assert rollout == pytest.approx(ops["generate"])
     assert trainers == pytest.approx(ops["ref_logprob"] + ops["actor_update"])  # the sync (both sides) in neither
+
+
+def test_speedups_over_sync_colocated_and_over_sync_on_the_same_split():
+    rows = [{"plan": "sync colocated", "measured": 0.8}, {"plan": "sync disaggregated", "measured": 1.0},
+            {"plan": "one-step-off", "measured": 0.5}]
+    bench.add_speedups(rows)
+    assert [r["speedup"] for r in rows] == [1.0, 0.8, 1.6]
+    assert [r["speedup_same_split"] for r in rows] == [None, 1.0, 2.0]
+    alone = [{"plan": "one-step-off", "measured": 0.5}]  # --only: the references were not run
+    bench.add_speedups(alone)
+    assert alone[0]["speedup"] is None and alone[0]["speedup_same_split"] is None

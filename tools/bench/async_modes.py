@@ -12,7 +12,8 @@ The tiny GRPO task on the same 2 devices four ways:
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
 plan's steady iteration), the measured ones (median over the steady iterations of the seconds from
 one iteration's end to the next: a pipelined iteration's rollout runs inside the one before, so
-this is the figure both modes share), the speedup over sync colocated, the staleness and the mean
+this is the figure both modes share), the speedup over sync colocated and, for the plans on the split, over
+sync disaggregated (the synchronous plan on the same devices), the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
 prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
 
@@ -101,6 +102,17 @@ def measure(plan: Plan, iterations: int, seed: int) -> dict:
     return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
 
 
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's measured speedup over the synchronous colocated plan (`speedup`) and, for the plans on the
+    disaggregated split, over the synchronous one on that split (`speedup_same_split`); None where the
+    reference was not run."""
+    measured = {r["plan"]: r["measured"] for r in rows}
+    for r in rows:
+        for key, ref in (("speedup", "sync colocated"), ("speedup_same_split", BALANCE_PLAN)):
+            base = measured.get(ref) if key == "speedup" or r["plan"] != "sync colocated" else None
+            r[key] = base / r["measured"] if base and r["measured"] else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from hybridflow.simulator.calibration import calibrate_file
     from hybridflow.simulator.schedule import simulate
@@ -148,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                        f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}")
         if name == BALANCE_PLAN:
             balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
-    base = next((r["measured"] for r in rows if r["plan"] == "sync colocated"), None)
-    for r in rows:
-        r["speedup"] = base / r["measured"] if base and r["measured"] else None
+    add_speedups(rows)
     if args.json:
         out = {"profile": cal.profile, "workload": WORKLOAD, "plans": rows,
                "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()}}
@@ -163,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
 
     t = Table(title=f"GRPO, tiny model, 2 devices, {WORKLOAD['prompts']}×{WORKLOAD['samples_per_prompt']} responses, "
                     f"profile '{cal.profile}'")
-    for col in ("plan", "predicted s", "measured s", "error", "× sync colocated", "staleness", "reward first → last"):
+    for col in ("plan", "predicted s", "measured s", "error", "× sync colocated", "× sync, same split", "staleness",
+                "reward first → last"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for r in rows:
         t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
                   f"{r['error']:+.1%}" if r["error"] is not None else "-",
-                  f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['staleness']:.0f}",
+                  *(f"{r[k]:.2f}" if r[k] else "-" for k in ("speedup", "speedup_same_split")), f"{r['staleness']:.0f}",
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
     if balance:
         t.caption = "rollout : trainers " + ", ".join(
