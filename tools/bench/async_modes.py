@@ -1,6 +1,7 @@
 """Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
-    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops] [--json]
+    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops]
+        [--no-speed-check] [--json]
 
 The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
@@ -22,7 +23,10 @@ and update) in the synchronous disaggregated plan, predicted and measured: one s
 the shorter side. `--ops` adds, per plan, each op's predicted and measured seconds per steady iteration
 (tools/comparison.py's table; an op some iterations skip, async's weight sync, as its share per
 iteration): where a plan's error comes from. On a shared machine compare runs made back to back, by
-their ratios: its speed drifts between minutes.
+their ratios: its speed drifts between minutes. So before each plan a few of the profile's own
+points are re-timed (`hflow-plan profile --check`'s quick form, as `run` does): `× speed` is the
+machine's speed then against the profile's, and `error at speed` the error of the prediction scaled by
+it (`--no-speed-check` skips it).
 """
 
 from __future__ import annotations
@@ -123,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="comma-separated plan names (default: all four)")
     ap.add_argument("--ops", action="store_true", help="also each plan's ops, predicted vs measured per steady iteration")
+    ap.add_argument("--no-speed-check", action="store_true",
+                    help="skip re-timing a few of the profile's points before each plan (the machine's speed then "
+                         "against the profile's, which scales that plan's prediction in the `× speed` columns)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
@@ -143,21 +150,29 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.runtime.resource_pool import init_ray
 
     init_ray(num_cpus=2)
-    from hybridflow.tools.comparison import Comparison
+    from rich.console import Console
+
+    from hybridflow.tools.comparison import Comparison, error
+    from hybridflow.tools.run_report import ConsoleEvents, quick_speed_check
 
     rows, comparisons, balance = [], {}, {}
     for name, plan in plans.items():
+        # the machine's speed right before this plan's run: a shared machine's drifts between minutes
+        speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else \
+            quick_speed_check(args.profile, ConsoleEvents(Console(stderr=True), quiet=True))
         print(f"{name}: {args.iterations} iterations…", file=sys.stderr)
         m = measure(plan, args.iterations, args.seed)
         first, last = thirds(m["rewards"])
         rows.append({"plan": name, "predicted": predicted[name], "measured": m["seconds"],
-                     "error": predicted[name] / m["seconds"] - 1 if m["seconds"] else None,
+                     "error": error(predicted[name], m["seconds"]), "speed": speed,
+                     "error_at_speed": error(predicted[name] * speed, m["seconds"]) if speed else None,
                      "staleness": m["staleness"], "reward_first_third": first, "reward_last_third": last,
                      "rewards": m["rewards"]})
         its = m["timeline"].steady_iterations()
         comparisons[name] = Comparison(predicted[name], simulated[name].op_seconds(), m["seconds"],
                                        m["timeline"].op_seconds(), plan.workload.tokens_per_iteration,
-                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}")
+                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}", speed,
+                                       speed_note)
         if name == BALANCE_PLAN:
             balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
     add_speedups(rows)
@@ -168,17 +183,21 @@ def main(argv: list[str] | None = None) -> int:
             out["ops"] = {n: c.json() for n, c in comparisons.items()}
         print(json.dumps(out))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"GRPO, tiny model, 2 devices, {WORKLOAD['prompts']}×{WORKLOAD['samples_per_prompt']} responses, "
                     f"profile '{cal.profile}'")
-    for col in ("plan", "predicted s", "measured s", "error", "× sync colocated", "× sync, same split", "staleness",
-                "reward first → last"):
+    checked = any(r["speed"] for r in rows)
+    for col in ("plan", "predicted s", "measured s", "error", *(("× speed", "error at speed") if checked else ()),
+                "× sync colocated", "× sync, same split", "staleness", "reward first → last"):
         t.add_column(col, justify="left" if col == "plan" else "right")
+
+    def pct(e):
+        return f"{e:+.1%}" if e is not None else "-"
+
     for r in rows:
-        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
-                  f"{r['error']:+.1%}" if r["error"] is not None else "-",
+        at_speed = (f"{r['speed']:.2f}" if r["speed"] else "-", pct(r["error_at_speed"])) if checked else ()
+        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}", pct(r["error"]), *at_speed,
                   *(f"{r[k]:.2f}" if r[k] else "-" for k in ("speedup", "speedup_same_split")), f"{r['staleness']:.0f}",
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
     if balance:
@@ -186,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f})" for k, (g, tr) in balance.items() if g) + \
             f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
         t.caption_justify = "left"
-    console = Console(width=max(Console().width, 120))
+    console = Console(width=max(Console().width, 150))
     console.print(t)
     if args.ops:
         from hybridflow.tools.comparison import comparison_table
