@@ -1,7 +1,7 @@
 """Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
     python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops]
-        [--no-speed-check] [--json]
+        [--no-speed-check] [--neighbour-check] [--json]
 
 The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
@@ -26,7 +26,9 @@ iteration): where a plan's error comes from. On a shared machine compare runs ma
 their ratios: its speed drifts between minutes. So before each plan a few of the profile's own
 points are re-timed (`hflow-plan profile --check`'s quick form, as `run` does): `× speed` is the
 machine's speed then against the profile's, and `error at speed` the error of the prediction scaled by
-it (`--no-speed-check` skips it).
+it (`--no-speed-check` skips it). `--neighbour-check` re-times those points on one device alone and on
+both at once, back to back: the profile times one-device points with every device busy, while a
+disaggregated plan's devices partly take turns (docs/rollout-devices.md).
 """
 
 from __future__ import annotations
@@ -117,6 +119,26 @@ def add_speedups(rows: list[dict]) -> None:
             r[key] = base / r["measured"] if base and r["measured"] else None
 
 
+def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
+    """Seconds of the profile's quick reference points on one device while the other idles, over their
+    seconds with both devices busy (as the profile times them), re-timed back to back `passes` times:
+    the median per point. Below 1: a device alone runs faster than the profile says — what a
+    disaggregated plan's devices do while they take turns."""
+    import statistics
+
+    from hybridflow.runtime.profile_check import check_speed
+    from hybridflow.simulator.profile import resolve_profile
+    from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
+
+    profile = resolve_profile(profile_ref)
+    ratios = []
+    for _ in range(passes):
+        alone = check_speed(profile, devices=1, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        both = check_speed(profile, devices=profile.fingerprint.devices, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        ratios += [a / b for a, b in zip(alone.now, both.now, strict=True)]
+    return statistics.median(ratios)
+
+
 def main(argv: list[str] | None = None) -> int:
     from hybridflow.simulator.calibration import calibrate_file
     from hybridflow.simulator.schedule import simulate
@@ -130,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-speed-check", action="store_true",
                     help="skip re-timing a few of the profile's points before each plan (the machine's speed then "
                          "against the profile's, which scales that plan's prediction in the `× speed` columns)")
+    ap.add_argument("--neighbour-check", action="store_true",
+                    help="also re-time a few of the profile's points on one device alone and on both at once, "
+                         "back to back: how much faster a device runs while its neighbour idles")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
@@ -176,9 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == BALANCE_PLAN:
             balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
     add_speedups(rows)
+    alone = neighbour_effect(args.profile) if args.neighbour_check else None
     if args.json:
         out = {"profile": cal.profile, "workload": WORKLOAD, "plans": rows,
-               "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()}}
+               "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()},
+               "alone_over_busy": alone}
         if args.ops:
             out["ops"] = {n: c.json() for n, c in comparisons.items()}
         print(json.dumps(out))
@@ -204,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         t.caption = "rollout : trainers " + ", ".join(
             f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f})" for k, (g, tr) in balance.items() if g) + \
             f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
+        t.caption_justify = "left"
+    if alone is not None:
+        t.caption = (t.caption or "") + f"\none device alone / both busy: {alone:.2f}× the seconds (the profile " \
+                                          "times its points with both busy)"
         t.caption_justify = "left"
     console = Console(width=max(Console().width, 150))
     console.print(t)
