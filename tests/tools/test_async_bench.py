@@ -58,3 +58,9 @@ def test_speedups_over_sync_colocated_and_over_sync_on_the_same_split():
     alone = [{"plan": "one-step-off", "measured": 0.5}]  # --only: the references were not run
     bench.add_speedups(alone)
     assert alone[0]["speedup"] is None and alone[0]["speedup_same_split"] is None
+
+
+def test_balance_is_said_in_words():
+    assert bench.balance_word(0.2, 0.75) == "training-bound"
+    assert bench.balance_word(0.6, 0.75) == "comparable"
+    assert bench.balance_word(1.2, 0.75) == "rollout-bound"

@@ -91,6 +91,17 @@ def sides(timeline, plan: Plan) -> tuple[float, float]:
     return per[actor.generate_group], per[actor.group]
 
 
+COMPARABLE = 1.5  # the longer side at most this many times the shorter: "comparable" in the caption
+
+
+def balance_word(rollout: float, trainers: float) -> str:
+    """Whether the two sides take comparable time, else which one is longer."""
+    longer, shorter = max(rollout, trainers), min(rollout, trainers)
+    if longer <= COMPARABLE * shorter:
+        return "comparable"
+    return "training-bound" if trainers > rollout else "rollout-bound"
+
+
 def measure(plan: Plan, iterations: int, seed: int) -> dict:
     import time
 
@@ -229,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
     if balance:
         t.caption = "rollout : trainers " + ", ".join(
-            f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f})" for k, (g, tr) in balance.items() if g) + \
-            f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
+            f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f}, {balance_word(g, tr)})" for k, (g, tr) in balance.items()
+            if g) + f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
         t.caption_justify = "left"
     if alone is not None:
         t.caption = (t.caption or "") + f"\none device alone / both busy: {alone:.2f}× the seconds (the profile " \
