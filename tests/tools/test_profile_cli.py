@@ -203,3 +203,45 @@ def test_probe_figures_follow_from_the_raw_timings():
     assert hw.intra_node_latency == 0.001
     pts = probe_points(raw, 2)
     assert [p.op for p in pts] == ["matmul", "memory"] and pts[0].flops == 2 * 512**3
+
+
+def test_megatron_roles_on_a_profile_without_megatron_points_say_so(tmp_path, monkeypatch, capsys):
+    from hybridflow.simulator.calibration import Calibration
+    from hybridflow.simulator.efficiency import EfficiencyParams
+    from hybridflow.simulator.profiled_cost import EngineOverheads
+    from hybridflow.tools.profile_option import megatron_note, plan_with_profile
+
+    monkeypatch.setenv("HFLOW_CACHE", str(tmp_path / "cache"))
+    plan = Plan.load(TINY_PLAN)
+    roles = {r: rp.model_copy(update={"train": rp.train.model_copy(update={"backend": "megatron"})})
+             if r == "actor" else rp for r, rp in plan.roles.items()}
+    moved, cm = plan_with_profile(plan.model_copy(update={"roles": roles}), str(hand_profile(tmp_path)))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no megatron_train / megatron_forward points" in err[0] and "--add-megatron" in err[0]
+    assert cm.overheads.megatron_layer_seconds == 0.0  # the analytic price for the megatron actor
+    plan_with_profile(plan, str(hand_profile(tmp_path)))  # FSDP roles only: nothing to say
+    assert capsys.readouterr().err == ""
+    fitted = Calibration(profile="p", hardware=HW, params=EfficiencyParams(),
+                         overheads=EngineOverheads(megatron_layer_seconds=1e-3))
+    assert megatron_note(fitted, True) is None
+
+
+def test_megatron_points_need_megatron_and_a_profile_of_this_machine(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    assert main(["profile", "--add-megatron", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
+    foreign = Profile(name="f", fingerprint=Fingerprint(device_name="gpu-9000", cpu_count=999, devices=2),
+                      hardware=HW).save(tmp_path / "foreign.json")
+    before = foreign.read_text()
+    assert main(["profile", "--add-megatron", str(foreign)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    why = "not this machine" if importlib.util.find_spec("megatron") else "pip install 'hybridflow[megatron]'"
+    assert len(err) == 1 and why in err[0], err
+    assert foreign.read_text() == before
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("megatron")
+                        else real_find_spec(name, *a))
+    assert main(["profile", "--quick", "--megatron", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hybridflow[megatron]" in err[0] and not (tmp_path / "p.json").exists()
