@@ -11,7 +11,10 @@ single controller's dispatch gap between dependent calls (runtime/dispatch_probe
 is a seconds-long grid for tests (no Ray). `--passes N` measures the grid N times over in the same
 processes and keeps each point's median (a shared machine's speed drifts between stretches of
 minutes). `--check PROFILE` re-times a profile's own one-device points and prints now / then
-(runtime/profile_check.py): whether the machine still runs at the profile's speed.
+(runtime/profile_check.py): whether the machine still runs at the profile's speed. `--megatron`
+adds the megatron-core engine's points (megatron_train / megatron_forward at dp, tp and pp over all
+devices; minutes on 2 cores, so behind the flag), `--add-megatron PROFILE` measures only those into an
+existing profile of this machine.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def add_parser(subparsers) -> None:
                     "`replay` use. The default grid takes a few minutes on 2 cores.",
         epilog=examples("hflow-plan profile --out profiles/my-box.json",
                         "hflow-plan profile --passes 3 --out profiles/my-box.json",
+                        "hflow-plan profile --add-megatron profiles/my-box.json",
                         "hflow-plan profile --check cpu-2core"))
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", metavar="FILE.json", help="where to write the profile (atomically)")
