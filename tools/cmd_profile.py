@@ -132,8 +132,7 @@ def add_parser(subparsers) -> None:
                     "grid of tiny models and layouts; write a profile that `simulate/search --profile` and "
                     "`replay` use. The default grid takes a few minutes on 2 cores.",
         epilog=examples("hflow-plan profile --out profiles/my-box.json",
-                        "hflow-plan profile --passes 3 --out profiles/my-box.json",
-                        "hflow-plan profile --add-megatron profiles/my-box.json",
+                        "hflow-plan profile --passes 3 --megatron --out profiles/my-box.json",
                         "hflow-plan profile --check cpu-2core"))
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", metavar="FILE.json", help="where to write the profile (atomically)")

@@ -205,25 +205,26 @@ def test_probe_figures_follow_from_the_raw_timings():
     assert [p.op for p in pts] == ["matmul", "memory"] and pts[0].flops == 2 * 512**3
 
 
-def test_megatron_roles_on_a_profile_without_megatron_points_say_so(tmp_path, monkeypatch, capsys):
+def test_megatron_roles_on_a_profile_without_megatron_points_say_so(capsys):
     from hybridflow.simulator.calibration import Calibration
     from hybridflow.simulator.efficiency import EfficiencyParams
     from hybridflow.simulator.profiled_cost import EngineOverheads
-    from hybridflow.tools.profile_option import megatron_note, plan_with_profile
+    from hybridflow.tools.profile_option import plan_with_profile
 
-    monkeypatch.setenv("HFLOW_CACHE", str(tmp_path / "cache"))
     plan = Plan.load(TINY_PLAN)
     roles = {r: rp.model_copy(update={"train": rp.train.model_copy(update={"backend": "megatron"})})
              if r == "actor" else rp for r, rp in plan.roles.items()}
-    moved, cm = plan_with_profile(plan.model_copy(update={"roles": roles}), str(hand_profile(tmp_path)))
+    megatron_plan = plan.model_copy(update={"roles": roles})
+    without = Calibration(profile="fsdp-only", hardware=HW, params=EfficiencyParams(),
+                          overheads=EngineOverheads(layer_seconds=1e-3))  # as fitted to FSDP points alone
+    _, cm = plan_with_profile(megatron_plan, without)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no megatron_train / megatron_forward points" in err[0] and "--add-megatron" in err[0]
     assert cm.overheads.megatron_layer_seconds == 0.0  # the analytic price for the megatron actor
-    plan_with_profile(plan, str(hand_profile(tmp_path)))  # FSDP roles only: nothing to say
+    plan_with_profile(plan, without)  # FSDP roles only: nothing to say
+    with_points = without.model_copy(update={"overheads": EngineOverheads(megatron_layer_seconds=1e-3)})
+    plan_with_profile(megatron_plan, with_points)  # priced by its own terms: nothing to say
     assert capsys.readouterr().err == ""
-    fitted = Calibration(profile="p", hardware=HW, params=EfficiencyParams(),
-                         overheads=EngineOverheads(megatron_layer_seconds=1e-3))
-    assert megatron_note(fitted, True) is None
 
 
 def test_megatron_points_need_megatron_and_a_profile_of_this_machine(tmp_path, capsys, monkeypatch):
