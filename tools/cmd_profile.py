@@ -109,12 +109,15 @@ def megatron_layouts(devices: int, model: ModelSpec) -> list[dict]:
 
 def megatron_grid(devices: int, quick: bool = False) -> list[dict]:
     """The megatron-core engine's points (megatron_train / megatron_forward) at the shapes the FSDP
-    points use, grouped by layout (each layout's engines are built once)."""
+    points use, grouped by layout (each layout's engines are built once; a model joins the layouts
+    it fits)."""
     models = [GRID_MODELS["p64"]] if quick else [GRID_MODELS["p64"], GRID_MODELS["tiny"]]
     shapes = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)]
+    fits = [(m, megatron_layouts(devices, m)) for m in models]
+    order = [par for _, pars in fits for par in pars]
     jobs: list[dict] = []
-    for par in megatron_layouts(devices, models[-1]):
-        for m in models:
+    for par in (p for i, p in enumerate(order) if p not in order[:i]):
+        for m in (m for m, pars in fits if par in pars):
             for b, s, mb, steps in shapes:
                 half = s // 2
                 shape = dict(model=m.model_dump(), parallel=par, batch=b, micro_batch=mb, prompt_len=half,

@@ -246,3 +246,18 @@ def test_megatron_points_need_megatron_and_a_profile_of_this_machine(tmp_path, c
     assert main(["profile", "--quick", "--megatron", "--out", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "hybridflow[megatron]" in err[0] and not (tmp_path / "p.json").exists()
+
+
+def test_the_megatron_grid_spans_dp_tp_pp_at_the_fsdp_shapes_and_fits_each_model():
+    from hybridflow.tools.cmd_profile import grid, megatron_grid
+
+    jobs = megatron_grid(2)
+    points = [ProfilePoint(seconds=1.0, **j) for j in jobs]  # valid points once timed
+    assert {p.op for p in points} == {"megatron_train", "megatron_forward"}
+    assert {(p.parallel.pp, p.parallel.tp, p.parallel.dp) for p in points} == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}
+    fsdp_shapes = {(j["batch"], j["prompt_len"], j["response_len"]) for j in grid(2) if j["op"] == "train"}
+    assert {(p.batch, p.prompt_len, p.response_len) for p in points} == fsdp_shapes
+    layouts = [p.parallel for p in points]
+    runs = [x for i, x in enumerate(layouts) if i == 0 or layouts[i - 1] != x]
+    assert len(runs) == len(set(runs)) == 3  # one layout's jobs together: its engines are built once
+    assert all(p.model.layers % p.parallel.pp == 0 for p in (ProfilePoint(seconds=1.0, **j) for j in megatron_grid(4)))
