@@ -249,8 +249,8 @@ def add_megatron(args, path: Path) -> int:
                             lambda tick: measure(jobs, devices, warmup, repeats, passes=args.passes, on_progress=tick))
     kept = [p for p in profile.points if p.op not in MEGATRON_OPS]
     note = f"megatron points: {len(jobs)} jobs, warmup {warmup}, repeats {repeats}, passes {args.passes}"
-    profile = profile.model_copy(update={"points": kept + points,
-                                         "notes": "; ".join(n for n in (profile.notes, note) if n)})
+    earlier = [n for n in profile.notes.split("; ") if n and not n.startswith("megatron points:")]
+    profile = profile.model_copy(update={"points": kept + points, "notes": "; ".join([*earlier, note])})
     profile = Profile.model_validate(profile.model_dump())
     cal = calibrate(profile)
     profile.save(path)
