@@ -17,7 +17,8 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA;
 - the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
-- at a few rows, every weight stored [in, out] row-major (`_matmul_layout`).
+- at a few rows, the small weights (every weight at one row) stored [in, out] row-major, and the
+  big ones multiplied weight-first at 2-8 rows (`_matmul_layout`, `_linear`).
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
