@@ -17,7 +17,8 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA;
 - the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
-- at a few rows, every weight stored [in, out] row-major (`_matmul_layout`).
+- at a few rows, the small weights (every weight at one row) stored [in, out] row-major, and the
+  big ones multiplied weight-first at 2-8 rows (`_matmul_layout`, `_linear`).
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
@@ -57,15 +58,38 @@ def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
-# Up to this many rows a step stores its weights [in, out] row-major (see `_matmul_layout`).
+# Up to this many rows a step stores its small weights [in, out] row-major (see `_matmul_layout`).
 ROW_MAJOR_MAX_BATCH = 16
+# From this many elements (1 MB in fp32) a weight is a big one: at 2..WEIGHT_FIRST_MAX_ROWS rows a decode
+# step multiplies it weight-first (`_linear`).
+WEIGHT_FIRST_MIN_SIZE = 2 ** 18
+WEIGHT_FIRST_MAX_ROWS = 8
 
 
 def _matmul_layout(w: torch.Tensor, batch: int) -> torch.Tensor:
     """Weight [out, in] as the [in, out] right operand of `x @ w`. At one or a few rows a step is
     bound by reading the weights, and a row-major [in, out] copy is read in memory order (faster on
-    CPU); at more rows the matmul packs the weight whichever its layout, and the view is as fast."""
-    return w.t().contiguous() if batch <= ROW_MAJOR_MAX_BATCH else w.t()
+    CPU) — except a big weight at 2..WEIGHT_FIRST_MAX_ROWS rows, which `_linear` reads weight-first
+    from its [out, in] layout; at more rows the matmul packs the weight whichever its layout, and
+    the view is as fast."""
+    weight_first = 1 < batch <= WEIGHT_FIRST_MAX_ROWS and w.numel() >= WEIGHT_FIRST_MIN_SIZE
+    row_major = batch <= ROW_MAJOR_MAX_BATCH and not weight_first
+    return w.t().contiguous() if row_major else w.t()
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + x @ w + bias for rows x [M, in] and the right operand w [in, out] (`_matmul_layout`).
+    A big [out, in] weight at 2..WEIGHT_FIRST_MAX_ROWS rows is multiplied as (w.T @ x.T).T: the BLAS
+    then streams the long weight against the few rows (measured on CPU: about half the time of
+    x @ w at 4 rows for a weight that does not stay in the cache)."""
+    rows = x.shape[0]
+    if w.is_contiguous() or w.numel() < WEIGHT_FIRST_MIN_SIZE or rows > WEIGHT_FIRST_MAX_ROWS:
+        if residual is None:
+            return x @ w if bias is None else torch.addmm(bias, x, w)
+        return torch.addmm(residual if bias is None else residual + bias, x, w)
+    out = torch.mm(w.t(), x.t()) if bias is None else torch.addmm(bias[:, None], w.t(), x.t())
+    return out.t().contiguous() if residual is None else residual + out.t()
 
 
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
@@ -151,11 +175,9 @@ class FusedDecoder:
 
     def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
         """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
-        x = torch.addmm(x, attn, wo) if bo is None else torch.addmm(x + bo, attn, wo)
-        gu = self._norm(x) @ wgu if bgu is None else torch.addmm(bgu, self._norm(x), wgu)
-        gate, up = gu.chunk(2, dim=-1)
-        act = F.silu(gate).mul_(up)
-        return torch.addmm(x, act, wd) if bd is None else torch.addmm(x + bd, act, wd)
+        x = _linear(attn, wo, bo, x)
+        gate, up = _linear(self._norm(x), wgu, bgu).chunk(2, dim=-1)
+        return _linear(F.silu(gate).mul_(up), wd, bd, x)
 
     def _qk(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
         """The q and k heads of qkv [..., H + 2·Hkv, d]: [..., H + Hkv, d], each head RMS-normalised
@@ -204,7 +226,7 @@ class FusedDecoder:
         x = F.embedding(tokens, self.embed)  # [B, hidden]
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             hn = self._norm(x)
-            qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, h + 2 * hkv, d)
+            qkv = _linear(hn, wqkv, bqkv).view(b, h + 2 * hkv, d)
             qk = self._rope(self._qk(qkv, i), rotation)  # [B, H + Hkv, d]
             self.keys_4d[i].select(2, t).copy_(qk[:, h:])
             self.values_4d[i].select(2, t).copy_(qkv[:, h + hkv:])
@@ -214,4 +236,4 @@ class FusedDecoder:
             attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
             x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
         self.length = end
-        return self._norm(x) @ self.lm_head
+        return _linear(self._norm(x), self.lm_head)

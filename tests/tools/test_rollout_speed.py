@@ -40,3 +40,20 @@ def test_eos_set_ends_greedy_rows_at_half_length_on_average():
 def test_bad_batch_list_is_a_one_line_error():
     with pytest.raises(HflowError, match="--batch"):
         rollout_speed.main(["--batch", "4,x"])
+
+
+def test_matmul_floor_times_every_linear_of_the_hf_model():
+    """The headroom columns' floor: every nn.Linear of the HF model on `batch` rows per step (lm_head
+    included), the prefill's layer matmuls on every prompt position."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1)).eval()
+    linears = [m for m in hf.modules() if isinstance(m, torch.nn.Linear)]
+    secs, flops = rollout_speed._matmul_floor(linears, rows=3, repeats=3, device="cpu")
+    per_layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64  # q, k and v (one kv head of 16), o, MLP
+    assert flops == 2 * 3 * (2 * per_layer + 64 * 32) and secs > 0
+    floor = rollout_speed._run_floor(hf, batch=3, prompt_len=5, new_tokens=4, repeats=3, device="cpu")
+    assert floor["matmul_floor_run_s"] > 3 * floor["matmul_floor_step_s"] > 0

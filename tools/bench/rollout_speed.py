@@ -23,6 +23,14 @@ generate() call) and saves the rest of the per-step overhead — module calls, H
 concatenation, logits processors, mask rebuilding, separate RoPE/norm ops (runtime/engines/
 fast_decode.py). So the ratio is largest where a step is overhead-bound (small batch, tiny model)
 and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
+
+Headroom (fixed-length modes): each side's seconds per decode step (the run's time over its steps,
+prefill included) beside the step's matmul floor — every `nn.Linear` of the HF model (q, k, v, o,
+MLP, lm_head) on `batch` rows alone, back to back, the faster of two layouts (`x @ W.T` and
+`(W @ x.T).T`), with its achieved FLOP/s. The run's floor adds the prefill's matmuls (every prompt
+position, lm_head on the last). HF's run over its floor bounds the ratio any engine can reach doing
+the same fp32 matmuls with this BLAS (attention and sampling not even counted): where it is under
+2, the goal cannot be met at equal work, and the table says so.
 """
 
 from __future__ import annotations
@@ -63,6 +71,42 @@ def _timed(fn, device: str) -> tuple[float, object]:
     return time.process_time() - t0, out
 
 
+def _matmul_floor(linears: list[torch.nn.Linear], rows: int, repeats: int, device: str) -> tuple[float, float]:
+    """(seconds, FLOPs) of `linears` alone on `rows` rows, back to back: the faster of two layouts,
+    the least of the repeats (a floor: a shared machine only ever adds time)."""
+    xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}
+
+    def row_first():
+        for m in linears:
+            torch.nn.functional.linear(xs[m.in_features], m.weight, m.bias)
+
+    def weight_first():
+        for m in linears:
+            out = m.weight @ xs[m.in_features].t()
+            if m.bias is not None:
+                out += m.bias[:, None]
+
+    best = float("inf")
+    with torch.inference_mode():
+        for step in (row_first, weight_first):
+            step()  # warm-up
+            best = min(best, *(_timed(step, device)[0] for _ in range(repeats)))
+    return best, 2.0 * rows * sum(m.weight.numel() for m in linears)
+
+
+def _run_floor(hf, batch: int, prompt_len: int, new_tokens: int, repeats: int, device: str) -> dict:
+    """The matmul floor of one fixed-length run (module docstring): the prefill's layer matmuls on
+    every prompt position and its lm_head on the last, then `new_tokens - 1` decode steps."""
+    head = hf.get_output_embeddings()
+    body = [m for m in hf.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    step_body, body_flops = _matmul_floor(body, batch, max(3, repeats), device)
+    step_head, head_flops = _matmul_floor([head], batch, max(3, repeats), device)
+    prefill, _ = _matmul_floor(body, batch * prompt_len, 1, device)
+    step = step_body + step_head
+    return dict(matmul_floor_step_s=step, matmul_floor_flop_s=(body_flops + head_flops) / step,
+                matmul_floor_run_s=prefill + step_head + (new_tokens - 1) * step)
+
+
 def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), prompt_len: int = 32,
               new_tokens: int = 64, repeats: int = 5, device: str = "cpu", seed: int = 0,
               with_vllm: bool = False) -> list[dict]:
@@ -97,7 +141,12 @@ def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), promp
     rows = []
     for batch in batches:
         ids, mask = _prompts(batch, prompt_len, cfg.vocab_size, device, seed)
-        rows += _bench_batch(engine, hf, ids, mask, new_tokens, repeats, device, seed, rollout)
+        floor = _run_floor(hf, batch, ids.shape[1], new_tokens, repeats, device)
+        for row in _bench_batch(engine, hf, ids, mask, new_tokens, repeats, device, seed, rollout):
+            if row["tokens"] == batch * new_tokens:  # fixed length: every step has `batch` rows
+                row.update(floor, ours_step_s=batch / row["ours_tok_s"], hf_step_s=batch / row["hf_tok_s"],
+                           hf_over_floor=row["tokens"] / row["hf_tok_s"] / floor["matmul_floor_run_s"])
+            rows.append(row)
     return rows
 
 
@@ -217,16 +266,25 @@ def main(argv: list[str] | None = None) -> int:
              f"{'wall' if args.device.startswith('cuda') else 'CPU'} time, median of {args.repeats} (slowest–fastest); "
              "goal ≥ 2×")
     table = Table(title=title)
-    cols = ["batch", "mode", "ours tok/s", "HF tok/s", "ratio", "greedy same"] + (["vLLM tok/s"] if args.vllm else [])
+    cols = ["batch", "mode", "ours tok/s", "HF tok/s", "ratio", "greedy same"] + (["vLLM tok/s"] if args.vllm else []) \
+        + ["ms/step ours / HF", "step's matmul floor ms (GFLOP/s)", "HF ÷ run's floor"]
     for col in cols:
         table.add_column(col, justify="left" if col == "mode" else "right")
     for r in rows:
         same = "-" if r["same_tokens"] is None else ("yes" if r["same_tokens"] else "NO")
         extra = [f"{r['vllm_tok_s']:,.0f}"] if args.vllm else []
+        if "hf_over_floor" in r:
+            extra += [f"{r['ours_step_s'] * 1e3:.2f} / {r['hf_step_s'] * 1e3:.2f}",
+                      f"{r['matmul_floor_step_s'] * 1e3:.2f} ({r['matmul_floor_flop_s'] / 1e9:.1f})",
+                      f"{r['hf_over_floor']:.2f}" + ("" if r["hf_over_floor"] >= 2 else " < 2: no 2× at equal work")]
+        else:
+            extra += ["-"] * 3
         table.add_row(str(r["batch"]), r["mode"], f"{r['ours_tok_s']:,.0f} {_spread(r['ours_tok_s_range'])}",
                       f"{r['hf_tok_s']:,.0f} {_spread(r['hf_tok_s_range'])}",
                       f"{r['ratio']:.2f}×", same, *extra)
-    Console().print(table)
+    Console(width=max(Console().width, 180)).print(table)  # wide: a pipe's 80 columns would fold the headers
+    print("HF ÷ run's floor: HF's run over its matmuls alone (prefill and steps, the same rows) — the most any engine "
+          "doing the same fp32 matmuls with this BLAS can gain (attention and sampling not counted).")
     if args.json:
         from hybridflow.simulator.io import write_atomic
 
