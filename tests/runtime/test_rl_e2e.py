@@ -1,4 +1,4 @@
-"""End to end on a local Ray cluster with the tiny model: PPO, RLOO, ReMax and Safe-RLHF for five iterations
+"""End to end on a local Ray cluster with the tiny model: PPO, RLOO, ReMax and Safe-RLHF for three iterations
 in several placements (test_algorithms_e2e.py runs the other algorithms), each run's calls equal to the
 simulator's graph of its plan; the measured timeline (disjoint groups overlap), GRPO through the CLI,
 checkpoint/resume bit-identical to a straight run, and a dead worker one clear error that loses nothing."""
@@ -15,7 +15,7 @@ from hybridflow.simulator import OPS, ParallelConfig, Workload
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 COMMON_OPS = {"reshard", "generate", "reward", "actor_logprob", "ref_logprob", "advantage", "actor_update"}
-ITERATIONS = 5
+ITERATIONS = 3  # every check is per iteration; more only add seconds
 
 
 def _run(plan, tmp_path, iterations=ITERATIONS, **kw):
