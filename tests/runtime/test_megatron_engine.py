@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_util import run_distributed
+from dist_util import needs_megatron, run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
 from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
 from hybridflow.simulator.parallel import ParallelConfig
 
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e '.[megatron]')")
+pytestmark = needs_megatron
 
 STEPS = 3
 OPTIM = OptimConfig(lr=3e-3, grad_clip=0.5)

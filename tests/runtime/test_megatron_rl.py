@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from dist_util import needs_megatron
 from rl_util import tiny_plan
 
 from hybridflow.simulator import ParallelConfig, Workload
 
-pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e '.[megatron]')")
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, needs_megatron]
 
 ITERATIONS = 2
 

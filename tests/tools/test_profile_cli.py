@@ -1,6 +1,8 @@
 """`hflow-plan profile --quick` measures the real engines into a valid profile; `replay` prices plans
 from a profile without torch, and compares with a run's metrics file op by op."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -21,13 +23,17 @@ HW = HardwareSpec(name="cpu-t", peak_flops=5e9, hbm_bandwidth=1e9, hbm_bytes=8e9
 
 @pytest.fixture(scope="module")
 def quick_profile(tmp_path_factory):
-    """One real `hflow-plan profile --quick --passes 2` run (gloo processes), shared by the tests below."""
+    """One real `hflow-plan profile --quick --passes 2` run (gloo processes), shared by the tests below. The
+    command's main() in this process: its gloo ranks fork from the session's warm forkserver, rather than a
+    fresh interpreter importing torch and starting a forkserver of its own (exit codes of the installed
+    command: test_cli_simulate.py)."""
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("prof") / "quick.json"
-    proc = subprocess.run([sys.executable, "-m", "hybridflow.tools.cli", "profile", "--quick", "--passes", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out, proc.stdout
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["profile", "--quick", "--passes", "2", "--out", str(out)])
+    assert rc == 0, stderr.getvalue()[-2000:]
+    return out, stdout.getvalue()
 
 
 @pytest.mark.slow
