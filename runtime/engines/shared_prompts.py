@@ -77,9 +77,9 @@ class SharedPrompts:
     input_ids: torch.Tensor  # [G, W]
     position_ids: torch.Tensor  # [G, W]
     attention: torch.Tensor  # [G, 1, W, W] bool, True: the query (row) sees the key (column)
-    predictor: torch.Tensor  # [b, R] flat index into [G·W] of the position whose logits predict each response token
-    targets: torch.Tensor  # [b, R] the response tokens
-    response_mask: torch.Tensor  # [b, R] bool
+    predictor: torch.Tensor  # [N] flat index into [G·W] of the position whose logits predict each real response token
+    targets: torch.Tensor  # [N] the real response tokens
+    response_mask: torch.Tensor  # [b, R] bool, N of them true
     real_tokens: int  # the packed rows' real tokens (each prompt once)
     caller_width: int  # P + R, the caller's columns
 
@@ -89,10 +89,10 @@ class SharedPrompts:
         return {"tokens": rows * width, "real_tokens": self.real_tokens, "context": rows * width * (width + 1) / 2}
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """[b, R] per-response-token values → [b, P+R] in the caller's layout, 0 on the prompt and padding."""
-        x = torch.where(self.response_mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
-        width = self.response_mask.shape[1]
-        return F.pad(x, (self.caller_width - width, 0))
+        """[N] values of the real response tokens → [b, P+R] in the caller's layout, 0 on the prompt and padding."""
+        m = self.response_mask
+        out = x.new_zeros(m.shape).masked_scatter(m, x)
+        return F.pad(out, (self.caller_width - m.shape[1], 0))
 
 
 def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None,
@@ -135,6 +135,7 @@ def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, positio
     causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
     sees = causal & (k >= 0) & ((k == 0) | (k == q))
     sees |= torch.eye(width, dtype=torch.bool, device=mask.device)  # a padding slot sees itself: no empty row
-    predictor = torch.where(mask[:, prompt_width - 1:s - 1], flat[:, prompt_width - 1:s - 1], 0)
+    response = mask[:, prompt_width:]
+    predictor = flat[:, prompt_width - 1:s - 1][response]  # a response's first token: from the prompt's last
     return SharedPrompts(ids.view(n_groups, width), pos.view(n_groups, width), sees[:, None], predictor,
-                         input_ids[:, prompt_width:], mask[:, prompt_width:], int((segment >= 0).sum()), s)
+                         input_ids[:, prompt_width:][response], response, int((segment >= 0).sum()), s)
