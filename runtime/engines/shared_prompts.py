@@ -103,8 +103,11 @@ def share_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, positio
     b, s = mask.shape
     if not _layout_ok(mask, prompt_width):
         return None
-    group = prompt_groups(input_ids, mask, prompt_width)
-    n_groups = int(group.max()) + 1
+    # groups of consecutive rows with the same prompt (micro_batch_rows puts a group's rows together; a
+    # cheaper test than prompt_groups, and a prompt that recurs further down is only computed again)
+    key = torch.where(mask[:, :prompt_width], input_ids[:, :prompt_width], -1)
+    group = F.pad((key[1:] != key[:-1]).any(-1).long(), (1, 0)).cumsum(0)
+    n_groups = int(group[-1]) + 1
     if n_groups == b:
         return None
     if position_ids is None:
