@@ -91,3 +91,15 @@ def test_micro_batches_and_dp_shards_keep_each_prompts_rows_together():
     for shard in order.view(2, -1):
         assert all(int((groups[shard] == g).sum()) in (0, 4) for g in range(4))
     assert dp_balanced_order(mask, 2, group=3).tolist() == dp_balanced_order(mask, 2).tolist()  # 16 % 6: by rows
+
+
+def test_rows_of_a_prompt_apart_in_one_micro_batch_give_the_same_log_probs():
+    """One micro-batch of the whole batch keeps the caller's row order: a prompt's rows interleaved with
+    others' are shared where they are neighbours and computed again where not — the same numbers."""
+    batch = _batch(groups=3, samples=4, seed=3)
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    batch = {k: v[perm] for k, v in batch.items()}
+    a = _engine(True).compute_log_probs(batch, micro_batch_size=12, score_width=R)["log_probs"]
+    b = _engine(False).compute_log_probs(batch, micro_batch_size=12, score_width=R)["log_probs"]
+    m = batch["response_mask"].bool()
+    torch.testing.assert_close(a[:, -R:][m], b[:, -R:][m], rtol=1e-5, atol=1e-5)
