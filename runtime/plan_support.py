@@ -25,6 +25,10 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
         raise HflowError(f"mode '{plan.mode}' corrects with the behaviour log-probs, which vLLM renormalises over "
                          f"top-k/top-p (top_k {config.top_k}, top_p {config.top_p}) and the actor does not; "
                          "set top_k 0 and top_p 1, use --rollout native or --mode sync")
+    if actor is not None and actor.generate is not None and actor.generate.pp != 1:  # both engines refuse it
+        raise HflowError(f"the actor generates with pp={actor.generate.pp}; generation is not pipelined on this "
+                         "runtime (training may use any pp): plan with `hflow-plan search --max-gen-pp 1` or give "
+                         "the generate layout pp=1")
     if separate and actor.generate_group == actor.group:
         raise HflowError(f"the actor's generate_group '{actor.generate_group}' is its training group; drop "
                          "generate_group to generate on the training devices (hybrid engine)")

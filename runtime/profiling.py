@@ -26,18 +26,25 @@ from hybridflow.runtime.engines.launch import report_progress, run_local
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.profile import ProfilePoint
+from hybridflow.simulator.profile import MEGATRON_OPS, ProfilePoint
 
 PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
            "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.generation",
            "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.decoder"]
+# megatron.core takes seconds to import: preloaded (once, in the forkserver) only for Megatron jobs
+MEGATRON_PRELOAD = ["megatron.core", "hybridflow.runtime.engines.megatron_training"]
 
 
 # ---- a group of processes ------------------------------------------------------------------------
 def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
-              on_progress: Callable[[int], None] | None = None) -> list:
+              on_progress: Callable[[int], None] | None = None, megatron: bool = False) -> list:
     """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank."""
-    return run_local(fn, world, *args, timeout=timeout, preload=PRELOAD, on_progress=on_progress)
+    return run_local(fn, world, *args, timeout=timeout, preload=PRELOAD + (MEGATRON_PRELOAD if megatron else []),
+                     on_progress=on_progress)
+
+
+def _has_megatron(jobs: list[dict]) -> bool:
+    return any(j["op"] in MEGATRON_OPS for j in jobs)
 
 
 # ---- timing ----------------------------------------------------------------------------------------
@@ -93,20 +100,37 @@ def _build(spec: ModelSpec, head: str, seed: int = 0):
     return (ScoreModel if head == "scalar" else CausalLM)(cfg).to(_device())
 
 
-_ENGINES: dict[tuple, object] = {}  # (model, head, layout) -> TrainingEngine, for the jobs of one group
+_ENGINES: dict[tuple, object] = {}  # (model, head, layout) -> training engine, for the jobs of one group
 
 
 def _engine(spec: ModelSpec, head: str, par: ParallelConfig, micro: int | None):
-    """The job's engine: built once per (model, head, layout) and reused by the later jobs (building
-    and sharding a model costs about as much as timing it); its weights only ever move by steps."""
-    from hybridflow.runtime.engines.training import TrainingEngine
-
+    """The job's engine (the layout's backend: FSDP2 or megatron-core): built once per (model, head,
+    layout) and reused by the later jobs (building and sharding a model costs about as much as timing
+    it); its weights only ever move by steps."""
     key = (spec.model_dump_json(), head, par)
     eng = _ENGINES.get(key)
-    if eng is None:
+    if eng is None and par.backend == "megatron":
+        eng = _ENGINES[key] = _megatron_engine(spec, head, par)
+    elif eng is None:
+        from hybridflow.runtime.engines.training import TrainingEngine
+
         eng = _ENGINES[key] = TrainingEngine(_build(spec, head), par if par.world_size > 1 else None)
     eng.micro_batch_size = micro
     return eng
+
+
+def _megatron_engine(spec: ModelSpec, head: str, par: ParallelConfig):
+    """A MegatronEngine over the whole group. megatron-core keeps one parallel state per process, so
+    a job in another layout first drops the engines of the last one and that state."""
+    from megatron.core import parallel_state as ps
+
+    from hybridflow.runtime.engines.megatron_training import MegatronEngine
+
+    if not any(k[2] == par for k in _ENGINES):
+        for k in [k for k in _ENGINES if k[2].backend == "megatron"]:
+            del _ENGINES[k]
+        ps.destroy_model_parallel()
+    return MegatronEngine(_build(spec, head), par)
 
 
 def _tokens(n: int, s: int, vocab: int, seed: int = 1) -> dict[str, torch.Tensor]:
@@ -254,14 +278,22 @@ def _job_collective(rank, par, job, warmup, repeats):
 
 
 _JOBS = {"train": _job_train, "forward": _job_forward, "generate": _job_generate, "reshard": _job_reshard,
-         "allreduce": _job_collective, "allgather": _job_collective}
+         "allreduce": _job_collective, "allgather": _job_collective,
+         # the same steps and forwards, on the engine the layout's backend (megatron) names
+         "megatron_train": _job_train, "megatron_forward": _job_forward}
 
 
 def measure(jobs: list[dict], devices: int, warmup: int = 1, repeats: int = 3, timeout: float = 3600.0,
-            on_progress: Callable[[int], None] | None = None) -> list[ProfilePoint]:
-    """Run `jobs` on a fresh group of `devices` processes; the measured ProfilePoints."""
-    rows = run_group(measure_jobs, devices, jobs, warmup, repeats, timeout=timeout, on_progress=on_progress)[0]
-    return [ProfilePoint.model_validate(r) for r in rows]
+            on_progress: Callable[[int], None] | None = None, passes: int = 1) -> list[ProfilePoint]:
+    """Run `jobs` on a fresh group of `devices` processes, `passes` times over (merged as
+    profile_machine merges them; no hardware probe); the measured ProfilePoints."""
+    runs = run_group(_measure_rank, devices, jobs, warmup, repeats, passes, timeout=timeout * passes,
+                     on_progress=on_progress, megatron=_has_megatron(jobs))[0]
+    return [ProfilePoint.model_validate(r) for r in merge_passes(runs)]
+
+
+def _measure_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int, passes: int) -> list[list[dict]]:
+    return [measure_jobs(rank, world, jobs, warmup, repeats, progress_offset=p * len(jobs)) for p in range(passes)]
 
 
 def _profile_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int,
@@ -303,7 +335,7 @@ def profile_machine(jobs: list[dict], devices: int, warmup: int = 1, repeats: in
     if passes < 1:
         raise HflowError(f"passes={passes}: give at least 1")
     runs = run_group(_profile_rank, devices, jobs, warmup, repeats, passes, timeout=timeout * passes,
-                     on_progress=on_progress)[0]
+                     on_progress=on_progress, megatron=_has_megatron(jobs))[0]
     # per pass, the slowest rank's probe figures (every rank computes at once); then the passes' median
     per_pass = [{k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]} for raws, _ in runs]
     raw = {k: statistics.median(r[k] for r in per_pass) if k.endswith("_s") else per_pass[0][k] for k in per_pass[0]}

@@ -28,7 +28,9 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
-DEFAULT_BUCKET_BYTES = 64 << 20
+from hybridflow.simulator.reshard import (
+    WEIGHT_SYNC_BUCKET_BYTES as DEFAULT_BUCKET_BYTES,  # the buckets it prices
+)
 
 
 class TensorSpec(BaseModel):

@@ -33,8 +33,8 @@ from .cost import CostModel
 from .efficiency import EfficiencyParams
 from .errors import HflowError
 from .hardware import ClusterSpec, HardwareSpec
-from .profile import COLLECTIVE_OPS, Profile, ProfilePoint
-from .profiled_cost import EngineOverheads, ProfiledCostModel
+from .profile import COLLECTIVE_OPS, MEGATRON_OPS, Profile, ProfilePoint
+from .profiled_cost import MEGATRON_OVERHEADS, EngineOverheads, ProfiledCostModel
 from .workload import Workload
 
 BF16 = 2
@@ -42,8 +42,9 @@ UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran wh
 _START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, backward_layer_seconds=2e-4, decode_layer_seconds=1e-4,
                                    tp_layer_seconds=1e-3, tp_backward_layer_seconds=1e-3, tp_decode_layer_seconds=1e-3,
                                    dp_layer_seconds=1e-3, reshard_layer_seconds=1e-3, dp_gather_layer_seconds=1e-3,
-                                   call_seconds=1e-3, step_seconds=1e-3)
-FIT_OPS = ("train", "forward", "generate", "reshard", "allreduce", "allgather")
+                                   call_seconds=1e-3, step_seconds=1e-3,
+                                   **{f: 2.0 if f.endswith("ratio") else 1e-3 for f in MEGATRON_OVERHEADS})
+FIT_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce", "allgather")
 
 
 class Term(NamedTuple):
@@ -81,6 +82,7 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("overheads", "call_seconds", 1e-8, 10.0),
     Term("overheads", "step_seconds", 1e-8, 10.0),
     Term("overheads", "backward_ratio", 0.25, 8.0),
+    *(Term("overheads", f, *((0.25, 8.0) if f.endswith("ratio") else (1e-8, 10.0))) for f in MEGATRON_OVERHEADS),
 )
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
@@ -149,9 +151,9 @@ def _seq_workload(p: ProfilePoint) -> Workload:
 
 def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float:
     """Seconds the cost model gives the op a profile point measured."""
-    if p.op == "train":
+    if p.op in ("train", "megatron_train"):
         return cm.train(p.model, p.head, p.parallel, _seq_workload(p)).seconds
-    if p.op == "forward":
+    if p.op in ("forward", "megatron_forward"):
         return cm.forward(p.model, p.head, p.parallel, _seq_workload(p), sequences=p.batch).seconds
     if p.op == "generate":
         return cm.generate(p.model, p.parallel, _workload(p), sequences=p.batch,
@@ -170,14 +172,14 @@ def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float
 
 
 # ---- the fit -----------------------------------------------------------------------------------
-def _build(profile_hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...], x: np.ndarray
-           ) -> tuple[HardwareSpec, EfficiencyParams, EngineOverheads]:
+def _build(profile_hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...], x: np.ndarray,
+           overheads: EngineOverheads | None = None) -> tuple[HardwareSpec, EfficiencyParams, EngineOverheads]:
     upd: dict[str, dict] = {"hardware": {}, "params": {}, "overheads": {}}
     for t, v in zip(terms, np.exp(x), strict=True):
         upd[t.where][t.field] = float(v)
     # model_copy(update=...) skips validation: fast inside the optimiser, bounds keep values legal.
     return (profile_hw.model_copy(update=upd["hardware"]), base.model_copy(update=upd["params"]),
-            EngineOverheads().model_copy(update=upd["overheads"]))
+            (overheads or EngineOverheads()).model_copy(update=upd["overheads"]))
 
 
 def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) -> np.ndarray:
@@ -192,9 +194,11 @@ def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) ->
 def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops: tuple[str, ...] = FIT_OPS,
               base: EfficiencyParams | None = None, cluster_devices: int | None = None) -> Calibration:
     """Fit `terms` to the profile's points of kinds `ops` (scipy least_squares, soft-L1 loss on
-    log(predicted / measured), each op kind weighted equally) and report the error per op kind."""
-    from scipy.optimize import least_squares
+    log(predicted / measured), each op kind weighted equally) and report the error per op kind.
 
+    Two stages: the hardware, efficiency and FSDP engine terms to every point but the Megatron
+    engine's, then the megatron_* overheads alone to the megatron points with the rest held. The
+    Megatron points thus add their engine's terms without moving what the others fitted."""
     points = [p for p in profile.points if p.op in ops]
     if not points:
         raise HflowError(f"profile '{profile.name}' has no points of kinds {', '.join(ops)} to fit; "
@@ -203,35 +207,16 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
     dtype_bytes = _dtype_bytes(profile.fingerprint.dtype)
     devices = cluster_devices or max([profile.fingerprint.devices]
                                      + [p.parallel.world_size for p in points] + [p.group_size for p in points])
-    counts: dict[str, int] = {}
-    for p in points:
-        counts[p.op] = counts.get(p.op, 0) + 1
-    weights = np.array([1.0 / math.sqrt(counts[p.op]) for p in points])
-    measured = np.array([p.seconds for p in points])
-    # Terms no point can move (no collective points → no bandwidth signal) stay at their start.
-    live = tuple(t for t in terms if _moves(t, points))
-
-    def model_at(x):
-        hw, pr, ov = _build(profile.hardware, base, live, x)
-        return ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
-
-    def residuals(x):
-        cm = model_at(x)
-        pred = np.array([predict_point(cm, p, dtype_bytes) for p in points])
-        return weights * np.log(np.maximum(pred, 1e-12) / measured)
-
-    x0 = _start(profile.hardware, base, live)
-    lo = np.log([t.lower for t in live])
-    hi = np.log([t.upper for t in live])
-    converged = True
-    if live:
-        res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale=1.0,
-                            diff_step=1e-3, ftol=1e-6, xtol=1e-6, gtol=1e-8,
-                            max_nfev=60 * (len(live) + 1))
-        x, converged = res.x, bool(res.success)
-    else:
-        x = x0
-    hw, pr, ov = _build(profile.hardware, base, live, x)
+    engine_terms = tuple(t for t in terms if t.field not in MEGATRON_OVERHEADS)
+    megatron_terms = tuple(t for t in terms if t.field in MEGATRON_OVERHEADS)
+    shared = [p for p in points if p.op not in MEGATRON_OPS]
+    hw, pr, ov, fitted, converged = profile.hardware, base, EngineOverheads(), {}, True
+    for stage_points, stage_terms in ((shared, engine_terms), ([p for p in points if p.op in MEGATRON_OPS],
+                                                               megatron_terms)):
+        if stage_points:
+            hw, pr, ov, values, ok = _fit(stage_points, stage_terms, hw, pr, ov, devices, dtype_bytes)
+            fitted |= values
+            converged = converged and ok
     hw, pr = HardwareSpec.model_validate(hw.model_dump()), EfficiencyParams.model_validate(pr.model_dump())
     gaps = {}
     for field, mode in (("dispatch_seconds", "dependent"), ("queued_call_seconds", "queued")):
@@ -245,9 +230,39 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
     fit = [PointFit(label=p.label(), op=p.op, measured=p.seconds, predicted=predict_point(cm, p, dtype_bytes))
            for p in points]
     return Calibration(profile=profile.name, hardware=hw.model_copy(update={"source": _source(profile)}),
-                       params=pr, overheads=ov, dtype_bytes=dtype_bytes, terms={t.key: float(v) for t, v in zip(live, np.exp(x),
-                                                                                                strict=True)},
+                       params=pr, overheads=ov, dtype_bytes=dtype_bytes, terms=fitted,
                        errors=errors_by_op(fit), fit=fit, converged=converged)
+
+
+def _fit(points: list[ProfilePoint], terms: tuple[Term, ...], hw0: HardwareSpec, base: EfficiencyParams,
+         ov0: EngineOverheads, devices: int, dtype_bytes: int):
+    """One least-squares stage: `terms` (those the points can move) fitted to `points`, starting from
+    and otherwise holding (hw0, base, ov0). Returns (hardware, params, overheads, {term: value}, converged)."""
+    from scipy.optimize import least_squares
+
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.op] = counts.get(p.op, 0) + 1
+    weights = np.array([1.0 / math.sqrt(counts[p.op]) for p in points])
+    measured = np.array([p.seconds for p in points])
+    # Terms no point can move (no collective points → no bandwidth signal) stay at their start.
+    live = tuple(t for t in terms if _moves(t, points))
+
+    def residuals(x):
+        hw, pr, ov = _build(hw0, base, live, x, ov0)
+        cm = ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
+        pred = np.array([predict_point(cm, p, dtype_bytes) for p in points])
+        return weights * np.log(np.maximum(pred, 1e-12) / measured)
+
+    x = _start(hw0, base, live)
+    converged = True
+    if live:
+        res = least_squares(residuals, x, bounds=(np.log([t.lower for t in live]), np.log([t.upper for t in live])),
+                            loss="soft_l1", f_scale=0.1, x_scale=1.0, diff_step=1e-3, ftol=1e-6, xtol=1e-6,
+                            gtol=1e-8, max_nfev=60 * (len(live) + 1))
+        x, converged = res.x, bool(res.success)
+    hw, pr, ov = _build(hw0, base, live, x, ov0)
+    return hw, pr, ov, {t.key: float(v) for t, v in zip(live, np.exp(x), strict=True)}, converged
 
 
 def _moves(term: Term, points: list[ProfilePoint]) -> bool:
@@ -277,6 +292,14 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "dp_gather_layer_seconds": any(p.op == "reshard" and p.parallel.dp > 1 for p in points),
         "call_seconds": ops & {"train", "forward", "generate"},
         "step_seconds": "train" in ops,
+        "megatron_layer_seconds": ops & set(MEGATRON_OPS),
+        "megatron_backward_layer_seconds": "megatron_train" in ops,
+        "megatron_tp_layer_seconds": any(p.op in MEGATRON_OPS and p.parallel.tp > 1 for p in points),
+        "megatron_tp_backward_layer_seconds": any(p.op == "megatron_train" and p.parallel.tp > 1 for p in points),
+        "megatron_pp_seconds": any(p.op in MEGATRON_OPS and p.parallel.pp > 1 for p in points),
+        "megatron_call_seconds": ops & set(MEGATRON_OPS),
+        "megatron_step_seconds": "megatron_train" in ops,
+        "megatron_backward_ratio": "megatron_train" in ops,
     }
     return bool(needs.get(term.field, True))
 
@@ -300,7 +323,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "6"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "7"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

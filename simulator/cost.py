@@ -39,7 +39,7 @@ from .hardware import ClusterSpec
 from .memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
 from .model import Head, ModelSpec
 from .parallel import ParallelConfig
-from .reshard import reshard_spec
+from .reshard import reshard_spec, weight_sync_buckets
 from .timeline import WEIGHT_SYNC_OPS
 from .workload import Workload
 
@@ -305,7 +305,9 @@ class CostModel:
             bw = (hw.inter_node_bandwidth * self.params.inter_link_efficiency if across
                   else hw.intra_node_bandwidth * self.params.intra_link_efficiency)
             send_lat = hw.inter_node_latency if across else hw.intra_node_latency
-            return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw, latency=collectives * (lat + send_lat))
+            # the gather, layer by layer when the training weights are sharded; then one broadcast per bucket
+            return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw,
+                         latency=(collectives * lat if world > 1 else 0.0) + weight_sync_buckets(m_bytes) * send_lat)
         bw_s, lat = self.allgather(spec.gathered_bytes, world, spec.ranks)
         return _cost(0.0, spec.volume, reshard_comm=bw_s, latency=collectives * lat if bw_s else 0.0)
 

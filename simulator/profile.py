@@ -33,13 +33,18 @@ from .parallel import ParallelConfig
 
 PROFILE_VERSION = 1
 
-# What a point measured. Model ops price through CostModel (train, forward, generate, reshard);
-# collectives through its ring formulas; matmul / memory are the probe's raw figures.
-OpKind = Literal["train", "forward", "generate", "reshard", "allreduce", "allgather", "dispatch", "matmul", "memory"]
-MODEL_OPS = ("train", "forward", "generate", "reshard")
+# What a point measured. Model ops price through CostModel (train, forward, generate, reshard; the
+# megatron_* kinds are a train step / a log-prob or value forward of the megatron-core engine, whose
+# layout says backend: megatron); collectives through its ring formulas; matmul / memory are the
+# probe's raw figures.
+OpKind = Literal["train", "forward", "generate", "reshard", "megatron_train", "megatron_forward", "allreduce",
+                 "allgather", "dispatch", "matmul", "memory"]
+MEGATRON_OPS = ("megatron_train", "megatron_forward")
+MODEL_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS)
+PASS_OPS = ("train", "forward", *MEGATRON_OPS)  # whole sequences through the training engine
 COLLECTIVE_OPS = ("allreduce", "allgather")
-OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", "allreduce", "allgather", "dispatch", "matmul",
-                             "memory")
+OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce", "allgather",
+                             "dispatch", "matmul", "memory")
 
 
 class Fingerprint(BaseModel):
@@ -68,6 +73,8 @@ class ProfilePoint(BaseModel):
 
     - train / forward: `model`, `head`, `parallel`, `batch` sequences of `prompt_len + response_len`
       tokens, `micro_batch`, `steps` optimizer steps (train);
+    - megatron_train / megatron_forward: the same, on the megatron-core engine (`parallel.backend`
+      is "megatron");
     - generate: `model`, `parallel` = the generation layout, `batch` prompts of `prompt_len`,
       `response_len` new tokens (1: prefill only);
     - reshard: `model`, `parallel` = training layout, `gen` = generation layout, `mode`;
@@ -108,8 +115,11 @@ class ProfilePoint(BaseModel):
     def _complete(self):
         if self.op in MODEL_OPS and self.model is None:
             raise ValueError(f"a '{self.op}' point needs its model shape")
-        if self.op in ("train", "forward") and self.prompt_len + self.response_len == 0:
+        if self.op in PASS_OPS and self.prompt_len + self.response_len == 0:
             raise ValueError(f"a '{self.op}' point needs a sequence length (prompt_len + response_len > 0)")
+        if self.op in PASS_OPS and (self.op in MEGATRON_OPS) != (self.parallel.backend == "megatron"):
+            raise ValueError(f"a '{self.op}' point with parallel.backend '{self.parallel.backend}': the megatron "
+                             "engine's points are op megatron_train / megatron_forward with backend megatron")
         if self.op == "generate" and (self.prompt_len < 1 or self.response_len < 1):
             raise ValueError("a 'generate' point needs prompt_len >= 1 and response_len >= 1")
         if self.op == "reshard" and (self.gen is None or self.mode is None):

@@ -10,6 +10,12 @@ generate exactly as the analytic model prices them. The reshard is priced as the
 (FSDP's gather over dp first, then the copy into the generation model), and the single
 controller's gaps between calls (measured, not fitted) are left by the schedule (schedule.call_gaps).
 
+The megatron-core engine (roles with `train.backend: megatron`) has its own terms, fitted to its own
+points (megatron_train / megatron_forward): its modules, 1F1B schedule and distributed optimizer
+spend other fixed time than FSDP2's, and on CPU the shim's TorchFunctionMode sees every torch call.
+A profile without those points leaves them 0: Megatron roles are then priced by the analytic terms
+on the profile's fitted hardware.
+
 The overheads are added as one more part of each OpCost's breakdown ("overhead"), so tables still
 add up. Method signatures are CostModel's: the planner and the schedule use this class unchanged.
 """
@@ -71,6 +77,34 @@ class EngineOverheads(BaseModel):
                                        "group: the second was sent while the first ran (measured likewise)")
     backward_ratio: float = Field(2.0, gt=0, description="the backward pass's compute relative to the forward's "
                                   "(2 in FLOPs, the analytic model's figure; eager CPU kernels reach another)")
+    # The megatron-core engine's own terms (roles with train.backend: megatron; its megatron_train /
+    # megatron_forward points): other modules, its schedule and distributed optimizer, and on CPU the
+    # shim's TorchFunctionMode on every torch call. 0 (a profile without those points): the analytic
+    # model's price on the profile's fitted hardware.
+    megatron_layer_seconds: float = Field(0.0, ge=0, description="megatron: per decoder layer per forward pass "
+                                          "of one micro-batch")
+    megatron_backward_layer_seconds: float = Field(0.0, ge=0, description="megatron: per decoder layer per "
+                                                   "backward pass of one micro-batch")
+    megatron_tp_layer_seconds: float = Field(0.0, ge=0, description="megatron: extra per layer per forward pass "
+                                             "when tp > 1 (the parallel linears' all-reduces and their setup)")
+    megatron_tp_backward_layer_seconds: float = Field(0.0, ge=0, description="megatron: extra per layer per "
+                                                      "backward pass when tp > 1")
+    megatron_pp_seconds: float = Field(0.0, ge=0, description="megatron: per micro-batch pass (forward or "
+                                       "backward) when pp > 1: the 1F1B schedule's p2p exchange")
+    megatron_call_seconds: float = Field(0.0, ge=0, description="megatron: per op call (the schedule's set-up, "
+                                         "packing, gathering results from the last stage)")
+    megatron_step_seconds: float = Field(0.0, ge=0, description="megatron: per optimizer step (the distributed "
+                                         "optimizer's grad buffers, norm, step and weight all-gather)")
+    megatron_backward_ratio: float = Field(2.0, gt=0, description="megatron: the backward's compute relative to "
+                                           "the forward's (as backward_ratio)")
+
+    @property
+    def megatron_fitted(self) -> bool:
+        """Whether a profile's Megatron points set the megatron terms (else Megatron roles price analytically)."""
+        return any(getattr(self, f) > 0 for f in MEGATRON_OVERHEADS if f.endswith("_seconds"))
+
+
+MEGATRON_OVERHEADS = tuple(f for f in EngineOverheads.model_fields if f.startswith("megatron_"))
 
 
 def _micro_batches(sequences: int, steps: int, dp: int, micro_batch_size: int) -> int:
@@ -90,6 +124,10 @@ class ProfiledCostModel(CostModel):
         """Overhead per layer of one training/forward pass (forward or backward) in layout `par`. A
         backward pass runs FSDP's two collectives per layer (gather, reduce-scatter) to the forward's one."""
         o = self.overheads
+        if par.backend == "megatron":
+            return ((o.megatron_backward_layer_seconds if backward else o.megatron_layer_seconds)
+                    + ((o.megatron_tp_backward_layer_seconds if backward else o.megatron_tp_layer_seconds)
+                       if par.tp > 1 else 0.0))
         return ((o.backward_layer_seconds if backward else o.layer_seconds)
                 + ((o.tp_backward_layer_seconds if backward else o.tp_layer_seconds) if par.tp > 1 else 0.0)
                 + ((2.0 if backward else 1.0) * o.dp_layer_seconds if par.dp > 1 else 0.0))
@@ -103,12 +141,25 @@ class ProfiledCostModel(CostModel):
         return OpCost.model_construct(seconds=cost.seconds + extra, flops=cost.flops, bytes=cost.bytes,
                                       breakdown=parts)
 
+    def _slots(self, par: ParallelConfig, micro: int, steps: int) -> float:
+        """Micro-batch passes one rank's layers wait through: Megatron's pipeline schedule fills and
+        drains once per step ((pp - 1) more slots); FSDP's layers run once per micro-batch."""
+        return micro + (steps * (par.pp - 1) if par.backend == "megatron" else 0)
+
+    def _call(self, par: ParallelConfig, passes: int) -> float:
+        """Per call: its set-up, and Megatron's p2p exchange per pipelined micro-batch pass."""
+        o = self.overheads
+        if par.backend != "megatron":
+            return o.call_seconds
+        return o.megatron_call_seconds + (passes * o.megatron_pp_seconds if par.pp > 1 else 0.0)
+
     def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                 sequences: int | None = None) -> OpCost:
         cost = super().forward(model, head, parallel, workload, sequences)
         seqs = workload.sequences if sequences is None else sequences
         micro = _micro_batches(seqs, 1, parallel.dp, workload.micro_batch_size)
-        extra = micro * model.layers / parallel.pp * self._layer(parallel) + self.overheads.call_seconds
+        extra = (self._slots(parallel, micro, 1) * model.layers / parallel.pp * self._layer(parallel)
+                 + self._call(parallel, micro))
         return self._with(cost, extra)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
@@ -120,12 +171,14 @@ class ProfiledCostModel(CostModel):
                                workload.micro_batch_size)
         # the analytic compute counts the backward as 2 forwards (3 passes, 4 with recomputation)
         forwards = 2.0 if recompute else 1.0
-        scale = (forwards + o.backward_ratio) / (forwards + 2.0)
+        ratio = o.megatron_backward_ratio if parallel.backend == "megatron" else o.backward_ratio
+        scale = (forwards + ratio) / (forwards + 2.0)
         if scale != 1.0 and cost.breakdown.get("compute", 0.0) > 0.0:
             cost = self._with(cost, (scale - 1.0) * cost.breakdown["compute"], part="compute")
-        layers = micro * model.layers / parallel.pp
+        layers = self._slots(parallel, micro, steps) * model.layers / parallel.pp
+        step = o.megatron_step_seconds if parallel.backend == "megatron" else o.step_seconds
         extra = (layers * (forwards * self._layer(parallel) + self._layer(parallel, backward=True))
-                 + steps * o.step_seconds + o.call_seconds)
+                 + steps * step + self._call(parallel, 2 * micro))
         return self._with(cost, extra)
 
     def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
@@ -156,8 +209,15 @@ class ProfiledCostModel(CostModel):
         cost = super().reshard(model, train, gen, mode)
         if mode == "ds-chat" and train.tp * train.pp == 1:
             cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})
-        if mode == "broadcast":
-            return self._with(cost, model.layers * self.overheads.reshard_layer_seconds)
+        if mode == "broadcast":  # as runtime/weight_sync.py runs it: no gather between tensor shards
+            o = self.overheads
+            m_bytes = BF16 * model.num_params("lm")
+            parts = dict(cost.breakdown)
+            # the sender packs the buckets, each receiver copies its slice into the model
+            parts["copy"] = (m_bytes + m_bytes / (gen.tp * gen.pp)) / self.hbm
+            parts["overhead"] = o.call_seconds + (model.layers * o.dp_gather_layer_seconds if train.dp > 1 else 0.0)
+            parts = {k: v for k, v in parts.items() if v > 0.0}
+            return OpCost.model_construct(seconds=sum(parts.values()), flops=0.0, bytes=cost.bytes, breakdown=parts)
         m_bytes = BF16 * model.num_params("lm")
         parts = dict(cost.breakdown)
         o = self.overheads

@@ -18,12 +18,22 @@ strided) so that each device's training shard lies inside its generation shard: 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from .errors import HflowError
 from .parallel import ParallelConfig
 
 RESHARD_MODES = ("hybridflow", "hybridflow-v", "ds-chat", "broadcast")
+# The weight sync to separate rollout devices packs the model into flat buffers of at most this many
+# bytes and broadcasts each (runtime/weight_sync.py): one collective, one link latency, per bucket.
+WEIGHT_SYNC_BUCKET_BYTES = 64 << 20
+
+
+def weight_sync_buckets(model_bytes: float, bucket_bytes: int = WEIGHT_SYNC_BUCKET_BYTES) -> int:
+    """Broadcasts one weight sync makes (a tensor larger than a bucket goes alone: about the bytes over
+    the bucket size)."""
+    return max(1, math.ceil(model_bytes / bucket_bytes))
 
 
 class ReshardSpec(NamedTuple):

@@ -87,7 +87,9 @@ class Timeline(BaseModel):
         return throughput(self.tokens_per_iteration, self.iteration_seconds(iteration))
 
     def op_seconds(self, iteration: int | None = None) -> dict[str, float]:
-        """Seconds per op name, summed over roles/groups; None: each op's median over the steady iterations."""
+        """Seconds per op name, summed over roles/groups; None: per steady iteration, each op's median
+        when every steady iteration has it, else its mean share (an async plan's weight sync, once per k
+        iterations: the median would say 0, the share is what each iteration pays for it)."""
         if iteration is not None:
             total: dict[str, float] = defaultdict(float)
             for e in self.events:
@@ -96,4 +98,9 @@ class Timeline(BaseModel):
             return dict(total)
         per = [self.op_seconds(i) for i in self.steady_iterations()]
         ops = dict.fromkeys(op for p in per for op in p)  # in order of first appearance
-        return {op: statistics.median(p.get(op, 0.0) for p in per) for op in ops}
+
+        def typical(op: str) -> float:
+            seen = [p[op] for p in per if op in p]
+            return statistics.median(seen) if len(seen) == len(per) else sum(seen) / len(per)
+
+        return {op: typical(op) for op in ops}

@@ -11,7 +11,10 @@ single controller's dispatch gap between dependent calls (runtime/dispatch_probe
 is a seconds-long grid for tests (no Ray). `--passes N` measures the grid N times over in the same
 processes and keeps each point's median (a shared machine's speed drifts between stretches of
 minutes). `--check PROFILE` re-times a profile's own one-device points and prints now / then
-(runtime/profile_check.py): whether the machine still runs at the profile's speed.
+(runtime/profile_check.py): whether the machine still runs at the profile's speed. `--megatron`
+adds the megatron-core engine's points (megatron_train / megatron_forward at dp, tp and pp over all
+devices; minutes on 2 cores, so behind the flag), `--add-megatron PROFILE` measures only those into an
+existing profile of this machine.
 """
 
 from __future__ import annotations
@@ -91,6 +94,39 @@ def grid(devices: int, quick: bool = False) -> list[dict]:
     return jobs
 
 
+def megatron_layouts(devices: int, model: ModelSpec) -> list[dict]:
+    """The megatron-core engine's layouts: all devices as dp (tp = pp = 1), as tp, as pp. One
+    process group serves them all (megatron's parallel state is rebuilt between layouts); a
+    one-device layout would need a group of its own, and each rank pays seconds importing megatron."""
+    out = [{"dp": devices, "backend": "megatron"}]
+    if devices > 1:
+        if model.heads % devices == 0 and model.kv_heads % devices == 0 and model.ffn % devices == 0:
+            out.append({"tp": devices, "backend": "megatron"})
+        if model.layers % devices == 0:
+            out.append({"pp": devices, "backend": "megatron"})
+    return out
+
+
+def megatron_grid(devices: int, quick: bool = False) -> list[dict]:
+    """The megatron-core engine's points (megatron_train / megatron_forward) at the shapes the FSDP
+    points use, grouped by layout (each layout's engines are built once; a model joins the layouts
+    it fits)."""
+    models = [GRID_MODELS["p64"]] if quick else [GRID_MODELS["p64"], GRID_MODELS["tiny"]]
+    shapes = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)]
+    fits = [(m, megatron_layouts(devices, m)) for m in models]
+    order = [par for _, pars in fits for par in pars]
+    jobs: list[dict] = []
+    for par in (p for i, p in enumerate(order) if p not in order[:i]):
+        for m in (m for m, pars in fits if par in pars):
+            for b, s, mb, steps in shapes:
+                half = s // 2
+                shape = dict(model=m.model_dump(), parallel=par, batch=b, micro_batch=mb, prompt_len=half,
+                             response_len=s - half)
+                jobs.append(dict(op="megatron_forward", **shape))
+                jobs.append(dict(op="megatron_train", steps=steps, **shape))
+    return jobs
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "profile", help="measure the engines' op costs on this machine into a profile (JSON)",
@@ -99,14 +135,21 @@ def add_parser(subparsers) -> None:
                     "grid of tiny models and layouts; write a profile that `simulate/search --profile` and "
                     "`replay` use. The default grid takes a few minutes on 2 cores.",
         epilog=examples("hflow-plan profile --out profiles/my-box.json",
-                        "hflow-plan profile --passes 3 --out profiles/my-box.json",
+                        "hflow-plan profile --passes 3 --megatron --out profiles/my-box.json",
                         "hflow-plan profile --check cpu-2core"))
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--out", metavar="FILE.json", help="where to write the profile (atomically)")
+    what.add_argument("--add-megatron", metavar="PROFILE.json",
+                      help="measure only the Megatron engine's points on this machine and add them to this profile "
+                           "of it (replacing the Megatron points it had; the rest kept as measured), refit, rewrite")
     what.add_argument("--check", metavar="PROFILE",
                       help="re-time a profile's own one-device points of the tiny model on this machine and print "
                            "seconds now / then (is it still this machine's speed?); writes nothing")
     p.add_argument("--quick", action="store_true", help="a seconds-long grid (one tiny model, no repeats)")
+    p.add_argument("--megatron", action="store_true",
+                   help="also measure the megatron-core engine (train steps and log-prob forwards at dp, tp and pp "
+                        "over all devices: the megatron_* points that price roles with train.backend megatron); "
+                        "needs hybridflow[megatron], and adds minutes on 2 cores")
     p.add_argument("--devices", type=positive_int, metavar="N",
                    help="device processes (default: GPUs, else the cores, >= 2)")
     p.add_argument("--repeats", type=positive_int, metavar="N", help="timed runs per point (default: 3; 1 with --quick)")
@@ -126,17 +169,32 @@ def _require_torch(action: str) -> None:
         raise HflowError(f"{action} runs the engines and needs torch: pip install 'hybridflow[runtime]'") from None
 
 
+def _require_megatron() -> None:
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise HflowError("the Megatron points run megatron-core, which is not installed: pip install "
+                         "'hybridflow[megatron]' (or profile without --megatron)")
+
+
 def run(args) -> int:
     if args.check:
         return check(args.check)
-    out = Path(args.out)
+    out = Path(args.out or args.add_megatron)
     if out.suffix.lower() != ".json":
         raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
     if out.is_dir():
         raise HflowError(f"{out}: is a folder; give a file name")
+    if args.add_megatron:
+        return add_megatron(args, out)
     _require_torch("profiling")
+    if args.megatron:
+        _require_megatron()
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from hybridflow.runtime.hardware_probe import default_devices, fingerprint
     from hybridflow.runtime.profiling import profile_machine
@@ -150,13 +208,10 @@ def run(args) -> int:
     warmup = args.warmup if args.warmup is not None else 1
     if repeats < 1 or warmup < 0 or args.passes < 1:
         raise HflowError("--repeats and --passes must be >= 1 and --warmup >= 0")
-    jobs = grid(devices, args.quick)
-    console = Console(file=sys.stderr)
-    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("profile", total=len(jobs) * args.passes)
-        hw, points = profile_machine(jobs, devices, warmup, repeats, passes=args.passes,
-                                     on_progress=lambda done: bar.update(task, completed=done))
+    jobs = grid(devices, args.quick) + (megatron_grid(devices, args.quick) if args.megatron else [])
+    hw, points = _with_progress(len(jobs) * args.passes,
+                                lambda tick: profile_machine(jobs, devices, warmup, repeats, passes=args.passes,
+                                                             on_progress=tick))
     if not args.quick and devices > 1:  # the controller's gap between calls: Ray, a few seconds
         from hybridflow.runtime.dispatch_probe import measure_dispatch
 
@@ -168,6 +223,50 @@ def run(args) -> int:
     profile.save(out)
     print_fit(cal, Console(file=sys.stdout), title=f"{out}: {len(points)} points on {devices} {hw.name} devices")
     return 0
+
+
+def add_megatron(args, path: Path) -> int:
+    """`--add-megatron PROFILE`: this machine's Megatron points measured into its existing profile."""
+    from rich.console import Console
+
+    from hybridflow.simulator.calibration import calibrate
+    from hybridflow.simulator.profile import MEGATRON_OPS, Profile
+
+    profile = Profile.load(path)
+    _require_torch("profiling")
+    _require_megatron()
+    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.runtime.profiling import measure
+
+    devices = profile.fingerprint.devices
+    if not profile.fingerprint.same_machine(fingerprint(devices)):
+        raise HflowError(f"{path} was measured on {profile.fingerprint.device_name} ({profile.fingerprint.cpu_count} "
+                         "cores), not this machine: add points only to a profile of this machine (or measure a new "
+                         "one with --out)")
+    jobs = megatron_grid(devices, args.quick)
+    repeats, warmup = args.repeats or 3, args.warmup if args.warmup is not None else 1
+    points = _with_progress(len(jobs) * args.passes,
+                            lambda tick: measure(jobs, devices, warmup, repeats, passes=args.passes, on_progress=tick))
+    kept = [p for p in profile.points if p.op not in MEGATRON_OPS]
+    note = f"megatron points: {len(jobs)} jobs, warmup {warmup}, repeats {repeats}, passes {args.passes}"
+    earlier = [n for n in profile.notes.split("; ") if n and not n.startswith("megatron points:")]
+    profile = profile.model_copy(update={"points": kept + points, "notes": "; ".join([*earlier, note])})
+    profile = Profile.model_validate(profile.model_dump())
+    cal = calibrate(profile)
+    profile.save(path)
+    print_fit(cal, Console(file=sys.stdout), title=f"{path}: {len(points)} Megatron points added")
+    return 0
+
+
+def _with_progress(total: int, work):
+    """`work(tick)` under a progress bar on stderr (`tick(done)` moves it)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task("profile", total=total)
+        return work(lambda done: bar.update(task, completed=done))
 
 
 def check(name: str) -> int:
@@ -214,6 +313,9 @@ def print_fit(cal, console, title: str = "") -> None:
         t.add_row(op, str(e.points), f"{e.median:.1%}", f"{e.max:.1%}", f"{e.bias:+.1%}")
     console.print(t)
     hw = cal.hardware
+    if not cal.overheads.megatron_fitted:
+        console.print("no Megatron points: roles with train.backend megatron are priced by the analytic terms on "
+                      "these figures (measure them with --megatron, or --add-megatron FILE.json)")
     console.print(f"fitted: {hw.peak_flops / 1e9:.2f} GFLOP/s, memory {hw.hbm_bandwidth / 1e9:.2f} GB/s, link "
                   f"{hw.intra_node_bandwidth / 1e9:.3f} GB/s, latency {hw.intra_node_latency * 1e3:.2f} ms, "
                   f"tokens_half {cal.params.tokens_half:.3g}, width_half {cal.params.width_half:.3g}, decode step "

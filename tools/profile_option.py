@@ -7,10 +7,27 @@
 
 Both return (input, None) when no profile was given, so the calls can stay unconditional. The
 plan / request is moved onto the profile's devices (its fitted figures and memory), keeping its
-nodes × devices per node; the cost model is the calibrated one (simulator/calibration.py).
+nodes × devices per node; the cost model is the calibrated one (simulator/calibration.py). Where
+Megatron roles are priced on a profile without the Megatron engine's points, a note on stderr says so.
 """
 
 from __future__ import annotations
+
+import sys
+
+
+def megatron_note(cal, megatron_roles: bool) -> str | None:
+    """The note for Megatron roles priced on a profile that lacks the Megatron engine's points."""
+    if not megatron_roles or cal.overheads.megatron_fitted:
+        return None
+    return (f"note: profile '{cal.profile}' has no megatron_train / megatron_forward points: roles with "
+            "train.backend megatron are priced by the analytic terms on its fitted hardware, without the "
+            "Megatron engine's overheads (add them: hflow-plan profile --add-megatron FILE.json)")
+
+
+def _say(note: str | None) -> None:
+    if note:
+        print(note, file=sys.stderr)
 
 
 def add_profile_arg(parser) -> None:
@@ -23,7 +40,8 @@ def plan_with_profile(plan, ref: str | None):
         return plan, None
     from hybridflow.simulator.calibration import plan_on_profile
 
-    moved, cm, _ = plan_on_profile(plan, ref)
+    moved, cm, cal = plan_on_profile(plan, ref)
+    _say(megatron_note(cal, any(rp.train.backend == "megatron" for rp in plan.roles.values())))
     return moved, cm
 
 
@@ -33,6 +51,7 @@ def request_with_profile(req, ref: str | None):
     from hybridflow.simulator.calibration import calibrate_file
 
     cal = calibrate_file(ref)
+    _say(megatron_note(cal, "megatron" in req.backends))
     cluster = cal.cluster(req.cluster)
     return req.model_copy(update={"cluster": cluster}), cal.cost_model(cluster)
 

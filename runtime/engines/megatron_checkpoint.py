@@ -9,10 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hybridflow.simulator.errors import HflowError
-
 from .megatron_cpu_shim import megatron_on_cpu
-from .rank_state import load_rank_state, rank_state_file, save_rank_state
+from .rank_state import check_checkpoint_folder, load_rank_state, save_rank_state
 
 
 class MegatronCheckpoint:
@@ -45,10 +43,7 @@ class MegatronCheckpoint:
         from megatron.core import dist_checkpointing
 
         path = Path(path)
-        extra_file = rank_state_file(path, dist.get_rank())
-        if not (path / "dist").is_dir() or not extra_file.is_file():
-            raise HflowError(f"{path}: not a megatron training checkpoint of this layout (need dist/ and "
-                             f"{extra_file.name}); pass a folder written by MegatronEngine.save")
+        check_checkpoint_folder(path, dist.get_rank(), "dist", "MegatronEngine.save")
         with megatron_on_cpu(), torch.no_grad():  # states are copied into leaf parameters in place
             state = dist_checkpointing.load(self._sharded_state(loading=True), str(path / "dist"))
             self.module.load_state_dict(state["model"])

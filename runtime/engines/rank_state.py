@@ -13,11 +13,22 @@ import random
 import torch
 
 from hybridflow.runtime.locations import Location
+from hybridflow.simulator.errors import HflowError
 
 
 def rank_state_file(path: str | os.PathLike | Location, rank: int) -> Location:
     """Beside the rank's shards, in a local folder or at a URL."""
     return Location(path) / f"extra_rank{rank}.pt"
+
+
+def check_checkpoint_folder(path: str | os.PathLike | Location, rank: int, shards: str, writer: str) -> None:
+    """One-line error unless `path` holds the `shards` folder and this rank's state file, as `writer`
+    (the engine's save) leaves them: both engines refuse a wrong folder before reading anything."""
+    path = Location(path)
+    extra_file = rank_state_file(path, rank)
+    if not (path / shards).is_dir() or not extra_file.is_file():
+        raise HflowError(f"{path}: not a training checkpoint of this layout (need {shards}/ and {extra_file.name}); "
+                         f"pass a folder written by {writer} with the same parallel config")
 
 
 def save_rank_state(path: str | os.PathLike | Location, rank: int, step: int) -> None:

@@ -61,7 +61,7 @@ from .parallelize import (
     tp_shard_dim,
 )
 from .phase_clock import PhaseClock
-from .rank_state import load_rank_state, rank_state_file, save_rank_state
+from .rank_state import check_checkpoint_folder, load_rank_state, save_rank_state
 from .shared_prompts import SharedPrompts, micro_batch_rows, share_prompts, sharing_applies
 from .train_common import (
     LossFn,
@@ -409,10 +409,7 @@ class TrainingEngine:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         path = Location(path)
-        extra_file = rank_state_file(path, self._rank())
-        if not (path / "dcp").is_dir() or not extra_file.is_file():
-            raise HflowError(f"{path}: not a training checkpoint of this layout (need dcp/ and {extra_file.name}); "
-                             "pass a folder written by TrainingEngine.save with the same parallel config")
+        check_checkpoint_folder(path, self._rank(), "dcp", "TrainingEngine.save")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not self.distributed)

@@ -79,6 +79,12 @@ def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
     return [getattr(o, "optimizer", o) for o in chained]
 
 
+def exact_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's exact bytes, read from a CPU copy (never a numpy view of live, possibly device,
+    storage) as raw bytes: numpy has no bfloat16, and a 0-d tensor (an optimizer's step) has no byte view."""
+    return t.detach().to("cpu", copy=True).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def engine_fingerprint(engine: TrainingEngine) -> str:
     """sha256 over this rank's parameters and optimizer state (exact bytes): resume checks compare it."""
     h = hashlib.sha256()
@@ -87,14 +93,14 @@ def engine_fingerprint(engine: TrainingEngine) -> str:
             continue
         t = p.to_local() if hasattr(p, "to_local") else p
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        h.update(exact_bytes(t))
     for i, optimizer in enumerate(_torch_optimizers(engine.optimizer)):
         for pid, st in sorted(optimizer.state_dict()["state"].items()):
             for k, v in sorted(st.items()):
                 if isinstance(v, torch.Tensor):
                     v = v.to_local() if hasattr(v, "to_local") else v
                     h.update(f"{i}.{pid}.{k}".encode() if i else f"{pid}.{k}".encode())
-                    h.update(v.detach().cpu().contiguous().numpy().tobytes())
+                    h.update(exact_bytes(v))
     h.update(str(engine.step).encode())
     return h.hexdigest()
 

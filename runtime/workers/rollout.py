@@ -42,7 +42,7 @@ from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
 
 from ..models.decoder import CausalLM
 from ..models.hf_format import read_config
-from .common import generation_seed, load_causal_lm, rollout_fields, timed, with_timing
+from .common import exact_bytes, generation_seed, load_causal_lm, rollout_fields, timed, with_timing
 
 
 def whole(p: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ def weights_digest(named: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name, t in named.items():
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(exact_bytes(t))
     return h.hexdigest()
 
 

@@ -133,7 +133,16 @@ def _all_cases(rank, world, ckpt):
     # the 3D-HybridEngine from Megatron's tp = 2 shards into generation layouts t_g = 1 and 2
     for t_g in (1, 2):
         out[f"reshard-tg{t_g}"] = resharded(fresh, ParallelConfig(tp=t_g, dp=4 // t_g))
+    out["profile"] = _profile_points(rank, world)
     return out
+
+
+def _profile_points(rank, world):
+    """`hflow-plan profile --megatron --quick`'s Megatron jobs (one timed run each) in this group."""
+    from hybridflow.runtime.profiling import measure_jobs
+    from hybridflow.tools.cmd_profile import megatron_grid
+
+    return measure_jobs(rank, world, megatron_grid(world, quick=True), 0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +193,14 @@ def test_generation_frees_the_megatron_trainers_buffers_and_rebuilds_them_exactl
 def test_megatron_save_load_is_exact(results, case):
     for expect_loss, got_loss, expect_norm, got_norm, step in (r[case] for r in results):
         assert got_loss == expect_loss and got_norm == expect_norm and step == 2
+
+
+@pytest.mark.slow
+def test_the_profilers_megatron_jobs_run_the_megatron_engine(results):
+    from hybridflow.simulator.profile import ProfilePoint
+
+    points = [ProfilePoint.model_validate(r) for r in results[0]["profile"]]
+    assert {p.op for p in points} == {"megatron_train", "megatron_forward"}
+    assert {(p.parallel.tp, p.parallel.dp) for p in points} == {(1, 4), (4, 1)}  # dp over the group, and tp
+    assert all(p.parallel.backend == "megatron" and p.seconds > 0 and p.repeats == 1 for p in points)
+    assert results[1]["profile"] == []  # rank 0 records the points

@@ -109,3 +109,13 @@ def test_sampler_rewinds_prompts_in_flight_across_an_epoch():
     assert resumed.next_indices() == in_flight and resumed.next_indices() == s.next_indices()
     with pytest.raises(ValueError, match="cannot rewind"):
         s.state_dict(rewind=100)
+
+
+def test_pipelined_generation_is_refused_before_anything_starts():
+    # the search prices pp_g > 1 unless --max-gen-pp 1; neither the rollout workers nor the hybrid engine run it
+    hybrid = tiny_plan("grpo", placement=[["actor", "ref"]], devices=[2], train={"actor": ParallelConfig(pp=2)},
+                       generate=ParallelConfig(pp=2))
+    for plan in (_disaggregated(generate=ParallelConfig(pp=2)), hybrid):
+        with pytest.raises(HflowError, match=r"generates with pp=2; .*--max-gen-pp 1"):
+            check_runnable(plan, RunConfig())
+    check_runnable(_disaggregated(generate=ParallelConfig(tp=2)), RunConfig())

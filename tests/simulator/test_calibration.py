@@ -22,6 +22,7 @@ from hybridflow.simulator.hardware import HardwareSpec
 from hybridflow.simulator.profile import Fingerprint, Profile, ProfilePoint
 from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
 from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.workload import Workload
 
 TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
                        inter_node_bandwidth=1e9, intra_node_latency=2e-4)
@@ -215,3 +216,48 @@ def test_dispatch_gaps_are_measured_and_the_schedule_leaves_them(exact_fit):
     assert by_op["advantage"].start == pytest.approx(by_op["reward"].end)  # the driver's own op: no gap
     no_gap, _, _ = plan_on_profile(plan, exact_fit)
     assert tl.iteration_seconds(0) > simulate(no_gap, exact_fit.cost_model(no_gap.cluster)).iteration_seconds(0)
+
+
+TRUE_MEGATRON = TRUE_OVERHEADS.model_copy(update=dict(
+    megatron_layer_seconds=6e-4, megatron_backward_layer_seconds=1.5e-3, megatron_tp_layer_seconds=5e-3,
+    megatron_tp_backward_layer_seconds=8e-3, megatron_pp_seconds=2e-3, megatron_call_seconds=1e-2,
+    megatron_step_seconds=4e-3, megatron_backward_ratio=2.5))
+
+
+def megatron_points() -> list[ProfilePoint]:
+    """The megatron engine's points (as `hflow-plan profile --megatron` measures them) priced by the truth."""
+    cm = ProfiledCostModel(ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2), TRUE_PARAMS, TRUE_MEGATRON)
+    points = []
+    for m in MODELS[:2]:
+        for par in ({"dp": 2}, {"tp": 2}, {"pp": 2}):
+            for b, s, mb, steps in ((8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)):
+                shape = dict(model=m, parallel=ParallelConfig(backend="megatron", **par), batch=b, micro_batch=mb,
+                             prompt_len=s // 2, response_len=s // 2, seconds=1.0)
+                for p in (ProfilePoint(op="megatron_forward", **shape),
+                          ProfilePoint(op="megatron_train", steps=steps, **shape)):
+                    points.append(p.model_copy(update={"seconds": predict_point(cm, p)}))
+    return points
+
+
+def test_megatron_points_fit_their_own_terms_and_leave_the_rest(exact_fit):
+    cal = calibrate(synthetic_profile().model_copy(update={"points": synthetic_points() + megatron_points()}))
+    # the second stage moves the megatron terms only: every other figure is the FSDP-only fit's
+    assert {k: v for k, v in cal.terms.items() if ".megatron_" not in k} == exact_fit.terms
+    for key in (k for k in cal.terms if ".megatron_" in k):
+        assert cal.terms[key] == pytest.approx(getattr(TRUE_MEGATRON, key.split(".")[1]), rel=0.05), key
+    assert cal.errors["megatron_train"].max < 2e-2 and cal.errors["megatron_forward"].max < 2e-2
+    assert cal.overheads.megatron_fitted and not exact_fit.overheads.megatron_fitted
+    # a Megatron role: priced with its engine's fitted terms, or (a profile without them) by the analytic model
+    cluster = exact_fit.cluster(nodes=1, devices_per_node=2)
+    w = Workload(prompts=16, prompt_len=16, response_len=16, micro_batch_size=4, mini_batches=2)
+    par = ParallelConfig(tp=2, backend="megatron")
+    fitted = cal.cost_model(cluster).train(MODELS[1], "lm", par, w).seconds
+    fallback = exact_fit.cost_model(cluster).train(MODELS[1], "lm", par, w).seconds
+    assert fallback == CostModel(cluster, exact_fit.params).train(MODELS[1], "lm", par, w).seconds
+    truth = ProfiledCostModel(cluster.model_copy(update={"hardware": TRUE_HW}), TRUE_PARAMS, TRUE_MEGATRON)
+    assert fitted == pytest.approx(truth.train(MODELS[1], "lm", par, w).seconds, rel=0.02)
+    assert fitted > 1.5 * fallback
+    # FSDP roles are priced as before
+    fsdp = ParallelConfig(tp=2)
+    assert (cal.cost_model(cluster).train(MODELS[1], "lm", fsdp, w).seconds
+            == exact_fit.cost_model(cluster).train(MODELS[1], "lm", fsdp, w).seconds)

@@ -116,3 +116,13 @@ def test_async_timeline_overlaps_rollout_and_training_across_iterations():
     updates = sorted((e.start, e.end) for e in tl.events if e.op == "actor_update")
     overlap = sum(max(0.0, min(r[1], u[1]) - max(r[0], u[0])) for r in rollouts for u in updates)
     assert overlap > 0
+
+
+def test_op_seconds_count_a_sync_paid_once_per_k_iterations_as_its_share():
+    tl = simulate(disaggregated("async").model_copy(update={"max_staleness": 2}), iterations=4)
+    steady = tl.steady_iterations()
+    synced = [i for i in steady if tl.op_seconds(i).get("weight_sync")]
+    assert 0 < len(synced) < len(steady)  # not every iteration syncs: a median would say 0
+    total = sum(tl.op_seconds(i).get("weight_sync", 0.0) for i in steady)
+    assert tl.op_seconds()["weight_sync"] == pytest.approx(total / len(steady))
+    assert tl.op_seconds()["actor_update"] == pytest.approx(_seconds(tl, "actor_update", steady[0]))  # every one: median

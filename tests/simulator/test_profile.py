@@ -101,3 +101,21 @@ def test_the_shipped_cpu_profile_loads_and_covers_every_op_kind():
     assert {pt.parallel.dp for pt in ops["train"]} >= {1, 2}
     assert len({pt.model.hidden for pt in ops["forward"]}) >= 3
     assert all(pt.repeats >= 3 for pt in ops["train"])
+
+
+def test_megatron_points_name_their_engine():
+    shape = dict(model="tiny", batch=8, prompt_len=16, response_len=16, seconds=0.1)
+    point = ProfilePoint(op="megatron_train", parallel=ParallelConfig(tp=2, backend="megatron"), **shape)
+    assert point.label().startswith("megatron_train tiny 1-2-1")
+    with pytest.raises(ValueError, match="megatron_train / megatron_forward with backend megatron"):
+        ProfilePoint(op="megatron_forward", parallel=ParallelConfig(tp=2), **shape)
+    with pytest.raises(ValueError, match="megatron_train / megatron_forward with backend megatron"):
+        ProfilePoint(op="train", parallel=ParallelConfig(tp=2, backend="megatron"), **shape)
+
+
+def test_the_shipped_cpu_profile_has_the_megatron_engines_points():
+    ops = resolve_profile("cpu-2core").by_op()
+    for kind in ("megatron_train", "megatron_forward"):
+        layouts = {(pt.parallel.pp, pt.parallel.tp, pt.parallel.dp) for pt in ops[kind]}
+        assert layouts == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}, kind
+        assert all(pt.parallel.backend == "megatron" and pt.repeats >= 3 for pt in ops[kind])

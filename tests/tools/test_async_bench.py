@@ -36,3 +36,31 @@ def test_bad_input_is_one_line():
         bench.main(["--iterations", "2"])
     with pytest.raises(HflowError, match="unknown plan 'asink'"):
         bench.main(["--only", "asink"])
+
+
+def test_sides_weigh_the_rollout_against_the_trainers():
+    cal = calibrate_file("cpu-2core")
+    cluster = cal.cluster(nodes=1, devices_per_node=2)
+    plan = bench.bench_plans(cluster.model_dump())[bench.BALANCE_PLAN]
+    tl = simulate(plan, cal.cost_model(cluster), iterations=3)
+    rollout, trainers = bench.sides(tl, plan)
+    ops = tl.op_seconds()
+    assert rollout == pytest.approx(ops["generate"])
+    assert trainers == pytest.approx(ops["ref_logprob"] + ops["actor_update"])  # the sync (both sides) in neither
+
+
+def test_speedups_over_sync_colocated_and_over_sync_on_the_same_split():
+    rows = [{"plan": "sync colocated", "measured": 0.8}, {"plan": "sync disaggregated", "measured": 1.0},
+            {"plan": "one-step-off", "measured": 0.5}]
+    bench.add_speedups(rows)
+    assert [r["speedup"] for r in rows] == [1.0, 0.8, 1.6]
+    assert [r["speedup_same_split"] for r in rows] == [None, 1.0, 2.0]
+    alone = [{"plan": "one-step-off", "measured": 0.5}]  # --only: the references were not run
+    bench.add_speedups(alone)
+    assert alone[0]["speedup"] is None and alone[0]["speedup_same_split"] is None
+
+
+def test_balance_is_said_in_words():
+    assert bench.balance_word(0.2, 0.75) == "training-bound"
+    assert bench.balance_word(0.6, 0.75) == "comparable"
+    assert bench.balance_word(1.2, 0.75) == "rollout-bound"

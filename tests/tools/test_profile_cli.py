@@ -203,3 +203,61 @@ def test_probe_figures_follow_from_the_raw_timings():
     assert hw.intra_node_latency == 0.001
     pts = probe_points(raw, 2)
     assert [p.op for p in pts] == ["matmul", "memory"] and pts[0].flops == 2 * 512**3
+
+
+def test_megatron_roles_on_a_profile_without_megatron_points_say_so(capsys):
+    from hybridflow.simulator.calibration import Calibration
+    from hybridflow.simulator.efficiency import EfficiencyParams
+    from hybridflow.simulator.profiled_cost import EngineOverheads
+    from hybridflow.tools.profile_option import plan_with_profile
+
+    plan = Plan.load(TINY_PLAN)
+    roles = {r: rp.model_copy(update={"train": rp.train.model_copy(update={"backend": "megatron"})})
+             if r == "actor" else rp for r, rp in plan.roles.items()}
+    megatron_plan = plan.model_copy(update={"roles": roles})
+    without = Calibration(profile="fsdp-only", hardware=HW, params=EfficiencyParams(),
+                          overheads=EngineOverheads(layer_seconds=1e-3))  # as fitted to FSDP points alone
+    _, cm = plan_with_profile(megatron_plan, without)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no megatron_train / megatron_forward points" in err[0] and "--add-megatron" in err[0]
+    assert cm.overheads.megatron_layer_seconds == 0.0  # the analytic price for the megatron actor
+    plan_with_profile(plan, without)  # FSDP roles only: nothing to say
+    with_points = without.model_copy(update={"overheads": EngineOverheads(megatron_layer_seconds=1e-3)})
+    plan_with_profile(megatron_plan, with_points)  # priced by its own terms: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_megatron_points_need_megatron_and_a_profile_of_this_machine(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    assert main(["profile", "--add-megatron", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
+    foreign = Profile(name="f", fingerprint=Fingerprint(device_name="gpu-9000", cpu_count=999, devices=2),
+                      hardware=HW).save(tmp_path / "foreign.json")
+    before = foreign.read_text()
+    assert main(["profile", "--add-megatron", str(foreign)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    why = "not this machine" if importlib.util.find_spec("megatron") else "pip install 'hybridflow[megatron]'"
+    assert len(err) == 1 and why in err[0], err
+    assert foreign.read_text() == before
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("megatron")
+                        else real_find_spec(name, *a))
+    assert main(["profile", "--quick", "--megatron", "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hybridflow[megatron]" in err[0] and not (tmp_path / "p.json").exists()
+
+
+def test_the_megatron_grid_spans_dp_tp_pp_at_the_fsdp_shapes_and_fits_each_model():
+    from hybridflow.tools.cmd_profile import grid, megatron_grid
+
+    jobs = megatron_grid(2)
+    points = [ProfilePoint(seconds=1.0, **j) for j in jobs]  # valid points once timed
+    assert {p.op for p in points} == {"megatron_train", "megatron_forward"}
+    assert {(p.parallel.pp, p.parallel.tp, p.parallel.dp) for p in points} == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}
+    fsdp_shapes = {(j["batch"], j["prompt_len"], j["response_len"]) for j in grid(2) if j["op"] == "train"}
+    assert {(p.batch, p.prompt_len, p.response_len) for p in points} == fsdp_shapes
+    layouts = [p.parallel for p in points]
+    runs = [x for i, x in enumerate(layouts) if i == 0 or layouts[i - 1] != x]
+    assert len(runs) == len(set(runs)) == 3  # one layout's jobs together: its engines are built once
+    assert all(p.model.layers % p.parallel.pp == 0 for p in (ProfilePoint(seconds=1.0, **j) for j in megatron_grid(4)))

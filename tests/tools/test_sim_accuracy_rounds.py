@@ -56,3 +56,22 @@ def test_scoring_reward_model_scores_and_the_critic_head_does_not(tmp_path):
         zero = load_score_model(policy)(input_ids=ids)[:, -1]
     assert not zero.any()  # the critic's initialisation: every response scores 0, nothing to learn from
     assert scores.std() > 0.1 and len(set(scores.tolist())) == 6
+
+
+def test_one_plan_trains_the_actor_and_critic_on_megatron_priced_by_its_own_terms():
+    from hybridflow.simulator.hardware import ClusterSpec
+    from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
+    from hybridflow.tools.bench.sim_accuracy import candidate_plans
+    from hybridflow.tools.cmd_replay import predict_plan
+
+    cluster = ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=2)
+    plans = candidate_plans(cluster.model_dump(), megatron=True)
+    assert len(candidate_plans(cluster.model_dump(), megatron=False)) == len(plans) - 1
+    meg = plans["colocated tp2, megatron actor+critic"]
+    assert {r: rp.train.backend for r, rp in meg.roles.items()} == {"actor": "megatron", "critic": "megatron",
+                                                                     "ref": "fsdp", "reward": "fsdp"}
+    assert meg.roles["actor"].train.tp == 2 and meg.generation_config().dp == 2
+    plain = ProfiledCostModel(cluster)
+    fitted = ProfiledCostModel(cluster, overheads=EngineOverheads(megatron_layer_seconds=1e-3))
+    (a, a_ops), (b, b_ops) = predict_plan(meg, plain), predict_plan(meg, fitted)
+    assert b > a and b_ops["actor_update"] > a_ops["actor_update"] and b_ops["reward"] == a_ops["reward"]

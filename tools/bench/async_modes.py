@@ -1,6 +1,7 @@
 """Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
-    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--json]
+    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops]
+        [--no-speed-check] [--neighbour-check] [--json]
 
 The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
@@ -12,9 +13,22 @@ The tiny GRPO task on the same 2 devices four ways:
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
 plan's steady iteration), the measured ones (median over the steady iterations of the seconds from
 one iteration's end to the next: a pipelined iteration's rollout runs inside the one before, so
-this is the figure both modes share), the speedup over sync colocated, the staleness and the mean
+this is the figure both modes share), the speedup over sync colocated and, for the plans on the split, over
+sync disaggregated (the synchronous plan on the same devices), the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
 prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
+
+The table's caption gives the two sides' balance, the rollout's seconds against the trainers' (log-probs
+and update) in the synchronous disaggregated plan, predicted and measured: one step off can save at most
+the shorter side. `--ops` adds, per plan, each op's predicted and measured seconds per steady iteration
+(tools/comparison.py's table; an op some iterations skip, async's weight sync, as its share per
+iteration): where a plan's error comes from. On a shared machine compare runs made back to back, by
+their ratios: its speed drifts between minutes. So before each plan a few of the profile's own
+points are re-timed (`hflow-plan profile --check`'s quick form, as `run` does): `× speed` is the
+machine's speed then against the profile's, and `error at speed` the error of the prediction scaled by
+it (`--no-speed-check` skips it). `--neighbour-check` re-times those points on one device alone and on
+both at once, back to back: the profile times one-device points with every device busy, while a
+disaggregated plan's devices partly take turns (docs/rollout-devices.md).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ WORKLOAD = {"prompts": 16, "samples_per_prompt": 8, "prompt_len": 13, "response_
             "mini_batches": 1}
 ASYNC_STALENESS = 2  # the async plan's bound k
 REWARD = "hybridflow.runtime.tasks.builtin:sort_reward"
+BALANCE_PLAN = "sync disaggregated"  # whose two sides (rollout, trainers) the caption weighs
 
 
 def bench_plans(cluster: dict) -> dict[str, Plan]:
@@ -66,6 +81,27 @@ def thirds(rewards: list[float]) -> tuple[float, float]:
     return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 
 
+def sides(timeline, plan: Plan) -> tuple[float, float]:
+    """(rollout, trainers): seconds per steady iteration on the actor's generate_group and on its training
+    group (a disaggregated plan's two sides; the weight sync, on both, counts in neither)."""
+    actor = plan.roles["actor"]
+    its = timeline.steady_iterations()
+    per = {g: sum(e.seconds for e in timeline.events if e.group == g and e.iteration in its) / max(len(its), 1)
+           for g in (actor.generate_group, actor.group)}
+    return per[actor.generate_group], per[actor.group]
+
+
+COMPARABLE = 1.5  # the longer side at most this many times the shorter: "comparable" in the caption
+
+
+def balance_word(rollout: float, trainers: float) -> str:
+    """Whether the two sides take comparable time, else which one is longer."""
+    longer, shorter = max(rollout, trainers), min(rollout, trainers)
+    if longer <= COMPARABLE * shorter:
+        return "comparable"
+    return "training-bound" if trainers > rollout else "rollout-bound"
+
+
 def measure(plan: Plan, iterations: int, seed: int) -> dict:
     import time
 
@@ -80,7 +116,38 @@ def measure(plan: Plan, iterations: int, seed: int) -> dict:
             rewards.append(m["reward_mean"])
             staleness.append(m.get("staleness/max", 0.0))
             print(f"  iteration {m['iteration']}: reward {m['reward_mean']:.3f}", file=sys.stderr)
-    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness)}
+    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's measured speedup over the synchronous colocated plan (`speedup`) and, for the plans on the
+    disaggregated split, over the synchronous one on that split (`speedup_same_split`); None where the
+    reference was not run."""
+    measured = {r["plan"]: r["measured"] for r in rows}
+    for r in rows:
+        for key, ref in (("speedup", "sync colocated"), ("speedup_same_split", BALANCE_PLAN)):
+            base = measured.get(ref) if key == "speedup" or r["plan"] != "sync colocated" else None
+            r[key] = base / r["measured"] if base and r["measured"] else None
+
+
+def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
+    """Seconds of the profile's quick reference points on one device while the other idles, over their
+    seconds with both devices busy (as the profile times them), re-timed back to back `passes` times:
+    the median per point. Below 1: a device alone runs faster than the profile says — what a
+    disaggregated plan's devices do while they take turns."""
+    import statistics
+
+    from hybridflow.runtime.profile_check import check_speed
+    from hybridflow.simulator.profile import resolve_profile
+    from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
+
+    profile = resolve_profile(profile_ref)
+    ratios = []
+    for _ in range(passes):
+        alone = check_speed(profile, devices=1, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        both = check_speed(profile, devices=profile.fingerprint.devices, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        ratios += [a / b for a, b in zip(alone.now, both.now, strict=True)]
+    return statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=16, help="iterations per plan (the first is start-up)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="comma-separated plan names (default: all four)")
+    ap.add_argument("--ops", action="store_true", help="also each plan's ops, predicted vs measured per steady iteration")
+    ap.add_argument("--no-speed-check", action="store_true",
+                    help="skip re-timing a few of the profile's points before each plan (the machine's speed then "
+                         "against the profile's, which scales that plan's prediction in the `× speed` columns)")
+    ap.add_argument("--neighbour-check", action="store_true",
+                    help="also re-time a few of the profile's points on one device alone and on both at once, "
+                         "back to back: how much faster a device runs while its neighbour idles")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
@@ -106,39 +180,80 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise HflowError(f"--only: unknown plan '{unknown[0]}'; plans: {', '.join(plans)}")
         plans = {n: plans[n] for n in args.only.split(",")}
-    predicted = {n: simulate(p, cm, iterations=3).iteration_seconds() for n, p in plans.items()}
+    simulated = {n: simulate(p, cm, iterations=3) for n, p in plans.items()}
+    predicted = {n: tl.iteration_seconds() for n, tl in simulated.items()}
 
     from hybridflow.runtime.resource_pool import init_ray
 
     init_ray(num_cpus=2)
-    rows = []
+    from rich.console import Console
+
+    from hybridflow.tools.comparison import Comparison, error
+    from hybridflow.tools.run_report import ConsoleEvents, quick_speed_check
+
+    rows, comparisons, balance = [], {}, {}
     for name, plan in plans.items():
+        # the machine's speed right before this plan's run: a shared machine's drifts between minutes
+        speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else \
+            quick_speed_check(args.profile, ConsoleEvents(Console(stderr=True), quiet=True))
         print(f"{name}: {args.iterations} iterations…", file=sys.stderr)
         m = measure(plan, args.iterations, args.seed)
         first, last = thirds(m["rewards"])
         rows.append({"plan": name, "predicted": predicted[name], "measured": m["seconds"],
-                     "error": predicted[name] / m["seconds"] - 1 if m["seconds"] else None,
+                     "error": error(predicted[name], m["seconds"]), "speed": speed,
+                     "error_at_speed": error(predicted[name] * speed, m["seconds"]) if speed else None,
                      "staleness": m["staleness"], "reward_first_third": first, "reward_last_third": last,
                      "rewards": m["rewards"]})
-    base = next((r["measured"] for r in rows if r["plan"] == "sync colocated"), None)
-    for r in rows:
-        r["speedup"] = base / r["measured"] if base and r["measured"] else None
+        its = m["timeline"].steady_iterations()
+        comparisons[name] = Comparison(predicted[name], simulated[name].op_seconds(), m["seconds"],
+                                       m["timeline"].op_seconds(), plan.workload.tokens_per_iteration,
+                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}", speed,
+                                       speed_note)
+        if name == BALANCE_PLAN:
+            balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
+    add_speedups(rows)
+    alone = neighbour_effect(args.profile) if args.neighbour_check else None
     if args.json:
-        print(json.dumps({"profile": cal.profile, "workload": WORKLOAD, "plans": rows}))
+        out = {"profile": cal.profile, "workload": WORKLOAD, "plans": rows,
+               "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()},
+               "alone_over_busy": alone}
+        if args.ops:
+            out["ops"] = {n: c.json() for n, c in comparisons.items()}
+        print(json.dumps(out))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"GRPO, tiny model, 2 devices, {WORKLOAD['prompts']}×{WORKLOAD['samples_per_prompt']} responses, "
                     f"profile '{cal.profile}'")
-    for col in ("plan", "predicted s", "measured s", "error", "× sync colocated", "staleness", "reward first → last"):
+    checked = any(r["speed"] for r in rows)
+    for col in ("plan", "predicted s", "measured s", "error", *(("× speed", "error at speed") if checked else ()),
+                "× sync colocated", "× sync, same split", "staleness", "reward first → last"):
         t.add_column(col, justify="left" if col == "plan" else "right")
+
+    def pct(e):
+        return f"{e:+.1%}" if e is not None else "-"
+
     for r in rows:
-        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
-                  f"{r['error']:+.1%}" if r["error"] is not None else "-",
-                  f"{r['speedup']:.2f}" if r["speedup"] else "-", f"{r['staleness']:.0f}",
+        at_speed = (f"{r['speed']:.2f}" if r["speed"] else "-", pct(r["error_at_speed"])) if checked else ()
+        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}", pct(r["error"]), *at_speed,
+                  *(f"{r[k]:.2f}" if r[k] else "-" for k in ("speedup", "speedup_same_split")), f"{r['staleness']:.0f}",
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
-    Console(width=max(Console().width, 120)).print(t)
+    if balance:
+        t.caption = "rollout : trainers " + ", ".join(
+            f"{k} {g:.3f} s : {tr:.3f} s (1 : {tr / g:.1f}, {balance_word(g, tr)})" for k, (g, tr) in balance.items()
+            if g) + f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
+        t.caption_justify = "left"
+    if alone is not None:
+        t.caption = (t.caption or "") + f"\none device alone / both busy: {alone:.2f}× the seconds (the profile " \
+                                          "times its points with both busy)"
+        t.caption_justify = "left"
+    console = Console(width=max(Console().width, 150))
+    console.print(t)
+    if args.ops:
+        from hybridflow.tools.comparison import comparison_table
+
+        for c in comparisons.values():
+            console.print(comparison_table(c))
     return 0
 
 

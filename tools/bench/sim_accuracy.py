@@ -1,7 +1,8 @@
 """How well does the profile-calibrated simulator predict real iterations? (issue 7)
 
 For several plans of one tiny-model PPO run on this machine's local cluster — all colocated
-(data- and tensor-parallel), actor+ref apart from critic+reward, one more split — plus the plan
+(data- and tensor-parallel), actor+ref apart from critic+reward, one more split, and (where
+megatron-core is installed) colocated tp 2 with the actor and critic on the Megatron engine — plus the plan
 the planner picks with the same calibrated cost model, run a few iterations each on the runtime
 (Ray, gloo) and predict each with the shipped profile. Prints per plan: predicted / measured
 iteration seconds and the error; per op kind the errors over all plans; and whether the
@@ -64,10 +65,13 @@ def _plan(cluster: dict, groups: dict[str, list[int]], roles: dict[str, tuple[st
     return Plan.model_validate(doc).validate_parallel()
 
 
-def candidate_plans(cluster: dict) -> dict[str, Plan]:
+def candidate_plans(cluster: dict, megatron: bool | None = None) -> dict[str, Plan]:
+    """The FSDP plans, and (`megatron`; default: where megatron-core is installed) one whose actor and
+    critic train on megatron-core at tp 2 (colocated megatron roles share one tp: megatron's parallel
+    state is per process), priced by the profile's megatron_* terms."""
     dp2, tp2, one = {"dp": 2}, {"tp": 2}, {}
     four = ("actor", "ref", "critic", "reward")
-    return {
+    plans = {
         "colocated dp2": _plan(cluster, {"all": [0, 1]}, {r: ("all", dp2) for r in four}),
         "colocated tp2, gen dp2": _plan(cluster, {"all": [0, 1]}, {r: ("all", tp2) for r in four},
                                         gen={"tp": 1, "dp": 2}),
@@ -78,6 +82,21 @@ def candidate_plans(cluster: dict) -> dict[str, Plan]:
                                            {"actor": ("arw", one), "ref": ("arw", one), "reward": ("arw", one),
                                             "critic": ("critic", one)}),
     }
+    if _megatron_installed() if megatron is None else megatron:
+        meg = {"tp": 2, "backend": "megatron"}
+        plans["colocated tp2, megatron actor+critic"] = _plan(
+            cluster, {"all": [0, 1]}, {"actor": ("all", meg), "critic": ("all", meg), "ref": ("all", tp2),
+                                       "reward": ("all", tp2)}, gen={"tp": 1, "dp": 2})
+    return plans
+
+
+def _megatron_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def planner_pick(cluster, cm) -> Plan:
