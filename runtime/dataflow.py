@@ -64,18 +64,24 @@ class PendingRollout:
     iteration: int  # the iteration that launched it
 
 
-def dp_balanced_order(attention_mask: torch.Tensor, dp: int) -> torch.Tensor | None:
+def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:
     """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
     sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
     The ranks then hold equal token counts and, with the engine's length buckets, micro-batches of
-    equal widths, so they reach FSDP's collectives together. None when there is nothing to balance."""
+    equal widths, so they reach FSDP's collectives together. `group`: consecutive rows that share a
+    prompt (samples per prompt) are dealt out together, by their total length, so a rank's engine
+    computes each prompt once (engines/shared_prompts.py); where the groups do not split evenly over
+    the ranks, rows are dealt one by one. None when there is nothing to balance."""
     n = attention_mask.shape[0]
     if dp < 2 or n % dp:
         return None
-    ranked = torch.sort(attention_mask.long().sum(-1), stable=True).indices
-    j = torch.arange(n)
+    group = group if group > 1 and n % (group * dp) == 0 else 1
+    units = n // group
+    ranked = torch.sort(attention_mask.long().sum(-1).view(units, group).sum(-1), stable=True).indices
+    j = torch.arange(units)
     rank = torch.where((j // dp) % 2 == 0, j % dp, dp - 1 - j % dp)  # 0 1 1 0 0 1 … for dp = 2
-    return ranked[torch.sort(rank, stable=True).indices]
+    dealt = ranked[torch.sort(rank, stable=True).indices]
+    return (dealt[:, None] * group + torch.arange(group)).flatten()
 
 
 def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: float, penalty: float) -> torch.Tensor:
@@ -157,7 +163,8 @@ class Dataflow:
 
     def _call_balanced(self, op: str, role: str, method: str, batch: Batch) -> Pending:
         """`_call` with the rows spread evenly over the role's dp ranks; results come back in batch order."""
-        order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp)
+        order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp,
+                                  self.plan.workload.samples_per_prompt)
         if order is None:
             return self._call(op, role, method, batch)
         self._log(op, role)

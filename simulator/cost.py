@@ -73,6 +73,13 @@ def _seq_flops(pm: float, attn: float, seq_len: float) -> float:
     return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0)
 
 
+def shares_prompts(head: Head, par: ParallelConfig) -> bool:
+    """Whether the runtime's FSDP engine computes each prompt once for all of its samples in an LM's
+    forward and train passes (runtime/engines/shared_prompts.py): not under tensor or pipeline
+    parallelism, nor on the Megatron backend."""
+    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron"
+
+
 def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:
     """For k = 0..n-1: (Σ of f1 where f1 ≥ f2, Σ of f2 where f2 > f1), f_i = a_i + b_i·k. Exact and O(1)."""
     if n <= 0:
@@ -146,6 +153,8 @@ class CostModel:
         b = min(workload.micro_batch_size, per_rank)
         m = -(-per_rank // b)  # micro-batches per step
         seq_flops = _seq_flops(pm, attn, s)
+        if workload.samples_per_prompt > 1 and shares_prompts(head, par):  # each sample's share of its prompt
+            seq_flops -= (1.0 - 1.0 / workload.samples_per_prompt) * _seq_flops(pm, attn, workload.prompt_len)
         compute = mult * seq_flops * per_rank * steps / (tp * pp) / (
             self.peak * self.matmul_efficiency(b * s, model.hidden / tp))
         act_bytes = BF16 * b * s * model.hidden

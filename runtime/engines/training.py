@@ -17,7 +17,8 @@ token weights however the batch is sharded and cut into micro-batches).
 
 Padding is removed before the model runs (packing.py): rows are bucketed by real length into
 micro-batches and each micro-batch is repacked to its own longest row; outputs come back in the
-caller's layout.
+caller's layout. A pass that reads only the responses (`score_width`) over rows that repeat a prompt
+(GRPO's samples) runs each prompt once instead, with its responses packed behind it (shared_prompts.py).
 
 Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
 tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
@@ -50,7 +51,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
 from ..locations import Location
-from .packing import bucket_order, inverse_order, pack
+from .packing import inverse_order, pack
 from .parallelize import (
     build_mesh,
     load_tp_local,
@@ -61,12 +62,15 @@ from .parallelize import (
 )
 from .phase_clock import PhaseClock
 from .rank_state import check_checkpoint_folder, load_rank_state, save_rank_state
+from .shared_prompts import SharedPrompts, micro_batch_rows, share_prompts, sharing_applies
 from .train_common import (
     LossFn,
     OptimConfig,
     as_tensordict,
     clip_grad_norm_,
+    entropy_of,
     first_scored_logit,
+    picked_log_probs,
     token_entropy,
     token_log_probs,
 )
@@ -93,6 +97,7 @@ class TrainingEngine:
         self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
+        self.prompt_sharing = True  # one forward per prompt group (shared_prompts.py) where the batch allows
         self.skipped_in_a_row = 0
         self.clock = PhaseClock()  # per-phase seconds for the step breakdown; off unless a caller turns it on
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
@@ -152,11 +157,18 @@ class TrainingEngine:
     def _micro_size(self, batch: TensorDict, micro_batch_size: int | None) -> int:
         return micro_batch_size or self.micro_batch_size or batch.batch_size[0]
 
+    def _micro_rows(self, batch: TensorDict, micro_batch_size: int | None,
+                    score_width: int | None) -> list[torch.Tensor] | None:
+        """Each micro-batch's rows: prompt groups together or length buckets (shared_prompts.micro_batch_rows)."""
+        width = batch["input_ids"].shape[1] - score_width if self._shares_prompts(score_width) else None
+        return micro_batch_rows(batch["input_ids"], batch.get("attention_mask", None),
+                                self._micro_size(batch, micro_batch_size), width)
+
     def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None,
-                       order: torch.Tensor | None = None) -> list[TensorDict]:
-        """Consecutive rows, or the rows of `order` (packing.bucket_order: similar lengths together)."""
+                       rows: list[torch.Tensor] | None = None) -> list[TensorDict]:
+        """Consecutive rows, or the given rows of each micro-batch (`_micro_rows`)."""
         size = self._micro_size(batch, micro_batch_size)
-        return list(batch.split(size)) if order is None else [batch[i] for i in order.split(size)]
+        return list(batch.split(size)) if rows is None else [batch[i] for i in rows]
 
     def forward(self, micro: TensorDict, *, entropy: bool = True,
                 score_width: int | None = None) -> dict[str, torch.Tensor]:
@@ -166,6 +178,9 @@ class TrainingEngine:
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
         mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
+        if self._shares_prompts(score_width) and mask is not None and \
+                (shared := share_prompts(ids, mask, pos, ids.shape[1] - score_width)) is not None:
+            return self._forward_shared(shared, entropy)
         packed = pack(ids, mask, pos) if mask is not None else None
         if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
             ids, mask, pos = packed.input_ids, None, packed.position_ids
@@ -184,6 +199,22 @@ class TrainingEngine:
         res = {"log_probs": unpack(token_log_probs(scaled, ids, start))}
         if entropy:
             res["entropy"] = unpack(token_entropy(scaled, start))
+        return res
+
+    def _shares_prompts(self, score_width: int | None) -> bool:
+        """Whether an LM pass reading the last `score_width` columns packs rows by prompt (shared_prompts.py)."""
+        return bool(self.prompt_sharing and self.is_lm and score_width) and sharing_applies(self.decoder_config,
+                                                                                           self.parallel)
+
+    def _forward_shared(self, shared: SharedPrompts, entropy: bool) -> dict[str, torch.Tensor]:
+        if self.clock.enabled:
+            for key, n in shared.work().items():
+                self.clock.count(key, n)
+        logits = self.tempered(self.model(shared.input_ids, shared.attention, shared.position_ids,
+                                          logits_at=shared.predictor))
+        res = {"log_probs": shared.unpack(picked_log_probs(logits, shared.targets))}
+        if entropy:
+            res["entropy"] = shared.unpack(entropy_of(logits))
         return res
 
     def tempered(self, logits: torch.Tensor) -> torch.Tensor:
@@ -208,20 +239,20 @@ class TrainingEngine:
             return self.pipeline.infer(batch, micro_batch_size, keys)
         batch = as_tensordict(batch)
         self.model.eval()
-        order = bucket_order(batch.get("attention_mask", None), self._micro_size(batch, micro_batch_size))
+        rows = self._micro_rows(batch, micro_batch_size, score_width)
         fsdp = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
         for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
             m.set_reshard_after_forward(False, recurse=False)
         try:
             with self.clock.span("infer"):
                 parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
-                         for m in self._micro_batches(batch, micro_batch_size, order)]
+                         for m in self._micro_batches(batch, micro_batch_size, rows)]
         finally:
             for m in fsdp:
                 m.reshard()
                 m.set_reshard_after_forward(True, recurse=False)
         self.model.train()
-        back = slice(None) if order is None else inverse_order(order)  # the caller's row order
+        back = slice(None) if rows is None else inverse_order(torch.cat(rows))  # the caller's row order
         return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
 
     # ---- training -----------------------------------------------------------------------------
@@ -251,8 +282,7 @@ class TrainingEngine:
             raise HflowError("train_step got an empty batch; give each data-parallel rank at least one sample")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        micros = self._micro_batches(batch, micro_batch_size,
-                                     bucket_order(batch.get("attention_mask", None), self._micro_size(batch, micro_batch_size)))
+        micros = self._micro_batches(batch, micro_batch_size, self._micro_rows(batch, micro_batch_size, score_width))
         # Token-mean losses: the mean token count per dp rank, so that after FSDP's average over the ranks
         # the gradient is that of the token-mean over the whole batch, however it is sharded and cut.
         total = self._dp_mean([float(batch[token_weights].sum())])[0] if token_weights else 0.0

@@ -233,7 +233,8 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """input_ids [B, S]; attention_mask [B, past+S] (1 = real token, 0 = padding) or None;
+        """input_ids [B, S]; attention_mask [B, past+S] (1 = real token, 0 = padding), or a boolean
+        [B, 1, S, S] of which keys each query sees (no cache, no sliding window: the caller's layout), or None;
         position_ids [B, S], by default counted from the mask so left padding does not shift them."""
         b, s = input_ids.shape[:2]  # a later pipeline stage gets hidden states [B, S, hidden]
         past = cache.length if cache is not None else 0
@@ -257,6 +258,8 @@ class DecoderModel(nn.Module):
 def _additive_mask(attention_mask, b: int, s: int, past: int, window: int | None, x: torch.Tensor):
     """The additive mask (0 or dtype min) [B, 1, S, past+S] a layer with `window` needs, or None
     for plain causal attention over [0, S) or one new token that sees the whole cache."""
+    if attention_mask is not None and attention_mask.dim() == 4:  # a caller's [B, 1, S, S] (True: sees): SDPA takes it
+        return attention_mask
     total = past + s
     window = window if window is not None and total > window else None  # a window no key is beyond is none
     if attention_mask is None and window is None and not (past > 0 and s > 1):
@@ -321,12 +324,15 @@ class CausalLM(_DecoderWithHead):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache: KVCache | None = None,
-                last_only: bool = False, logits_from: int = 0) -> torch.Tensor:
+                last_only: bool = False, logits_from: int = 0, logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """`last_only` projects only the last position (generation needs no more); `logits_from`, only
-        positions from that one on (logits [B, S - logits_from, V]: a trainer scoring the responses)."""
+        positions from that one on (logits [B, S - logits_from, V]: a trainer scoring the responses);
+        `logits_at`, only the positions at these flat indices into [B·S] (logits [*logits_at.shape, V])."""
         h = self.model(input_ids, attention_mask, position_ids, cache)
         if self.lm_head is None:  # a pipeline stage before the last
             return h
+        if logits_at is not None:
+            return self.lm_head(h.flatten(0, 1)[logits_at])
         return self.lm_head(h[:, -1:] if last_only else h[:, logits_from:] if logits_from else h)
 
 

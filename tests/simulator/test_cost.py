@@ -323,3 +323,22 @@ def test_vllm_rollout_weight_sync_is_priced_as_a_full_gather(tiny_plan):
     native_mem, vllm_mem = plan_memory(tiny_plan)["actor"], plan_memory(vllm_plan)["actor"]
     assert vllm_mem.peak_op == "actor:generate"
     assert vllm_mem.bytes_per_device > native_mem.bytes_per_device
+
+
+def test_lm_passes_price_each_prompt_once_per_group_where_the_engine_shares_it():
+    """GRPO's samples of a prompt: the FSDP engine computes the prompt once per group (engines/shared_prompts.py),
+    so a sequence's forward FLOPs lose (1 − 1/samples) of the prompt's own; not under TP, nor for a critic."""
+    P, R, g = 256, 128, 8
+    w1 = Workload(prompts=4 * g, prompt_len=P, response_len=R, micro_batch_size=8)
+    wg = Workload(prompts=4, samples_per_prompt=g, prompt_len=P, response_len=R, micro_batch_size=8)
+    pm, attn = LLAMA7.matmul_params("lm"), 4 * 32 * 4096
+
+    def seq(s):
+        return s * (2 * pm + attn * (s + 1) / 2)
+
+    shared = cm().forward(LLAMA7, "lm", ParallelConfig(dp=8), wg).flops
+    assert shared == pytest.approx(4 * g * (seq(P + R) - (1 - 1 / g) * seq(P)))
+    assert cm().forward(LLAMA7, "lm", ParallelConfig(dp=8), w1).flops == pytest.approx(4 * g * seq(P + R))
+    assert cm().train(LLAMA7, "lm", ParallelConfig(dp=8), wg).flops == pytest.approx(3 * shared)
+    for par, head in ((ParallelConfig(tp=2, dp=4), "lm"), (ParallelConfig(dp=8), "scalar")):
+        assert cm().forward(LLAMA7, head, par, wg).flops == pytest.approx(cm().forward(LLAMA7, head, par, w1).flops)

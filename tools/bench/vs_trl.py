@@ -21,9 +21,12 @@ both (TRL beta=k, its k3 estimator in the loss; ours kl: coef k, placement loss,
 
 Micro-batches: each side runs the size it is fastest at on this machine. TRL: `--micro-batch`
 (per_device_train_batch_size, default 128; measured here 3,446 / 3,344 / 3,310 tok/s at 128 / 64 / 32,
-so smaller does not help it). Ours: `--our-micro-batch` (default 32), because our engine buckets
-sequences by length and trims each micro-batch to its own longest, which smaller micro-batches make
-finer; the gradient is the token-mean over the whole batch whatever the micro-batch size.
+so smaller does not help it). Ours: `--our-micro-batch` (default 32): our engine packs each micro-batch
+one row per prompt (the prompt once, its samples' responses behind it: engines/shared_prompts.py),
+so a micro-batch of 32 rows is 4 prompts of 8 samples; the gradient is the token-mean over the whole
+batch whatever the micro-batch size. Both sides do the same passes: no old-log-prob pass (one
+iteration of one batch: TRL's and ours take the update's own, detached), plus one reference pass
+with KL; tokens/s counts the same real tokens (prompt with BOS + response) on both sides.
 
 Throughput = (prompt + response tokens of a step, padding excluded) / step wall seconds, summed over
 the steps after the first (the first pays for warm-up: Ray workers, first generate). TRL runs in
