@@ -32,7 +32,7 @@ PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tenso
            "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.generation",
            "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.decoder"]
 # megatron.core takes seconds to import: preloaded (once, in the forkserver) only for Megatron jobs
-MEGATRON_PRELOAD = ["megatron.core", "hybridflow.runtime.engines.megatron_training"]
+MEGATRON_PRELOAD = ["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"]
 
 
 # ---- a group of processes ------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def _installed(module: str) -> bool:
 PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
            "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
            "hybridflow.runtime.engines.generation",
-           *(["megatron.core", "hybridflow.runtime.engines.megatron_training"] if _installed("megatron.core") else [])]
+           *(["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"] if _installed("megatron.core") else [])]
 
 
 def _free_port() -> int:

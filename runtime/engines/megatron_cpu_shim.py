@@ -14,12 +14,15 @@ narrow places ask CUDA for things that have a plain CPU meaning:
   with the CUDA name of its dtype inside the mode.
 
 `megatron_on_cpu()` applies all of this for the duration of a `with`, and is a no-op when torch
-has CUDA: on a GPU megatron-core runs as it is. Nothing here changes a result: the same losses as
+has CUDA: on a GPU megatron-core runs as it is. On a CPU it also silences, for the process, the
+notices megatron-core prints there that a user cannot act on (Transformer Engine / Apex / CUDA settings
+absent, deprecations inside it): `quiet_cpu_notices`. Nothing here changes a result: the same losses as
 one rank with the same weights (tests/runtime/test_megatron_*.py).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from unittest import mock
@@ -57,6 +60,7 @@ class _CudaToCpu(TorchFunctionMode):
 
 def cpu_rng_tracker_class():
     """Megatron's CudaRNGStatesTracker with its named states kept by the CPU generator."""
+    quiet_cpu_notices()
     from megatron.core.tensor_parallel import random as mrandom
 
     class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
@@ -84,12 +88,24 @@ def cpu_rng_tracker_class():
     return CpuRNGStatesTracker
 
 
+def quiet_cpu_notices() -> None:
+    """Process-wide warning filters for what megatron-core prints on a CPU machine and a user cannot act
+    on: its own notices (no Transformer Engine, Apex or CUDA settings; deprecations inside it) and torch's
+    deprecation notices for calls megatron makes. Idempotent: a filter added again replaces itself."""
+    warnings.filterwarnings("ignore", module=r"megatron(\.|$)")
+    for message in (r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+                    r"Please use DTensor instead and we are deprecating ShardedTensor",
+                    r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"):
+        warnings.filterwarnings("ignore", message=message)
+
+
 @contextmanager
 def megatron_on_cpu() -> Iterator[None]:
     """Run megatron-core calls inside on the CPU (no-op where torch has CUDA)."""
     if torch.cuda.is_available():
         yield
         return
+    quiet_cpu_notices()
     from megatron.core.tensor_parallel import random as mrandom
 
     # The tracker is megatron's own process-wide object: installed once, so named states persist.

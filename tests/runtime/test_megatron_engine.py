@@ -148,7 +148,7 @@ def _profile_points(rank, world):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return run_distributed(_all_cases, 4, str(tmp_path_factory.mktemp("megatron") / "ckpt"), timeout=600,
-                           preload=["torch", "tensordict", "megatron.core",
+                           preload=["torch", "tensordict", "hybridflow.runtime.engines.megatron_preload",
                                     "hybridflow.runtime.engines.megatron_training"],
                            daemon=False)  # dist_checkpointing forks its file writers
 
