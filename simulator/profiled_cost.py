@@ -209,18 +209,15 @@ class ProfiledCostModel(CostModel):
         cost = super().reshard(model, train, gen, mode)
         if mode == "ds-chat" and train.tp * train.pp == 1:
             cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})
+        o = self.overheads
+        m_bytes = BF16 * model.num_params("lm")
+        parts = dict(cost.breakdown)
         if mode == "broadcast":  # as runtime/weight_sync.py runs it: no gather between tensor shards
-            o = self.overheads
-            m_bytes = BF16 * model.num_params("lm")
-            parts = dict(cost.breakdown)
             # the sender packs the buckets, each receiver copies its slice into the model
             parts["copy"] = (m_bytes + m_bytes / (gen.tp * gen.pp)) / self.hbm
             parts["overhead"] = o.call_seconds + (model.layers * o.dp_gather_layer_seconds if train.dp > 1 else 0.0)
             parts = {k: v for k, v in parts.items() if v > 0.0}
             return OpCost.model_construct(seconds=sum(parts.values()), flops=0.0, bytes=cost.bytes, breakdown=parts)
-        m_bytes = BF16 * model.num_params("lm")
-        parts = dict(cost.breakdown)
-        o = self.overheads
         nbytes = cost.bytes
         overhead = model.layers * o.reshard_layer_seconds if cost.bytes > 0 else 0.0
         if train.dp > 1:
