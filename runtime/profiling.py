@@ -22,25 +22,20 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from hybridflow.runtime.engines.launch import report_progress, run_local
+from hybridflow.runtime.engines.launch import ENGINE_PRELOAD, MEGATRON_PRELOAD, report_progress, run_local
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.profile import MEGATRON_OPS, ProfilePoint
 
-PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
-           "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.generation",
-           "hybridflow.runtime.engines.reshard", "hybridflow.runtime.models.decoder"]
-# megatron.core takes seconds to import: preloaded (once, in the forkserver) only for Megatron jobs
-MEGATRON_PRELOAD = ["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"]
-
 
 # ---- a group of processes ------------------------------------------------------------------------
 def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
               on_progress: Callable[[int], None] | None = None, megatron: bool = False) -> list:
-    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank."""
-    return run_local(fn, world, *args, timeout=timeout, preload=PRELOAD + (MEGATRON_PRELOAD if megatron else []),
-                     on_progress=on_progress)
+    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank.
+    megatron.core takes seconds to import: preloaded (once, in the forkserver) only for Megatron jobs."""
+    preload = ENGINE_PRELOAD + (MEGATRON_PRELOAD if megatron else [])
+    return run_local(fn, world, *args, timeout=timeout, preload=preload, on_progress=on_progress)
 
 
 def _has_megatron(jobs: list[dict]) -> bool:

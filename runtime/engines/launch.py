@@ -29,10 +29,11 @@ def _installed(module: str) -> bool:
 # Imported once in the forkserver, which every group of a session shares (the first run_local
 # starts it with its preload list): megatron.core takes seconds to import, so where it is
 # installed it is preloaded too, rather than imported again by each rank of a megatron group.
-PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
-           "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
-           "hybridflow.runtime.engines.generation",
-           *(["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"] if _installed("megatron.core") else [])]
+ENGINE_PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
+                  "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
+                  "hybridflow.runtime.engines.generation", "hybridflow.runtime.models.decoder"]
+MEGATRON_PRELOAD = ["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"]
+PRELOAD = ENGINE_PRELOAD + (MEGATRON_PRELOAD if _installed("megatron.core") else [])
 
 
 def _free_port() -> int:
