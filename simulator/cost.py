@@ -73,11 +73,13 @@ def _seq_flops(pm: float, attn: float, seq_len: float) -> float:
     return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0)
 
 
-def shares_prompts(head: Head, par: ParallelConfig) -> bool:
-    """Whether the runtime's FSDP engine computes each prompt once for all of its samples in an LM's
-    forward and train passes (runtime/engines/shared_prompts.py): not under tensor or pipeline
-    parallelism, nor on the Megatron backend."""
-    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron"
+def shares_prompts(head: Head, par: ParallelConfig, attention_window: int | None, seq_len: int) -> bool:
+    """Whether the runtime's FSDP engine computes each prompt once for all of its samples in an LM's forward
+    and train passes (runtime/engines/shared_prompts.py; its one rule, used there too): not under tensor or
+    pipeline parallelism, nor on the Megatron backend, nor where a layer's sliding window is shorter than
+    the `seq_len` columns of a row (the packed rows' block mask has no window)."""
+    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron" and (
+        attention_window is None or seq_len <= attention_window)
 
 
 def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:
@@ -153,7 +155,7 @@ class CostModel:
         b = min(workload.micro_batch_size, per_rank)
         m = -(-per_rank // b)  # micro-batches per step
         seq_flops = _seq_flops(pm, attn, s)
-        if workload.samples_per_prompt > 1 and shares_prompts(head, par):  # each sample's share of its prompt
+        if workload.samples_per_prompt > 1 and shares_prompts(head, par, model.attention_window, s):  # each sample's share of its prompt
             seq_flops -= (1.0 - 1.0 / workload.samples_per_prompt) * _seq_flops(pm, attn, workload.prompt_len)
         compute = mult * seq_flops * per_rank * steps / (tp * pp) / (
             self.peak * self.matmul_efficiency(b * s, model.hidden / tp))

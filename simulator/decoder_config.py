@@ -107,3 +107,9 @@ class DecoderConfig(BaseModel):
         if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
             return None
         return self.sliding_window
+
+    @property
+    def shortest_window(self) -> int | None:
+        """The shortest sliding window of any layer (None: every layer attends to every earlier key)."""
+        windows = [w for i in range(self.num_hidden_layers) if (w := self.attention_window(i)) is not None]
+        return min(windows, default=None)

@@ -43,6 +43,9 @@ class ModelSpec(BaseModel):
     family: str = "llama"  # the runtime builds (and writes config.json as) this family
     experts: PositiveInt | None = None  # a sparse MoE feed-forward of this many experts per layer; None: dense
     experts_per_token: PositiveInt = 2  # the top-k each token is routed to
+    # The shortest sliding window of any layer (None: none). Priced as full attention; it only decides
+    # whether the runtime can compute a prompt once for all of its samples (cost.shares_prompts).
+    attention_window: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _shape(self):
@@ -121,6 +124,7 @@ class ModelSpec(BaseModel):
             tied_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.qkv_bias, o_bias=cfg.o_bias,
             mlp_bias=cfg.mlp_bias, qk_norm=cfg.qk_norm, head_dim=cfg.head_dim, family=cfg.family,
             experts=cfg.num_local_experts, experts_per_token=cfg.num_experts_per_tok,
+            attention_window=cfg.shortest_window,
         )
 
     def decoder_config(self, **overrides) -> DecoderConfig:

@@ -16,7 +16,8 @@ arrives from every response at once instead of row by row (a different order of 
 Only the responses' log-probs are produced (the caller's `score_width` columns): the LM head runs
 on the positions that predict them, which for a response's first token is the shared prompt's last.
 Rows qualify when each is a left-padded prompt followed by a right-padded response (the RL batch
-layout) and the model has no sliding window; otherwise the engine runs its row packing (packing.py).
+layout) and the engine qualifies (`simulator.cost.shares_prompts`: one rule for the runtime and the
+simulator); otherwise the engine runs its row packing (packing.py).
 """
 
 from __future__ import annotations
@@ -27,13 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from .packing import bucket_order
-
-
-def sharing_applies(config, parallel) -> bool:
-    """Whether a model (its DecoderConfig) trained as `parallel` (a ParallelConfig) can share prompts: each
-    rank holds whole heads (no tensor parallelism) and no layer has a sliding window (the block mask has none)."""
-    return config is not None and parallel.tp == 1 and all(
-        config.attention_window(i) is None for i in range(config.num_hidden_layers))
 
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:

@@ -46,6 +46,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from hybridflow.simulator.cost import shares_prompts
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.parallel import ParallelConfig
 
@@ -60,7 +61,7 @@ from .parallelize import (
     tp_shard_dim,
 )
 from .phase_clock import PhaseClock
-from .shared_prompts import SharedPrompts, micro_batch_rows, share_prompts, sharing_applies
+from .shared_prompts import SharedPrompts, micro_batch_rows, share_prompts
 from .train_common import (
     LossFn,
     OptimConfig,
@@ -158,7 +159,8 @@ class TrainingEngine(FsdpCheckpoint):
     def _micro_rows(self, batch: TensorDict, micro_batch_size: int | None,
                     score_width: int | None) -> list[torch.Tensor] | None:
         """Each micro-batch's rows: prompt groups together or length buckets (shared_prompts.micro_batch_rows)."""
-        width = batch["input_ids"].shape[1] - score_width if self._shares_prompts(score_width) else None
+        columns = batch["input_ids"].shape[1]
+        width = columns - score_width if self._shares_prompts(score_width, columns) else None
         return micro_batch_rows(batch["input_ids"], batch.get("attention_mask", None),
                                 self._micro_size(batch, micro_batch_size), width)
 
@@ -176,7 +178,7 @@ class TrainingEngine(FsdpCheckpoint):
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
         mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
-        if self._shares_prompts(score_width) and mask is not None and \
+        if self._shares_prompts(score_width, ids.shape[1]) and mask is not None and \
                 (shared := share_prompts(ids, mask, pos, ids.shape[1] - score_width)) is not None:
             return self._forward_shared(shared, entropy)
         packed = pack(ids, mask, pos) if mask is not None else None
@@ -199,10 +201,12 @@ class TrainingEngine(FsdpCheckpoint):
             res["entropy"] = unpack(token_entropy(scaled, start))
         return res
 
-    def _shares_prompts(self, score_width: int | None) -> bool:
-        """Whether an LM pass reading the last `score_width` columns packs rows by prompt (shared_prompts.py)."""
-        return bool(self.prompt_sharing and self.is_lm and score_width) and sharing_applies(self.decoder_config,
-                                                                                           self.parallel)
+    def _shares_prompts(self, score_width: int | None, columns: int) -> bool:
+        """Whether an LM pass over rows of `columns` reading the last `score_width` packs rows by prompt
+        (shared_prompts.py)."""
+        cfg = self.decoder_config
+        return bool(self.prompt_sharing and self.is_lm and score_width and cfg is not None) and \
+            shares_prompts("lm", self.parallel, cfg.shortest_window, columns)
 
     def _forward_shared(self, shared: SharedPrompts, entropy: bool) -> dict[str, torch.Tensor]:
         if self.clock.enabled:

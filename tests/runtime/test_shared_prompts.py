@@ -103,3 +103,25 @@ def test_rows_of_a_prompt_apart_in_one_micro_batch_give_the_same_log_probs():
     b = _engine(False).compute_log_probs(batch, micro_batch_size=12, score_width=R)["log_probs"]
     m = batch["response_mask"].bool()
     torch.testing.assert_close(a[:, -R:][m], b[:, -R:][m], rtol=1e-5, atol=1e-5)
+
+
+def test_a_sliding_window_shares_prompts_only_where_the_rows_stay_inside_it():
+    """The block mask has no window: an engine shares prompts when every row fits in the shortest window (the
+    window then hides nothing) and runs its row packing otherwise — the same rule the simulator prices."""
+    from hybridflow.simulator.model import ModelSpec
+
+    batch = _batch()
+    columns = batch["input_ids"].shape[1]
+    for window, shares in ((columns, True), (columns - 1, False)):
+        torch.manual_seed(1)
+        cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, family="mistral", sliding_window=window)
+        engine = TrainingEngine(CausalLM(cfg), micro_batch_size=8)
+        assert engine._shares_prompts(R, columns) is shares
+        assert ModelSpec.from_decoder_config(cfg, "w").attention_window == window
+        reference = TrainingEngine(CausalLM(cfg), micro_batch_size=8)
+        reference.prompt_sharing = False
+        reference.model.load_state_dict(engine.model.state_dict())
+        a = engine.compute_log_probs(batch, entropy=False, score_width=R)["log_probs"][:, -R:]
+        b = reference.compute_log_probs(batch, entropy=False, score_width=R)["log_probs"][:, -R:]
+        m = batch["response_mask"].bool()
+        torch.testing.assert_close(a[m], b[m], rtol=1e-5, atol=1e-5)

@@ -342,3 +342,8 @@ def test_lm_passes_price_each_prompt_once_per_group_where_the_engine_shares_it()
     assert cm().train(LLAMA7, "lm", ParallelConfig(dp=8), wg).flops == pytest.approx(3 * shared)
     for par, head in ((ParallelConfig(tp=2, dp=4), "lm"), (ParallelConfig(dp=8), "scalar")):
         assert cm().forward(LLAMA7, head, par, wg).flops == pytest.approx(cm().forward(LLAMA7, head, par, w1).flops)
+    # a sliding window shorter than the rows: the engine's block mask has no window, so no sharing (one rule)
+    windowed = LLAMA7.model_copy(update={"attention_window": P + R - 1})
+    assert cm().forward(windowed, "lm", ParallelConfig(dp=8), wg).flops == pytest.approx(4 * g * seq(P + R))
+    reached = LLAMA7.model_copy(update={"attention_window": P + R})
+    assert cm().forward(reached, "lm", ParallelConfig(dp=8), wg).flops == pytest.approx(shared)
