@@ -57,6 +57,14 @@ class PhaseClock:
         if self.enabled and self._open:
             self._sums[f"{self._open[-1]}.{what}"] += float(amount)
 
+    def count_pass(self, rows: int, width: int, real_tokens: float) -> None:
+        """The work of one causal pass over `rows` rows of `width` (padded or packed) tokens: tokens computed,
+        the real ones among them, and the attention context (each position attends to those up to it)."""
+        if self.enabled and self._open:
+            self.count("tokens", rows * width)
+            self.count("real_tokens", real_tokens)
+            self.count("context", rows * width * (width + 1) / 2)
+
     def take(self) -> dict[str, float]:
         """Everything summed since the last take (seconds by phase, work as 'phase.what'), then zeroed."""
         out, self._sums = dict(self._sums), defaultdict(float)

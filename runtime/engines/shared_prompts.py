@@ -77,11 +77,6 @@ class SharedPrompts:
     real_tokens: int  # the packed rows' real tokens (each prompt once)
     caller_width: int  # P + R, the caller's columns
 
-    def work(self) -> dict[str, float]:
-        """The pass's work for the phase clock: tokens computed, real ones, attention context."""
-        rows, width = self.input_ids.shape
-        return {"tokens": rows * width, "real_tokens": self.real_tokens, "context": rows * width * (width + 1) / 2}
-
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """[N] values of the real response tokens → [b, P+R] in the caller's layout, 0 on the prompt and padding."""
         m = self.response_mask

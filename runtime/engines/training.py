@@ -184,12 +184,9 @@ class TrainingEngine(FsdpCheckpoint):
         packed = pack(ids, mask, pos) if mask is not None else None
         if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
             ids, mask, pos = packed.input_ids, None, packed.position_ids
-        if self.clock.enabled:  # the work of this pass: tokens computed, real ones, attention context
-            rows, width = ids.shape
-            self.clock.count("tokens", rows * width)
+        if self.clock.enabled:
             real = packed.mask if packed is not None else mask
-            self.clock.count("real_tokens", rows * width if real is None else real.sum().item())
-            self.clock.count("context", rows * width * (width + 1) / 2)
+            self.clock.count_pass(*ids.shape, ids.numel() if real is None else real.sum().item())
         unpack = packed.unpack if packed is not None else (lambda x: x)
         if not self.is_lm:
             return {"values": unpack(self.model(ids, mask, pos).float())}
@@ -210,8 +207,7 @@ class TrainingEngine(FsdpCheckpoint):
 
     def _forward_shared(self, shared: SharedPrompts, entropy: bool) -> dict[str, torch.Tensor]:
         if self.clock.enabled:
-            for key, n in shared.work().items():
-                self.clock.count(key, n)
+            self.clock.count_pass(*shared.input_ids.shape, shared.real_tokens)
         logits = self.tempered(self.model(shared.input_ids, shared.attention, shared.position_ids,
                                           logits_at=shared.predictor))
         res = {"log_probs": shared.unpack(picked_log_probs(logits, shared.targets))}
