@@ -151,8 +151,8 @@ class RolePricer:
                 for n in self.driver_nodes}
 
     def states(self, role: str, cfg: ParallelConfig) -> MemoryBreakdown:
-        """The role's resident states in training layout `cfg` (memory.state_bytes; Megatron's depend on tp·pp)."""
-        key = (self._key(role), cfg.world_size, cfg.model_parallel_size if cfg.backend == "megatron" else 0)
+        """The role's resident states in training layout `cfg` (memory.state_bytes; Megatron's depend on tp·pp, ep)."""
+        key = (self._key(role), cfg.world_size, (cfg.model_parallel_size, cfg.ep) if cfg.backend == "megatron" else 0)
         hit = self._states.get(key)
         if hit is None:
             hit = state_bytes(self.req.models[role], role_head(role), cfg, role in TRAINED_ROLES)
