@@ -37,7 +37,7 @@ from .comm import (
     tp_ranks,
 )
 from .efficiency import EfficiencyParams
-from .expert_parallel import expert_dispatch, megatron_expert_dp
+from .expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
 from .hardware import ClusterSpec
 from .memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
 from .model import Head, ModelSpec
@@ -327,7 +327,9 @@ class CostModel:
             return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw,
                          latency=(collectives * lat if world > 1 else 0.0) + weight_sync_buckets(m_bytes) * send_lat)
         bw_s, lat = self.allgather(spec.gathered_bytes, world, spec.ranks)
-        return _cost(0.0, spec.volume, reshard_comm=bw_s, latency=collectives * lat if bw_s else 0.0)
+        eg_bw, eg_lat, eg_bytes = expert_gather(self, model, train)  # generation holds every expert
+        return _cost(0.0, spec.volume + eg_bytes, reshard_comm=bw_s, ep_gather=eg_bw,
+                     latency=(collectives * lat if bw_s else 0.0) + eg_lat)
 
     def offload(self, bytes_per_device: float) -> OpCost:
         """Copy a model's states to host memory (or back: onload) over the device-host link."""

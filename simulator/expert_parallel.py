@@ -1,7 +1,9 @@
-"""What expert parallelism (a MoE model on Megatron with ep > 1, parallel.py) adds to a training or
-forward pass's price: each MoE layer's token exchanges over the ep ranks, and, per optimizer step, the
-experts' gradients reduced over fewer ranks than the dense weights'. Both are 0 / the ep = 1 terms when
-ep = 1, so a dense model or ep = 1 prices exactly as without this module.
+"""What expert parallelism (a MoE model on Megatron with ep > 1, parallel.py) adds to an op's price: each
+MoE layer's token exchanges over the ep ranks in training and forward passes; per optimizer step, the
+experts' gradients reduced over fewer ranks than the dense weights'; and in the switch to generation,
+which runs with every expert on each device (generation layouts have no ep), the gather of the other ep
+ranks' experts. All are 0 / the ep = 1 terms when ep = 1, so a dense model or ep = 1 prices exactly as
+without this module.
 
 Routing is taken as balanced: each ep rank receives an ep-th of the routed tokens and runs its ep-th of
 the experts on them, so the experts' FLOPs per device do not change with ep (cost.py prices them from
@@ -51,3 +53,16 @@ def megatron_expert_dp(cm: CostModel, model: ModelSpec, par: ParallelConfig,
     e_bw, e_lat = cm.allgather(expert_shard, world, expert_dp_ranks(par))
     nbytes = 3 * ((par.dp - 1) / par.dp * dense_shard + (edp - 1) / edp * expert_shard)
     return 3 * (d_bw + e_bw), 2 * (d_lat + e_lat), nbytes  # fp32 gradients: twice the bf16 bytes
+
+
+def expert_gather(cm: CostModel, model: ModelSpec, train: ParallelConfig) -> tuple[float, float, float]:
+    """(bandwidth seconds, latency seconds, bytes received per device) of gathering the other ep ranks'
+    experts when the actor switches from training layout `train` to generation: an all-gather over the
+    ep group of the experts (split as memory.state_bytes holds them), one collective per local expert
+    weight (gate, up, down) of each of its stage's layers, as runtime/engines/megatron_shards.py gathers them."""
+    if train.ep <= 1 or model.experts is None:
+        return 0.0, 0.0, 0.0
+    size = BF16 * model.expert_params() / (train.tp * train.pp)
+    bw, lat = cm.allgather(size, train.world_size, ep_ranks(train))
+    gathers = model.layers // train.pp * (model.experts // train.ep) * 3  # this stage's layers
+    return bw, gathers * lat, (train.ep - 1) / train.ep * size

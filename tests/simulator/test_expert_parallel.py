@@ -100,3 +100,15 @@ def test_megatron_gradient_buffer_splits_the_experts_over_ep():
     for ep in (1, 4):
         g = train_transient(MIXTRAL, "lm", meg(tp=2, dp=4, ep=ep), W).gradients
         assert g == pytest.approx(4 * ((params - experts) + experts / ep) / 2)  # fp32, over tp
+
+
+def test_switch_to_generation_gathers_the_other_ep_ranks_experts():
+    train, gen = meg(tp=2, dp=4, ep=4), ParallelConfig(tp=2, dp=4)
+    base = cm().reshard(MIXTRAL, meg(tp=2, dp=4), gen, "hybridflow")
+    r = cm().reshard(MIXTRAL, train, gen, "hybridflow")
+    size = 2 * MIXTRAL.expert_params() / 2  # bf16 experts over tp, as the memory model splits them
+    assert r.bytes - base.bytes == pytest.approx(3 / 4 * size)
+    assert r.breakdown["ep_gather"] == pytest.approx(3 / 4 * size / NVLINK)  # ep ranks 0, 2, 4, 6: one node
+    gathers = MIXTRAL.layers * (8 // 4) * 3  # one per local expert's gate, up and down per layer
+    assert r.seconds - base.seconds == pytest.approx(3 / 4 * size / NVLINK + gathers * A100.intra_node_latency)
+    assert "ep_gather" not in base.breakdown
