@@ -3,10 +3,11 @@
 Training (pp, tp, dp) with pp·tp·dp = n: tp divides the node size (a tensor-parallel group is
 consecutive devices and never leaves a node) and the model's heads and kv heads; pp divides the
 layers and is at most `max_pp`. A MoE model on the Megatron backend also takes every expert-parallel
-size ep dividing dp and its expert count (ep splits the experts over dp ranks; it is not a factor of n). The actor's generation layout (pp_g, tp_g, dp_g) on the same n
-devices has tp_g | tp and pp_g | pp — the 3D-HybridEngine regroups the training shards without a
-redundant copy only then (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with
-pp_g = 1; the paper's simulator also prices pipelined generation).
+size ep dividing dp and its expert count (ep splits the experts over dp ranks; it is not a factor of
+n). The actor's generation layout (pp_g, tp_g, dp_g) on the same n devices has tp_g | tp and
+pp_g | pp — the 3D-HybridEngine regroups the training shards without a redundant copy only then
+(paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with pp_g = 1; the paper's simulator
+also prices pipelined generation). Generation layouts have no ep.
 """
 
 from __future__ import annotations
