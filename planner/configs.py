@@ -2,10 +2,12 @@
 
 Training (pp, tp, dp) with pp·tp·dp = n: tp divides the node size (a tensor-parallel group is
 consecutive devices and never leaves a node) and the model's heads and kv heads; pp divides the
-layers and is at most `max_pp`. The actor's generation layout (pp_g, tp_g, dp_g) on the same n
-devices has tp_g | tp and pp_g | pp — the 3D-HybridEngine regroups the training shards without a
-redundant copy only then (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with
-pp_g = 1; the paper's simulator also prices pipelined generation).
+layers and is at most `max_pp`. A MoE model on the Megatron backend also takes every expert-parallel
+size ep dividing dp and its expert count (ep splits the experts over dp ranks; it is not a factor of
+n). The actor's generation layout (pp_g, tp_g, dp_g) on the same n devices has tp_g | tp and
+pp_g | pp — the 3D-HybridEngine regroups the training shards without a redundant copy only then
+(paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with pp_g = 1; the paper's simulator
+also prices pipelined generation). Generation layouts have no ep.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def divisors(n: int) -> list[int]:
 @lru_cache(maxsize=65536)
 def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp: int | None = None,
                   max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",)) -> tuple[ParallelConfig, ...]:
-    """Every (pp, tp, dp) layout, once per training engine in `backends`."""
+    """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`)."""
     out = []
     for tp in divisors(devices):
         if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
@@ -33,8 +35,18 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp:
         for pp in divisors(devices // tp):
             if model.layers % pp or (max_pp is not None and pp > max_pp):
                 continue
-            out.extend(ParallelConfig(pp=pp, tp=tp, dp=devices // (pp * tp), backend=b) for b in backends)
+            dp = devices // (pp * tp)
+            for b in backends:
+                out.extend(ParallelConfig(pp=pp, tp=tp, dp=dp, backend=b, ep=ep) for ep in expert_sizes(model, dp, b))
     return tuple(out)
+
+
+def expert_sizes(model: ModelSpec, dp: int, backend: str) -> list[int]:
+    """The expert-parallel sizes a layout may take: divisors of dp and of the expert count for a MoE model
+    trained by Megatron; 1 otherwise (a dense model, or FSDP, which keeps every expert on each rank)."""
+    if backend != "megatron" or model.experts is None:
+        return [1]
+    return [ep for ep in divisors(dp) if model.experts % ep == 0]
 
 
 @lru_cache(maxsize=65536)

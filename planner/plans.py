@@ -34,8 +34,9 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
 
 
 def _cfg(c) -> dict:
-    """pp, tp, dp, and the training engine where it is not the default."""
-    return {"pp": c.pp, "tp": c.tp, "dp": c.dp, **({"backend": c.backend} if c.backend != "fsdp" else {})}
+    """pp, tp, dp, and the training engine and expert-parallel size where they are not the default."""
+    return {"pp": c.pp, "tp": c.tp, "dp": c.dp, **({"ep": c.ep} if c.ep > 1 else {}),
+            **({"backend": c.backend} if c.backend != "fsdp" else {})}
 
 
 def plan_summary(plan: Plan, iteration_seconds: float) -> dict:

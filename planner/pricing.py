@@ -136,6 +136,7 @@ class RolePricer:
         self._reshard: dict[tuple, float] = {}
         self._fronts: dict[tuple, list[Candidate]] = {}
         self._bounds: dict[tuple, float] = {}
+        self._classes: dict[tuple, dict[float, list]] = {}
         self.configs_priced = 0
 
     def _key(self, role: str) -> tuple:
@@ -151,8 +152,8 @@ class RolePricer:
                 for n in self.driver_nodes}
 
     def states(self, role: str, cfg: ParallelConfig) -> MemoryBreakdown:
-        """The role's resident states in training layout `cfg` (memory.state_bytes; Megatron's depend on tp·pp)."""
-        key = (self._key(role), cfg.world_size, cfg.model_parallel_size if cfg.backend == "megatron" else 0)
+        """The role's resident states in training layout `cfg` (memory.state_bytes; Megatron's depend on tp·pp, ep)."""
+        key = (self._key(role), cfg.world_size, (cfg.model_parallel_size, cfg.ep) if cfg.backend == "megatron" else 0)
         hit = self._states.get(key)
         if hit is None:
             hit = state_bytes(self.req.models[role], role_head(role), cfg, role in TRAINED_ROLES)
@@ -261,8 +262,7 @@ class RolePricer:
         if hit is not None:
             return hit
         # What `resident` changes: which configs fit and the actor's decode batches. Priced once per those.
-        fitting = [e for e in self.static(role, n) if e[1].total == own.total
-                   and self._fits(resident, max(e[3][recompute], e[2], key=total))]
+        fitting = [e for e, peak in self._class_entries(role, n, own.total, recompute) if self._fits(resident, peak)]
         sig = (key[:2], recompute, own.total, tuple(id(e) for e in fitting))
         if role == "actor":
             sig += tuple(self._gen_fits(e[0], g, resident, own) for e in fitting for g in self.gens(e[0]))
@@ -271,6 +271,17 @@ class RolePricer:
             hit = self._fronts[sig] = self._front(role, n, fitting, resident, recompute, own)
         self._fronts[key] = hit
         return hit
+
+    def _class_entries(self, role: str, n: int, own_total: float, recompute: bool) -> list:
+        """static(role, n)'s entries of one weight class, in order, each with its peak transient parts:
+        grouped once (a Megatron MoE model has a class per tp·pp and ep, and `front` runs per assignment)."""
+        key = (self._key(role), n, recompute)
+        by_class = self._classes.get(key)
+        if by_class is None:
+            by_class = self._classes[key] = {}
+            for e in self.static(role, n):
+                by_class.setdefault(e[1].total, []).append((e, max(e[3][recompute], e[2], key=total)))
+        return by_class.get(own_total, [])
 
     def _gen_fits(self, cfg: ParallelConfig, g: ParallelConfig, resident: MemoryBreakdown,
                   own: MemoryBreakdown) -> tuple:

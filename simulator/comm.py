@@ -39,6 +39,14 @@ def ring_allgather_seconds(size_bytes: float, n: int, bandwidth: float, latency:
 ring_reduce_scatter_seconds = ring_allgather_seconds
 
 
+def alltoall_seconds(size_bytes: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
+    """All-to-all in which each of `n` devices holds `size_bytes` split evenly over the n: it keeps its own
+    1/n and sends the rest, (n-1)/n·S/B (pairwise exchanges, each device sending and receiving at once)."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * size_bytes / bandwidth + latency
+
+
 class Link(NamedTuple):
     bandwidth: float  # achieved bytes/s per device along the ring's slowest hop
     latency: float  # seconds per collective
@@ -80,6 +88,16 @@ def tp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
 
 def dp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
     return tuple(j * cfg.tp for j in range(cfg.dp))
+
+
+def ep_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
+    """An expert-parallel group: `ep` consecutive data-parallel ranks (parallel.py)."""
+    return tuple(j * cfg.tp for j in range(cfg.ep))
+
+
+def expert_dp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
+    """The dp ranks holding the same experts (one per ep group), over which their gradients reduce."""
+    return tuple(j * cfg.tp * cfg.ep for j in range(cfg.dp // cfg.ep))
 
 
 def pp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:

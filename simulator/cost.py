@@ -7,8 +7,9 @@ efficiency saturates with the rows (tokens per device per matmul) and the shard 
 pipeline parallelism a bubble of (p-1)/m of the ideal time; FSDP/ZeRO-3 data parallelism
 all-gathers the weights forward and backward and reduce-scatters the gradients every micro-batch,
 mostly hidden under compute; Megatron's distributed optimizer (`backend: megatron`) keeps the weights
-whole over dp and moves the gradients and weights once per optimizer step instead. The Adam step is
-memory-bound.
+whole over dp and moves the gradients and weights once per optimizer step instead. A MoE model under
+expert parallelism (Megatron, ep > 1) adds each MoE layer's token dispatch and combine all-to-alls
+over the ep ranks (expert_parallel.py). The Adam step is memory-bound.
 
 Generation is prefill (compute-bound) then one decode step per response token, each
 max(memory: (weights/tp + KV read)/HBM bandwidth, compute: 2·N·batch/peak) plus each layer's TP
@@ -27,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from .comm import (
     Link,
+    alltoall_seconds,
     dp_ranks,
     group_link,
     pp_ranks,
@@ -35,6 +37,7 @@ from .comm import (
     tp_ranks,
 )
 from .efficiency import EfficiencyParams
+from .expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
 from .hardware import ClusterSpec
 from .memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
 from .model import Head, ModelSpec
@@ -136,6 +139,13 @@ class CostModel:
         lk = self.link(world, ranks)
         return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
 
+    def alltoall(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        """(bandwidth seconds, latency seconds) of one all-to-all of `size_bytes` per device over `ranks`."""
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks)
+        return alltoall_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+
     def p2p(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
         """One pipeline send between adjacent stages (the first two ranks of `ranks`)."""
         if len(ranks) <= 1:
@@ -168,7 +178,9 @@ class CostModel:
         pp_bw, pp_lat = self.p2p(act_bytes / tp, world, pp_ranks(par))
         sends = (2 if mult > 1 else 1) * micro
         pp_comm, pp_latency = sends * pp_bw, sends * pp_lat
-        stage = compute + tp_comm + tp_latency + pp_comm + pp_latency
+        ep_bw, ep_lat, ep_bytes = expert_dispatch(self, model, par, b * s, tp_collectives)
+        ep_comm, ep_latency = micro * ep_bw, micro * ep_lat
+        stage = compute + tp_comm + tp_latency + pp_comm + pp_latency + ep_comm + ep_latency
         bubble = stage * (pp - 1) / m
         shard = BF16 * n_params / (tp * pp)
         ag_bw, ag_lat = self.allgather(shard, world, dp_ranks(par))
@@ -179,15 +191,19 @@ class CostModel:
             dp_steps = steps if fsdp_passes > 1 else 0
             dp_total = dp_steps * (3 * ag_bw + 2 * ag_lat)  # fp32 gradients: twice the bf16 bytes
             dp_exposed, dp_bytes = dp_total, dp_steps * 3 * (dp - 1) / dp * shard
+            if par.ep > 1:
+                bw, lat, nbytes = megatron_expert_dp(self, model, par, n_params)
+                dp_exposed, dp_bytes = dp_steps * (bw + lat), dp_steps * nbytes
         else:
             # FSDP/ZeRO-3: gather the weights (each pass), reduce-scatter the gradients (training)
             dp_total = micro * fsdp_passes * (ag_bw + layers * ag_lat)
             dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
             dp_bytes = micro * fsdp_passes * (dp - 1) / dp * shard
-        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + sends * act_bytes / tp) + dp_bytes
+        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + sends * act_bytes / tp
+                       + ep_bytes) + dp_bytes
         flops = mult * seq_flops * sequences
-        return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, latency=tp_latency + pp_latency,
-                                pp_bubble=bubble, dp_comm=dp_exposed)
+        return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, ep_comm=ep_comm,
+                                latency=tp_latency + pp_latency + ep_latency, pp_bubble=bubble, dp_comm=dp_exposed)
 
     def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                 sequences: int | None = None) -> OpCost:
@@ -311,7 +327,9 @@ class CostModel:
             return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw,
                          latency=(collectives * lat if world > 1 else 0.0) + weight_sync_buckets(m_bytes) * send_lat)
         bw_s, lat = self.allgather(spec.gathered_bytes, world, spec.ranks)
-        return _cost(0.0, spec.volume, reshard_comm=bw_s, latency=collectives * lat if bw_s else 0.0)
+        eg_bw, eg_lat, eg_bytes = expert_gather(self, model, train)  # generation holds every expert
+        return _cost(0.0, spec.volume + eg_bytes, reshard_comm=bw_s, ep_gather=eg_bw,
+                     latency=(collectives * lat if bw_s else 0.0) + eg_lat)
 
     def offload(self, bytes_per_device: float) -> OpCost:
         """Copy a model's states to host memory (or back: onload) over the device-host link."""

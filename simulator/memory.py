@@ -97,16 +97,18 @@ def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int |
     return b, -(-per_rank // b)
 
 
+def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig) -> float:
+    """Parameters one Megatron rank holds whole over dp: the dense ones split by tp·pp, the experts also over ep."""
+    params, experts = model.num_params(head), model.expert_params()
+    return (params - experts) / parallel.model_parallel_size + experts / (parallel.model_parallel_size * parallel.ep)
+
+
 def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool) -> MemoryBreakdown:
     n = parallel.world_size
     params = model.num_params(head)
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
     # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
-    if parallel.backend == "megatron":
-        experts = model.expert_params()
-        weights = (params - experts) / parallel.model_parallel_size + experts / (parallel.model_parallel_size * parallel.ep)
-    else:
-        weights = params / n
+    weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
     return _mb(weights=WEIGHT_BYTES * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
 
 
@@ -129,8 +131,8 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
         acts = in_flight * layers * per_layer
     if head == "lm":
         acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
-    if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank; no gathers
-        return _mb(gradients=MEGATRON_GRAD_BYTES * model.num_params(head) / (tp * pp), activations=acts)
+    if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank (of its own experts); no gathers
+        return _mb(gradients=MEGATRON_GRAD_BYTES * megatron_local_params(model, head, parallel), activations=acts)
     bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
     return _mb(gradients=GRAD_BYTES * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 

@@ -12,7 +12,8 @@ from hybridflow.tools.report import fmt_seconds
 
 def _layout(cfg: Mapping) -> str:
     backend = f" {cfg['backend']}" if cfg.get("backend", "fsdp") != "fsdp" else ""
-    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}{backend}"
+    ep = f"-ep{cfg['ep']}" if cfg.get("ep", 1) > 1 else ""  # as ParallelConfig.label writes it
+    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}{ep}{backend}"
 
 
 def plan_parallel_text(summary: Mapping) -> str:
