@@ -199,8 +199,8 @@ class CostModel:
             dp_total = micro * fsdp_passes * (ag_bw + layers * ag_lat)
             dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
             dp_bytes = micro * fsdp_passes * (dp - 1) / dp * shard
-        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + sends * act_bytes / tp
-                       + ep_bytes) + dp_bytes
+        pp_bytes = sends * act_bytes / tp if pp > 1 else 0.0  # `sends` counts every micro-batch already
+        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + ep_bytes) + pp_bytes + dp_bytes
         flops = mult * seq_flops * sequences
         return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, ep_comm=ep_comm,
                                 latency=tp_latency + pp_latency + ep_latency, pp_bubble=bubble, dp_comm=dp_exposed)
