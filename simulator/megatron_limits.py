@@ -7,9 +7,9 @@ state (runtime/engines/megatron_training.py, megatron_model.py).
   roles of one device group share their worker processes: Megatron roles colocated in a group must
   share (tp, pp, ep) — `megatron_state`, `colocation_problem`.
 - megatron-core trains a MoE layer at tp > 1 only with sequence parallelism, which our engine does not
-  turn on (it would split activations along the sequence: micro-batches padded to a multiple of tp, the
-  scalar head gathering the shards — untested): a trained MoE model on Megatron keeps tp = 1 —
-  `moe_tp_problem`. megatron-core itself refuses it in the engine, at the first training step.
+  turn on: megatron-core's local layer spec (no Transformer Engine, as in the engine's CPU tests) refuses
+  sequence parallelism outright, so it could not be tested here. A trained MoE model on Megatron keeps
+  tp = 1 — `moe_tp_problem`; megatron-core itself refuses it in the engine at the first training step.
 """
 
 from __future__ import annotations
