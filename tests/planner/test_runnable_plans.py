@@ -11,6 +11,7 @@ from planner_util import SMALL_WORKLOAD, small_cluster, small_model, small_moe
 
 from hybridflow.planner.brute import brute_force
 from hybridflow.planner.configs import train_configs
+from hybridflow.planner.diagnose import least_memory
 from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
@@ -56,3 +57,12 @@ def test_trained_moe_layouts_on_megatron_keep_tp_1_and_forward_only_ones_do_not(
         train_configs(small_model(), 8, 8, backends=BOTH))  # dense models are not limited
     assert {megatron_state(c) for c in trained if c.backend == "megatron"} == {  # (tp, pp, ep): ep | dp and 4
         (1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 2, 4)}
+
+
+def test_the_infeasibility_diagnosis_counts_only_layouts_the_search_takes():
+    req = SearchRequest.for_algorithm("grpo", small_moe(), small_cluster(1, 4), SMALL_WORKLOAD, backends=("megatron",),
+                                      max_gen_pp=1)
+    _, actor = least_memory(req, "actor", 4)
+    _, ref = least_memory(req, "ref", 4)
+    assert "tp1" in actor and "pp2" in actor and "(gen pp1·tp1·dp4)" in actor  # trained: tp 1; generation pp 1
+    assert "tp4" in ref  # forward only: tp > 1 runs
