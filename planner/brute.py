@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterator
 
 from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.megatron_limits import colocation_problem
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
@@ -22,7 +23,8 @@ from .search import Planner, Rollout, Scored
 
 
 def _set_layouts(rp: RolePricer, members, n):
-    """Every combination of the members' (train, generate) layouts on n devices."""
+    """Every combination of the members' (train, generate) layouts on n devices the runtime runs: their
+    Megatron members share one megatron-core state (megatron_limits.colocation_problem)."""
     per_role = []
     for r in members:
         opts = []
@@ -31,7 +33,8 @@ def _set_layouts(rp: RolePricer, members, n):
             gens = generate_configs(cfg, rp.req.max_gen_pp) if r == "actor" and not rp.separate_rollout else (None,)
             opts += [(entry, g) for g in gens]
         per_role.append(opts)
-    return itertools.product(*per_role)
+    return (lay for lay in itertools.product(*per_role)
+            if colocation_problem("set", {r: entry[0] for r, (entry, _) in zip(members, lay, strict=True)}) is None)
 
 
 def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate, ...]] | None:

@@ -7,13 +7,16 @@ size ep dividing dp and its expert count (ep splits the experts over dp ranks; i
 n). The actor's generation layout (pp_g, tp_g, dp_g) on the same n devices has tp_g | tp and
 pp_g | pp — the 3D-HybridEngine regroups the training shards without a redundant copy only then
 (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with pp_g = 1; the paper's simulator
-also prices pipelined generation). Generation layouts have no ep.
+also prices pipelined generation). Generation layouts have no ep. A trained role's MoE model on
+Megatron keeps tp = 1 (simulator/megatron_limits.py: our engine does not set the sequence parallelism
+megatron-core needs there).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from hybridflow.simulator.megatron_limits import moe_tp_problem
 from hybridflow.simulator.model import ModelSpec
 from hybridflow.simulator.parallel import ParallelConfig
 
@@ -24,8 +27,10 @@ def divisors(n: int) -> list[int]:
 
 @lru_cache(maxsize=65536)
 def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp: int | None = None,
-                  max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",)) -> tuple[ParallelConfig, ...]:
-    """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`)."""
+                  max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",),
+                  trained: bool = False) -> tuple[ParallelConfig, ...]:
+    """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`);
+    `trained`: only those the runtime trains (`moe_tp_problem`)."""
     out = []
     for tp in divisors(devices):
         if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
@@ -38,7 +43,7 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp:
             dp = devices // (pp * tp)
             for b in backends:
                 out.extend(ParallelConfig(pp=pp, tp=tp, dp=dp, backend=b, ep=ep) for ep in expert_sizes(model, dp, b))
-    return tuple(out)
+    return tuple(c for c in out if not (trained and moe_tp_problem(model, c)))
 
 
 def expert_sizes(model: ModelSpec, dp: int, backend: str) -> list[int]:

@@ -9,7 +9,7 @@ from hybridflow.simulator.hardware import ClusterSpec, GiB
 from hybridflow.simulator.memory import MemoryBreakdown, role_memory
 from hybridflow.simulator.plan import role_head
 
-from .configs import train_configs
+from .configs import generate_configs, train_configs
 from .placement import allocations, set_partitions
 from .request import SearchRequest
 
@@ -46,14 +46,18 @@ def smallest_cluster(req: SearchRequest) -> int | None:
 
 
 def least_memory(req: SearchRequest, role: str, n: int) -> tuple[MemoryBreakdown, str] | None:
-    """The role alone on n devices in its least-memory layout (generation in the same layout)."""
-    model = req.models[role]
+    """The role alone on n devices in its least-memory layout among those the search takes (the actor's
+    generation in any layout the 3D-HybridEngine reaches from it, up to --max-gen-pp)."""
+    model, trained = req.models[role], role in TRAINED_ROLES
     best = None
-    for cfg in train_configs(model, n, req.cluster.devices_per_node, req.max_pp):
-        m = role_memory(model, role_head(role), cfg, req.workload, role in TRAINED_ROLES, req.cluster.hardware,
-                        gen=cfg if role == "actor" else None, recompute=role in TRAINED_ROLES)
-        if best is None or m.total < best[0].total:
-            best = (m, str(cfg))
+    for cfg in train_configs(model, n, req.cluster.devices_per_node, req.max_pp, backends=req.backends,
+                             trained=trained):
+        for gen in generate_configs(cfg, req.max_gen_pp) if role == "actor" else (None,):
+            m = role_memory(model, role_head(role), cfg, req.workload, trained, req.cluster.hardware, gen=gen,
+                            recompute=trained)
+            if best is None or m.total < best[0].total:
+                best = (m, str(cfg) + (f" {cfg.backend}" if len(req.backends) > 1 else "")
+                        + (f" (gen {gen})" if gen is not None and gen != cfg.generation_layout() else ""))
     return best
 
 

@@ -11,6 +11,9 @@ The search calls the cost model's per-op methods directly, exactly as `cost.pric
 - the set fits when every op's transient (activations, gather buffers, the actor's generation
   weights and KV cache) fits in what R leaves; when it does not, trained members recompute
   activations (memory.plan_recompute), which changes their training seconds;
+- megatron-core keeps one parallel state per process, so a set's Megatron members share one (tp, pp, ep)
+  (simulator/megatron_limits.py): the set pricer passes that `shared` state, and a member's configs are
+  then its FSDP ones and its Megatron ones at that state (`entries`);
 - the actor's generation batch — and so its seconds — depends on the free memory R leaves.
 
 So for a set on n devices, an assignment of weight classes and a recompute flag, each member's
@@ -30,6 +33,7 @@ from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.cost import price_op
 from hybridflow.simulator.dataflow import call_order
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.megatron_limits import megatron_state
 from hybridflow.simulator.memory import (
     MemoryBreakdown,
     decode_batch,
@@ -137,6 +141,7 @@ class RolePricer:
         self._fronts: dict[tuple, list[Candidate]] = {}
         self._bounds: dict[tuple, float] = {}
         self._classes: dict[tuple, dict[float, list]] = {}
+        self._entries: dict[tuple, list] = {}
         self.configs_priced = 0
 
     def _key(self, role: str) -> tuple:
@@ -160,9 +165,9 @@ class RolePricer:
             self._states[key] = hit
         return hit
 
-    def weight_classes(self, role: str, n: int) -> tuple[MemoryBreakdown, ...]:
+    def weight_classes(self, role: str, n: int, shared: tuple | None = None) -> tuple[MemoryBreakdown, ...]:
         """The distinct resident states the role's configs on n devices hold, fewest bytes first."""
-        out = {st.total: st for _, st, *_ in self.static(role, n)}
+        out = {st.total: st for _, st, *_ in self.entries(role, n, shared)}
         return tuple(out[k] for k in sorted(out))
 
     def _seqs(self, node) -> int:
@@ -183,7 +188,7 @@ class RolePricer:
         model, head, w, cm = self.req.models[role], role_head(role), self.req.workload, self.cm
         trained = role in TRAINED_ROLES
         out = []
-        for cfg in train_configs(model, n, self.per_node, self.req.max_pp, backends=self.req.backends):
+        for cfg in train_configs(model, n, self.per_node, self.req.max_pp, backends=self.req.backends, trained=trained):
             fwd = parts(forward_transient(model, head, cfg, w))
             trans = {f: parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
             secs = {False: {}, True: {}}
@@ -198,6 +203,17 @@ class RolePricer:
             out.append((cfg, self.states(role, cfg), fwd, trans, secs))
         self._static[key] = out
         return out
+
+    def entries(self, role: str, n: int, shared: tuple | None = None) -> list:
+        """static(role, n)'s entries in a set whose Megatron members share megatron-core state `shared`
+        (tp, pp, ep): the FSDP ones and the Megatron ones at `shared`; all of them for None."""
+        if shared is None:
+            return self.static(role, n)
+        key = (self._key(role), n, shared)
+        hit = self._entries.get(key)
+        if hit is None:
+            hit = self._entries[key] = [e for e in self.static(role, n) if megatron_state(e[0]) in (None, shared)]
+        return hit
 
     def generation(self, train: ParallelConfig, gen: ParallelConfig, resident: float, own_weights: float,
                    n: int) -> tuple | None:
@@ -253,16 +269,17 @@ class RolePricer:
 
     # ---- a role's Pareto front in a given set context ------------------------------------------------
     def front(self, role: str, n: int, resident: MemoryBreakdown, recompute: bool,
-              own: MemoryBreakdown) -> list[Candidate]:
+              own: MemoryBreakdown, shared: tuple | None = None) -> list[Candidate]:
         """Feasible configs of `role` on n devices holding states `own` (a weight class), beside
-        `resident` states (its own included), priced with the set's recompute flag; only the Pareto
-        front over its op seconds."""
-        key = (self._key(role), n, resident.total, recompute, own.total)
+        `resident` states (its own included), priced with the set's recompute flag, among those a set
+        sharing Megatron state `shared` allows (`entries`); only the Pareto front over its op seconds."""
+        key = (self._key(role), n, resident.total, recompute, own.total, shared)
         hit = self._fronts.get(key)
         if hit is not None:
             return hit
         # What `resident` changes: which configs fit and the actor's decode batches. Priced once per those.
-        fitting = [e for e, peak in self._class_entries(role, n, own.total, recompute) if self._fits(resident, peak)]
+        fitting = [e for e, peak in self._class_entries(role, n, own.total, recompute, shared)
+                   if self._fits(resident, peak)]
         sig = (key[:2], recompute, own.total, tuple(id(e) for e in fitting))
         if role == "actor":
             sig += tuple(self._gen_fits(e[0], g, resident, own) for e in fitting for g in self.gens(e[0]))
@@ -272,14 +289,14 @@ class RolePricer:
         self._fronts[key] = hit
         return hit
 
-    def _class_entries(self, role: str, n: int, own_total: float, recompute: bool) -> list:
-        """static(role, n)'s entries of one weight class, in order, each with its peak transient parts:
+    def _class_entries(self, role: str, n: int, own_total: float, recompute: bool, shared: tuple | None) -> list:
+        """entries(role, n, shared) of one weight class, in order, each with its peak transient parts:
         grouped once (a Megatron MoE model has a class per tp·pp and ep, and `front` runs per assignment)."""
-        key = (self._key(role), n, recompute)
+        key = (self._key(role), n, recompute, shared)
         by_class = self._classes.get(key)
         if by_class is None:
             by_class = self._classes[key] = {}
-            for e in self.static(role, n):
+            for e in self.entries(role, n, shared):
                 by_class.setdefault(e[1].total, []).append((e, max(e[3][recompute], e[2], key=total)))
         return by_class.get(own_total, [])
 

@@ -17,6 +17,12 @@ each member takes. Two exact ways to combine them:
   R: equal at both ends of the range means equal throughout (`_actor_steady`).
 
 The merged way is used when it is exact, the per-assignment way otherwise.
+
+megatron-core keeps one parallel state per process, so the set's Megatron members must share one
+(tp, pp, ep) (simulator/megatron_limits.py). When two or more members may train on Megatron, the set is
+priced once per state they could share, each member taking its FSDP configs and its Megatron ones at
+that state (RolePricer.entries); the union of those fronts is the front of the runnable combinations
+(combinations of FSDP members alone appear under every state: the front keeps one).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.megatron_limits import megatron_state
 from hybridflow.simulator.memory import MemoryBreakdown
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
@@ -74,12 +81,13 @@ class SetPricer:
             hit = self._fronts[key] = [SetCandidate(((ROLLOUT, c),), tuple(zip(nodes, c.seconds, strict=True)),
                                                     c.busy, False) for c in rp.rollout_front(n)]
             return hit
-        classes = [rp.weight_classes(r, n) for r in members]
-        merged = any(len(c) > 1 for c in classes) and self._actor_steady(members, n, classes)
         combos: list[SetCandidate] = []
-        for recompute in ((False, True) if any(r in TRAINED_ROLES for r in members) else (False,)):
-            combos += (self._merged(members, n, classes, recompute) if merged
-                       else self._per_assignment(members, n, classes, recompute))
+        for shared in self.shared_states(members, n):
+            classes = [rp.weight_classes(r, n, shared) for r in members]
+            merged = any(len(c) > 1 for c in classes) and self._actor_steady(members, n, classes, shared)
+            for recompute in ((False, True) if any(r in TRAINED_ROLES for r in members) else (False,)):
+                combos += (self._merged(members, n, classes, recompute, shared) if merged
+                           else self._per_assignment(members, n, classes, recompute, shared))
         # A combination priced with recomputation although it fits without is dominated by (or equal
         # to) the same combination without it, so the union's front is the true front.
         hit = _front_of(combos, [tuple(s for _, s in sc.node_seconds) for sc in combos])
@@ -93,12 +101,22 @@ class SetPricer:
             return bool(self.front(members, n))
         rp = self.roles
         trained = any(r in TRAINED_ROLES for r in members)
-        for owns in itertools.product(*(rp.weight_classes(r, n) for r in members)):
-            resident = sum(owns, MemoryBreakdown())
-            for recompute in ((True, False) if trained else (False,)):
-                if all(rp.front(r, n, resident, recompute, own) for r, own in zip(members, owns, strict=True)):
-                    return True
+        for shared in self.shared_states(members, n):
+            for owns in itertools.product(*(rp.weight_classes(r, n, shared) for r in members)):
+                resident = sum(owns, MemoryBreakdown())
+                for recompute in ((True, False) if trained else (False,)):
+                    if all(rp.front(r, n, resident, recompute, own, shared)
+                           for r, own in zip(members, owns, strict=True)):
+                        return True
         return False
+
+    def shared_states(self, members: tuple[str, ...], n: int) -> list[tuple | None]:
+        """The megatron-core states (tp, pp, ep) the set's Megatron members may share on n devices, each
+        a context to price the set in; [None] (no constraint) when fewer than two members can be on Megatron."""
+        per_member = [{megatron_state(e[0]) for e in self.roles.static(r, n)} - {None} for r in members]
+        if sum(1 for states in per_member if states) < 2:
+            return [None]
+        return sorted(set().union(*per_member))
 
     def bound(self, members: tuple[str, ...], n: int) -> float:
         if members == (ROLLOUT,):
@@ -112,11 +130,11 @@ class SetPricer:
                           for x, s in zip(nodes.get(r, []), c.seconds, strict=False))
         return SetCandidate(tuple(zip(members, pick, strict=True)), node_secs, sum(c.busy for c in pick), recompute)
 
-    def _per_assignment(self, members, n, classes, recompute: bool) -> list[SetCandidate]:
+    def _per_assignment(self, members, n, classes, recompute: bool, shared: tuple | None) -> list[SetCandidate]:
         rp, out = self.roles, []
         for owns in itertools.product(*classes):
             resident = sum(owns, MemoryBreakdown())
-            fronts = [rp.front(r, n, resident, recompute, own) for r, own in zip(members, owns, strict=True)]
+            fronts = [rp.front(r, n, resident, recompute, own, shared) for r, own in zip(members, owns, strict=True)]
             if all(fronts):
                 out += [self._candidate(members, pick, recompute) for pick in itertools.product(*fronts)]
         return out
@@ -126,25 +144,25 @@ class SetPricer:
         others = [c for r, c in zip(members, classes, strict=True) if r != role]
         return (own.total + sum(c[0].total for c in others), own.total + sum(c[-1].total for c in others))
 
-    def _actor_steady(self, members, n, classes) -> bool:
+    def _actor_steady(self, members, n, classes, shared: tuple | None) -> bool:
         """Whether every actor layout decodes with the same batches at the least and the most resident
         bytes the set can hold (then at every R between: the batches are monotone in R)."""
         if "actor" not in members:
             return True
         rp = self.roles
-        for cfg, own, *_ in rp.static("actor", n):
+        for cfg, own, *_ in rp.entries("actor", n, shared):
             lo, hi = self._span(members, classes, "actor", own)
             for g in rp.gens(cfg):
                 if rp.gen_batches(cfg, g, lo, own.weights) != rp.gen_batches(cfg, g, hi, own.weights):
                     return False
         return True
 
-    def _options(self, role: str, n: int, members, classes, recompute: bool) -> list[tuple]:
+    def _options(self, role: str, n: int, members, classes, recompute: bool, shared: tuple | None) -> list[tuple]:
         """(candidate, states, peak transient parts) of every config of `role` that fits beside the least
         resident bytes, priced there; cut to the front over (seconds, states, transient)."""
         rp, out = self.roles, []
         nodes = rp.role_nodes.get(role, [])
-        for cfg, own, fwd, trans, secs in rp.static(role, n):
+        for cfg, own, fwd, trans, secs in rp.entries(role, n, shared):
             base = max(trans[recompute], fwd, key=total)
             lo = self._span(members, classes, role, own)[0]
             if role != "actor":
@@ -161,10 +179,10 @@ class SetPricer:
                 out.append((Candidate(cfg, g, s, sum(s)), own, max(base, t, key=total)))
         return pareto(out, lambda o: o[0].seconds + (o[1].total, total(o[2])))
 
-    def _merged(self, members, n, classes, recompute: bool) -> list[SetCandidate]:
-        options = [self._options(r, n, members, classes, recompute) for r in members]
+    def _merged(self, members, n, classes, recompute: bool, shared: tuple | None) -> list[SetCandidate]:
+        options = [self._options(r, n, members, classes, recompute, shared) for r in members]
         if math.prod(len(o) for o in options) > MERGE_LIMIT:  # fronts in that many dimensions barely prune
-            return self._per_assignment(members, n, classes, recompute)
+            return self._per_assignment(members, n, classes, recompute, shared)
         partial: list[tuple[tuple, float, float, tuple]] = [((), 0.0, 0.0, ())]  # picks, states, transient, secs
         for opts in options:
             grown = [(picks + (o,), w + o[1].total, max(t, total(o[2])), secs + o[0].seconds)

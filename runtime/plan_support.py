@@ -4,7 +4,9 @@ before it imports torch or starts Ray (tools/preflight.py)."""
 
 from __future__ import annotations
 
+from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.megatron_limits import colocation_problem, moe_tp_problem
 from hybridflow.simulator.parallel import ParallelConfig
 from hybridflow.simulator.plan import Plan
 
@@ -38,6 +40,20 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     if separate and plan.roles_in(actor.generate_group):
         raise HflowError(f"group '{actor.generate_group}' holds the rollout and role(s) "
                          f"{', '.join(plan.roles_in(actor.generate_group))}; rollout devices hold only the rollout")
+    _check_megatron(plan)
+
+
+def _check_megatron(plan: Plan) -> None:
+    """What our Megatron engine cannot run (simulator/megatron_limits.py): a trained MoE role at tp > 1,
+    and colocated Megatron roles (one worker process each device) with different tp, pp or ep."""
+    for role, rp in plan.roles.items():
+        bad = moe_tp_problem(rp.model, rp.train) if role in TRAINED_ROLES else None
+        if bad:
+            raise HflowError(f"role '{role}': {bad}")
+    for g in plan.groups:
+        bad = colocation_problem(g.name, {r: plan.roles[r].train for r in plan.roles_in(g.name)})
+        if bad:
+            raise HflowError(bad)
 
 
 def _greedy_baseline(plan: Plan) -> bool:

@@ -32,6 +32,7 @@ from tensordict import TensorDict
 
 from hybridflow.simulator.decoder_config import Head
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.megatron_limits import COLOCATION_RULE, megatron_state, state_label
 from hybridflow.simulator.parallel import ParallelConfig
 
 from .megatron_checkpoint import MegatronCheckpoint
@@ -83,18 +84,17 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint):
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
         pc = self.parallel
-        # megatron-core keeps one parallel state per process: colocated megatron roles share it.
-        if not ps.model_parallel_is_initialized():
+        # megatron-core keeps one parallel state per process: colocated megatron roles share it
+        # (simulator/megatron_limits.py; check_runnable refuses a plan that breaks it before Ray starts).
+        live = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size()) if ps.model_parallel_is_initialized() else None
+        if live is None:
             ps.initialize_model_parallel(tensor_model_parallel_size=pc.tp, pipeline_model_parallel_size=pc.pp,
                                          expert_model_parallel_size=pc.ep, expert_tensor_parallel_size=1)
             model_parallel_cuda_manual_seed(seed)
-        elif (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-              ps.get_expert_model_parallel_world_size()) != (pc.tp, pc.pp, pc.ep):
-            raise HflowError(f"megatron roles colocated in one process must share tp, pp and ep (megatron-core keeps "
-                             f"one parallel state per process); {pc} differs from "
-                             f"tp{ps.get_tensor_model_parallel_world_size()}·pp{ps.get_pipeline_model_parallel_world_size()}"
-                             f"·ep{ps.get_expert_model_parallel_world_size()}: give them the same, or train one "
-                             "with train.backend: fsdp")
+        elif live != megatron_state(pc):
+            raise HflowError(f"this process's megatron-core parallel state is {state_label(live)} and {pc} differs: "
+                             f"{COLOCATION_RULE}")
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()

@@ -13,6 +13,11 @@ def small_model(layers=4, hidden=1024, heads=8, kv_heads=4, ffn=2816, vocab=8000
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab)
 
 
+def small_moe(layers=2, hidden=512, heads=8, kv_heads=4, ffn=1408, experts=4) -> ModelSpec:
+    return ModelSpec(name="toy-moe", layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                     vocab=4000, family="mixtral", experts=experts, experts_per_token=2)
+
+
 def small_cluster(nodes=1, per=4, gib=8.0) -> ClusterSpec:
     return ClusterSpec(hardware=small_hardware(gib), nodes=nodes, devices_per_node=per)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow.runtime.plan_support import check_runnable
 from hybridflow.runtime.run_config import RunConfig
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 from hybridflow.simulator.errors import HflowError
+from hybridflow.tools.cli import main
 from hybridflow.tools.preflight import (
     MACHINE_CHECKS,
     RUN_CHECKS,
@@ -101,6 +103,40 @@ def test_generation_on_separate_devices_passes_and_its_limits_are_refused_before
     with pytest.raises(HflowError, match="mode 'one-step-off' corrects with the behaviour log-probs.*top_p 0.9"):
         plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX,
                                  NO_KL.model_copy(update={"top_p": 0.9})))
+
+
+TOY_MOE = dict(name="toy-moe", layers=2, hidden=128, heads=4, kv_heads=4, ffn=256, vocab=64, family="mixtral", experts=4)
+
+
+def actor_and_ref(actor: dict, ref: dict, model="tiny") -> Plan:
+    """GRPO's actor and reference on one group of 4 devices (one worker process per device, shared)."""
+    p = plan(model=model, devices=4, path=None).model_dump()  # no folder: the CLI reads folders first
+    p["roles"]["actor"]["train"] = actor
+    p["roles"]["ref"] = {**p["roles"]["actor"], "train": ref}
+    return Plan.model_validate(p)
+
+
+def megatron(**layout) -> dict:
+    return {"backend": "megatron", **layout}
+
+
+def test_megatron_layouts_the_engine_cannot_run_are_refused_in_one_line_exit_2(tmp_path, capsys):
+    refused = {"colocated megatron roles, different tp": (actor_and_ref(megatron(tp=2, dp=2), megatron(dp=4)),
+                                                          "group 'g' holds Megatron roles with different tp/pp/ep "
+                                                          "(actor 1-2-2, ref 1-1-4); megatron-core keeps one"),
+               "a trained MoE model at tp 2": (actor_and_ref(megatron(tp=2, dp=2), {"dp": 4}, TOY_MOE),
+                                               "role 'actor': it trains MoE model toy-moe on Megatron at tp=2 (1-2-2)")}
+    for name, (p, expect) in refused.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(p.model_dump_json())
+        assert main(["run", str(path)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], (name, err)
+    for ok in (actor_and_ref(megatron(tp=2, dp=2), megatron(tp=2, dp=2)),  # one parallel state, shared
+               actor_and_ref(megatron(tp=2, dp=2), {"dp": 4}),  # FSDP leaves it to the Megatron role
+               actor_and_ref(megatron(dp=4, ep=2), megatron(dp=4, ep=2), TOY_MOE),
+               actor_and_ref({"dp": 4}, megatron(tp=2, dp=2), TOY_MOE)):  # the ref only runs forward passes
+        check_runnable(ok, NO_KL)
 
 
 def test_a_kl_penalty_without_a_reference_model_is_refused():
