@@ -61,7 +61,7 @@ class PendingRollout:
     batch: Batch  # the prompts
     future: CallFuture
     pad: int  # rows padded to split the prompts evenly over the replicas
-    iteration: int  # the iteration that launched it
+    iteration: int  # its ops' iteration in the Timeline: the launching one, until a pipeline sets the one it serves
 
 
 def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:

@@ -15,6 +15,8 @@ Modes (Plan.mode):
   updates, launches the rollout of the next prompts and returns. A batch is therefore generated
   by a policy at most one update old (staleness ≤ 1); each row carries the version that made it
   and its behaviour log-probs, which the actor's loss corrects for (losses.behaviour_weights).
+  In the measured Timeline a rollout is the iteration's whose batch it makes (it ran during the one
+  before), the weight sync the iteration's that issued it, as the simulator labels them (timeline.py).
   Prompts keep the synchronous order: the first iteration draws the second batch's prompts
   itself; after that the prompts the trainer hands iteration i are the ones it launches.
 
@@ -103,6 +105,7 @@ class DisaggregatedDataflow(Dataflow):
             current = self.collect_rollout(self.launch_rollout(batch))
             upcoming = self.prompts(None) if self.prompts else batch
         else:
+            self.ahead.iteration = self.iteration  # in the Timeline: the iteration whose batch it is
             current, upcoming = self.collect_rollout(self.ahead), batch
         self.sync_weights()  # the rollout devices are idle now: the newest weights, then the next batch
         # the iteration's second launch draws its own randomness (its seed: the launch's index in the iteration)

@@ -100,7 +100,8 @@ class Trainer:
         self.groups: dict[str, WorkerGroup] = {}
         self.iteration = 0
         self.timeline = Timeline(source="measured", tokens_per_iteration=plan.workload.tokens_per_iteration,
-                                 meta={"algorithm": plan.algorithm, "placement": plan.placement()})
+                                 meta={"algorithm": plan.algorithm, "placement": plan.placement(), "mode": plan.mode,
+                                       "staleness": plan.staleness})
         self.df: Dataflow | None = None
         self._owns_ray = False
 
@@ -248,8 +249,7 @@ class Trainer:
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
-        # the span of its ops, as simulated; one step off, the look-ahead rollout inside it is still running
-        seconds = wall if df.prompts_in_flight() else self.timeline.iteration_seconds(self.iteration)
+        seconds = self.timeline.iteration_seconds(self.iteration)  # as simulated (timeline.py)
         # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
         rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]

@@ -94,9 +94,11 @@ def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
     ev = {}
     for e in timeline.events:
         ev.setdefault((e.op, e.iteration), []).append(e)
-    for it in (2, 3, 4):  # the next batch's rollout runs while this one is scored and trained
-        rollout, start, end = ev[("generate", it)][-1], ev[("reward", it)][0].start, ev[("actor_update", it)][0].end
+    for it in (2, 3, 4):  # the next batch's rollout (the next iteration's) runs while this one is scored and trained
+        rollout, start, end = ev[("generate", it + 1)][0], ev[("reward", it)][0].start, ev[("actor_update", it)][0].end
         assert min(rollout.end, end) - max(rollout.start, start) > 0, f"no overlap in iteration {it}"
+        # so an iteration's seconds, as simulated, run from one trained batch's end to the next
+        assert timeline.iteration_seconds(it + 1) == pytest.approx(ev[("actor_update", it + 1)][0].end - end)
     assert ev[("generate", 2)][0].seconds > ev[("actor_update", 2)][0].seconds  # slow rollout …
     trainer_side = ev[("actor_update", 5)][0].end - ev[("reward", 5)][0].start
     assert trainer_side > ev[("generate", 4)][0].seconds  # … then a slow trainer
