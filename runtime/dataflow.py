@@ -224,6 +224,10 @@ class Dataflow:
         """Prompts drawn for a rollout still running (a pipelined mode's look-ahead, disaggregated.py)."""
         return 0
 
+    def prompts_drawn_after_in_flight(self) -> int:
+        """Prompts drawn, and trained, after those in flight (disaggregated.py: dynamic sampling one step off)."""
+        return 0
+
     # ---- scores -------------------------------------------------------------------------------
     def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
         with self._on_driver(stream, stream):

@@ -290,8 +290,10 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
-        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again
-        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight())
+        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again,
+        # and then jumps over any drawn after them, trained already
+        after = self.df.prompts_drawn_after_in_flight()
+        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight() + after, skip=after)
         return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": sampler,
                 "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
                 "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
