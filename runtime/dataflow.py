@@ -61,7 +61,7 @@ class PendingRollout:
     batch: Batch  # the prompts
     future: CallFuture
     pad: int  # rows padded to split the prompts evenly over the replicas
-    iteration: int  # the iteration that launched it
+    iteration: int  # its ops' iteration in the Timeline: the launching one, until a pipeline sets the one it serves
 
 
 def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:
@@ -103,6 +103,21 @@ def left_pad_prompts(batch: Batch, width: int) -> Batch:
         if k in batch:
             out[k] = F.pad(batch[k], (extra, 0))
     return out
+
+
+def batch_origin(batch: Batch) -> dict:
+    """The data rows and source of the samples, for errors that name them (see Trainer.prompt_batch)."""
+    rows = batch["data_row"].tolist() if "data_row" in batch else None
+    return {"rows": rows, "source": batch.meta.get("data_source", "")}
+
+
+def rule_scores(fn: Callable, batch: Batch, tok: Tokenizer, name: str) -> torch.Tensor:
+    """A rule-based function's scores of a rollout batch, as the driver computes them (the `reward` or
+    `cost` op; runtime/reward_probe.py times this): each response decoded, then fn(prompt, response,
+    **the prompt row's other fields), every score checked."""
+    fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
+    return score_responses(fn, list(batch["prompt"]), tok.decode_responses(batch["responses"], batch["response_mask"]),
+                           fields, name=name, **batch_origin(batch))
 
 
 class Dataflow:
@@ -209,23 +224,15 @@ class Dataflow:
         """Prompts drawn for a rollout still running (a pipelined mode's look-ahead, disaggregated.py)."""
         return 0
 
-    def responses_text(self, batch: Batch) -> list[str]:
-        return self.tok.decode_responses(batch["responses"], batch["response_mask"])
+    def prompts_drawn_after_in_flight(self) -> int:
+        """Prompts drawn, and trained, after those in flight (disaggregated.py: dynamic sampling one step off)."""
+        return 0
 
     # ---- scores -------------------------------------------------------------------------------
-    @staticmethod
-    def _origin(batch: Batch) -> dict:
-        """The data rows and source of the samples, for errors that name them (see Trainer.prompt_batch)."""
-        rows = batch["data_row"].tolist() if "data_row" in batch else None
-        return {"rows": rows, "source": batch.meta.get("data_source", "")}
-
     def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
         with self._on_driver(stream, stream):
-            prompts = list(batch["prompt"])
-            fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
             ref = getattr(self.plan, f"{stream}_function")
-            return score_responses(self.functions[stream], prompts, self.responses_text(batch), fields,
-                                   name=f"{stream} function '{ref}'", **self._origin(batch))
+            return rule_scores(self.functions[stream], batch, self.tok, f"{stream} function '{ref}'")
 
     def score(self, batch: Batch) -> Batch:
         """`reward_scores` (and `cost_scores` for a constrained algorithm): score models first, then the
@@ -240,7 +247,7 @@ class Dataflow:
         batch = self.gather(batch, *pending)
         for s in models:
             check_finite_scores(batch[f"{s}_scores"], f"{s} model {self.plan.roles[s].path}", list(batch["prompt"]),
-                                **self._origin(batch))
+                                **batch_origin(batch))
         return batch
 
     def fill_batch(self, batch: Batch) -> Batch:

@@ -15,6 +15,8 @@ Modes (Plan.mode):
   updates, launches the rollout of the next prompts and returns. A batch is therefore generated
   by a policy at most one update old (staleness ≤ 1); each row carries the version that made it
   and its behaviour log-probs, which the actor's loss corrects for (losses.behaviour_weights).
+  In the measured Timeline a rollout is the iteration's whose batch it makes (it ran during the one
+  before), the weight sync the iteration's that issued it, as the simulator labels them (timeline.py).
   Prompts keep the synchronous order: the first iteration draws the second batch's prompts
   itself; after that the prompts the trainer hands iteration i are the ones it launches.
 
@@ -23,7 +25,9 @@ a resumed run draws them again and generates them with the checkpoint's weights,
 lost or trained twice.
 
 Dynamic sampling's extra rounds and ReMax's greedy baseline generate synchronously (they queue
-behind a rollout in flight).
+behind a rollout in flight). An extra round's prompts are drawn after the look-ahead's and trained
+in this iteration, so the checkpoint also tells the sampler to jump over them once the resumed run
+has drawn the look-ahead's again (`prompts_drawn_after_in_flight`).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class DisaggregatedDataflow(Dataflow):
                  rollout.call_async(ROLLOUT, "init_weight_sync", addr, port, world)], actor.call_timeout)
         self.synced_version = -1  # the actor updates the rollout weights have seen (-1: not yet synced)
         self.ahead: PendingRollout | None = None  # one-step-off: the next iteration's rollout, in flight
+        self.drawn_after_ahead = 0  # prompts drawn (by dynamic sampling's rounds) since its launch
         self.lane = f"{actor.name}+{rollout.name}"
 
     @property
@@ -95,6 +100,8 @@ class DisaggregatedDataflow(Dataflow):
 
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         if self.plan.mode == "sync" or greedy or sample_round:
+            if sample_round and not greedy and self.ahead is not None:
+                self.drawn_after_ahead += len(batch) // self.plan.workload.samples_per_prompt
             self.sync_weights()
             return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
         first = self.ahead is None
@@ -103,10 +110,12 @@ class DisaggregatedDataflow(Dataflow):
             current = self.collect_rollout(self.launch_rollout(batch))
             upcoming = self.prompts(None) if self.prompts else batch
         else:
+            self.ahead.iteration = self.iteration  # in the Timeline: the iteration whose batch it is
             current, upcoming = self.collect_rollout(self.ahead), batch
         self.sync_weights()  # the rollout devices are idle now: the newest weights, then the next batch
         # the iteration's second launch draws its own randomness (its seed: the launch's index in the iteration)
         self.ahead = self.launch_rollout(upcoming, sample_round=int(first))
+        self.drawn_after_ahead = 0
         return current
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -118,3 +127,6 @@ class DisaggregatedDataflow(Dataflow):
 
     def prompts_in_flight(self) -> int:
         return 0 if self.ahead is None else len(self.ahead.batch) // self.plan.workload.samples_per_prompt
+
+    def prompts_drawn_after_in_flight(self) -> int:
+        return self.drawn_after_ahead

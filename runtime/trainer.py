@@ -100,7 +100,8 @@ class Trainer:
         self.groups: dict[str, WorkerGroup] = {}
         self.iteration = 0
         self.timeline = Timeline(source="measured", tokens_per_iteration=plan.workload.tokens_per_iteration,
-                                 meta={"algorithm": plan.algorithm, "placement": plan.placement()})
+                                 meta={"algorithm": plan.algorithm, "placement": plan.placement(), "mode": plan.mode,
+                                       "staleness": plan.staleness})
         self.df: Dataflow | None = None
         self._owns_ray = False
 
@@ -248,8 +249,7 @@ class Trainer:
         self.iteration = df.iteration
         events = df.events[first_event:]
         self.timeline.events.extend(events)
-        # the span of its ops, as simulated; one step off, the look-ahead rollout inside it is still running
-        seconds = wall if df.prompts_in_flight() else self.timeline.iteration_seconds(self.iteration)
+        seconds = self.timeline.iteration_seconds(self.iteration)  # as simulated (timeline.py)
         # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
         rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
@@ -290,8 +290,10 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _driver_state(self) -> dict:
-        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again
-        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight())
+        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again,
+        # and then jumps over any drawn after them, trained already
+        after = self.df.prompts_drawn_after_in_flight()
+        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight() + after, skip=after)
         return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": sampler,
                 "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
                 "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}

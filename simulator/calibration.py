@@ -161,6 +161,8 @@ def predict_point(cm: CostModel, p: ProfilePoint, dtype_bytes: int = 4) -> float
     if p.op == "dispatch":
         o = getattr(cm, "overheads", None)
         return 0.0 if o is None else o.queued_call_seconds if p.mode == "queued" else o.dispatch_seconds
+    if p.op == "reward":
+        return p.batch * cm.params.rule_reward_seconds_per_sequence
     if p.op == "reshard":
         return cm.reshard(p.model, p.parallel, p.gen, p.mode).seconds
     if p.op in COLLECTIVE_OPS:
@@ -198,7 +200,9 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
 
     Two stages: the hardware, efficiency and FSDP engine terms to every point but the Megatron
     engine's, then the megatron_* overheads alone to the megatron points with the rest held. The
-    Megatron points thus add their engine's terms without moving what the others fitted."""
+    Megatron points thus add their engine's terms without moving what the others fitted. The
+    controller's own points are taken as measured: the dispatch gaps, and the reward points' median
+    seconds per sequence as the rule-based reward's price."""
     points = [p for p in profile.points if p.op in ops]
     if not points:
         raise HflowError(f"profile '{profile.name}' has no points of kinds {', '.join(ops)} to fit; "
@@ -224,7 +228,10 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
         if seen:  # measured directly: the median gap the probe saw
             gaps[field] = statistics.median(seen)
     ov = ov.model_copy(update=gaps)
-    points += [p for p in profile.points if p.op == "dispatch"]
+    rewards = [p.seconds / p.batch for p in profile.points if p.op == "reward"]
+    if rewards:  # measured directly: the median seconds per sequence over the built-in tasks
+        pr = pr.model_copy(update={"rule_reward_seconds_per_sequence": statistics.median(rewards)})
+    points += [p for p in profile.points if p.op in ("dispatch", "reward")]
     ov = EngineOverheads.model_validate(ov.model_dump())
     cm = ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
     fit = [PointFit(label=p.label(), op=p.op, measured=p.seconds, predicted=predict_point(cm, p, dtype_bytes))

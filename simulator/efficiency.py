@@ -82,8 +82,9 @@ class EfficiencyParams(BaseModel):
                     "torch/numpy over the batch: a few ns per element).")
     rule_reward_seconds_per_sequence: float = Field(
         1e-4, ge=0,
-        description="driver-side seconds per sequence for a rule-based reward or cost function "
-                    "(Python string matching, ~100 us per sample).")
+        description="driver-side seconds per sequence for a rule-based reward or cost function, decoding "
+                    "included (Python string matching, ~100 us per sample; a profile's `reward` points, the "
+                    "built-in tasks' functions timed on its machine, replace it in calibration).")
     # ---- memory reservations -----------------------------------------------------------------
     usable_memory_fraction: float = Field(
         0.95, gt=0, le=1,

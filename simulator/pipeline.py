@@ -18,10 +18,12 @@ one-step-off, max_staleness for async):
 
 The steady iteration is then sync / k + max(rollout, scoring and training): the overlapped part
 counts once, the faster side idles for the rest (the queue's bubble: the rollout waits for a free
-slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. Batch j's rollout and
-sync are labelled with iteration j−1 (one step off: issued while batch j−1 trains, as in a run), the
-look-ahead rollouts past the last trained batch with its iteration; the first iteration, whose
-rollout nothing overlaps, is a warm-up (Timeline meta `warmup_iterations`).
+slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. As in a run's Timeline
+(timeline.py), batch j's rollout is iteration j's — it runs during the ones before — and the sync
+before it is iteration j − 1's, whose trainers wait for it; so an iteration's seconds are from one
+trained batch's end to the next. The first iteration, whose rollout nothing overlaps, is a warm-up
+(Timeline meta `warmup_iterations`). Rollouts past the last trained batch are left out: nothing
+trained waits for them.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
 
 
 def copies_needed(iterations: int, staleness: int) -> int:
-    """Unrolled copies for `iterations` steady iterations: + the warm-up, + the look-ahead rollouts of
-    the last one (batches up to k ahead of the last trained one)."""
-    return iterations + 1 + staleness
+    """Unrolled copies for `iterations` steady iterations: + the warm-up, + the next batch's copy, for the
+    weight sync the last trained batch's trainers hand over (its only op kept)."""
+    return iterations + 2
 
 
 def priced_iterations(staleness: int) -> int:
@@ -62,21 +64,21 @@ def is_sync_batch(j: int, staleness: int) -> bool:
 def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes], copies: int,
              staleness: int) -> None:
     """Rewire `big` (in place; `copies` unrolled copies of `graph`) for a pipeline with staleness bound
-    `staleness`, then drop the last `staleness` copies' ops except their look-ahead rollouts (and the
-    syncs before them): `copies − 1 − staleness` trained iterations remain after the warm-up."""
+    `staleness`, then drop the last copy but for the weight sync the last trained batch waits for:
+    `copies − 2` trained iterations remain after the warm-up."""
     if staleness < 1:
         raise HflowError(f"a pipelined mode needs a staleness bound of at least 1, got {staleness}")
     sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
     update = _actor_node(graph, "actor_update")
     after_gen = [n for n, a in graph.nodes(data=True) if a["order"] > graph.nodes[gen]["order"]]
-    period_sync, last = None, copies - 1 - staleness  # the last trained batch
+    period_sync = None
     for j in range(1, copies):
         s, g = (j, sync), (j, gen)
         big.remove_edges_from([((j - 1, update), s), ((j - 1, update), g)])
         prev_order = big.nodes[(j - 1, gen)]["order"]
-        big.nodes[g].update(order=prev_order + 0.2, iteration=min(j - 1, last))
+        big.nodes[g].update(order=prev_order + 0.2)  # issued right after the rollout before it
         if is_sync_batch(j, staleness):
-            big.nodes[s].update(order=prev_order + 0.1, iteration=min(j - 1, last))
+            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1)
             big.add_edge((j - 2, update), s)
             # the trainers hand over before they score batch j−1 (the controller waits for both sides)
             big.add_edges_from((s, (j - 1, n)) for n in after_gen if (j - 1, n) in big)
@@ -86,17 +88,7 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
             del big_lanes[s]
             if period_sync is not None:
                 big.add_edge(period_sync, g)
-    # The last copies keep only their look-ahead rollouts, and of those only what the trained updates
-    # reach: a sync whose update is not trained goes, with the rollouts that would wait for it.
-    first_dropped = copies - staleness
-    drop, stale_from = [], copies
-    for j in range(first_dropped, copies):
-        if (j, sync) in big and j - 2 >= first_dropped:
-            stale_from = min(stale_from, j)
-    for n in big:
-        if n[0] >= first_dropped and (n[1] not in (sync, gen) or n[0] >= stale_from):
-            drop.append(n)
-    for n in drop:
+    for n in [n for n in big if n[0] == copies - 1 and n[1] != sync]:
         big.remove_node(n)
         del big_lanes[n]
     forget_order(big)

@@ -36,15 +36,15 @@ PROFILE_VERSION = 1
 # What a point measured. Model ops price through CostModel (train, forward, generate, reshard; the
 # megatron_* kinds are a train step / a log-prob or value forward of the megatron-core engine, whose
 # layout says backend: megatron); collectives through its ring formulas; matmul / memory are the
-# probe's raw figures.
+# probe's raw figures; dispatch and reward are the single controller's own (taken as measured).
 OpKind = Literal["train", "forward", "generate", "reshard", "megatron_train", "megatron_forward", "allreduce",
-                 "allgather", "dispatch", "matmul", "memory"]
+                 "allgather", "dispatch", "reward", "matmul", "memory"]
 MEGATRON_OPS = ("megatron_train", "megatron_forward")
 MODEL_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS)
 PASS_OPS = ("train", "forward", *MEGATRON_OPS)  # whole sequences through the training engine
 COLLECTIVE_OPS = ("allreduce", "allgather")
 OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce", "allgather",
-                             "dispatch", "matmul", "memory")
+                             "dispatch", "reward", "matmul", "memory")
 
 
 class Fingerprint(BaseModel):
@@ -82,6 +82,8 @@ class ProfilePoint(BaseModel):
     - dispatch: the single controller's gap between calls on a group of `group_size` workers passing
       `batch` sequences of `prompt_len` tokens, `mode` "dependent" (after the call its input came
       from) or "queued" (after the call before it on the group; runtime/dispatch_probe.py);
+    - reward: a rule-based reward function on the controller scoring `batch` responses of
+      `response_len` tokens, decoding included (`mode`: the built-in task; runtime/reward_probe.py);
     - matmul: `size_bytes` = n (an n×n×n GEMM); memory: `size_bytes` copied.
     """
 
@@ -134,6 +136,8 @@ class ProfilePoint(BaseModel):
             return f"{self.op} {self.size_bytes / 2**20:.2f} MiB ×{self.group_size}"
         if self.op == "dispatch":
             return f"dispatch {self.mode or 'dependent'} b{self.batch}×{self.prompt_len} ×{self.group_size}"
+        if self.op == "reward":
+            return f"reward {self.mode or ''} b{self.batch}×{self.response_len}"
         if self.op in ("matmul", "memory"):
             return f"{self.op} {self.size_bytes:.0f}"
         name = self.model.name if self.model else "?"

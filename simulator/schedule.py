@@ -174,7 +174,7 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
              ) -> Timeline:
     """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"; None: one, or a
     pipelined plan's pipeline.priced_iterations); a pipelined mode (pipeline.py) adds a warm-up iteration
-    before them, and its steady iteration is its period."""
+    before them."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model)
     pipelined = plan.mode != "sync"
@@ -194,7 +194,6 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
                             end=end, iteration=a["iteration"], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
-        period_seconds=pipeline_period(big, times, iterations, plan.staleness) if pipelined else None,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
               "makespan": makespan(times), "mode": plan.mode, "staleness": plan.staleness,
               "warmup_iterations": int(pipelined)},
@@ -203,14 +202,14 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
 
 def pipeline_period(big: nx.DiGraph, times: Mapping[Hashable, tuple[float, float]], iterations: int,
                     staleness: int) -> float:
-    """A pipeline's steady iteration: the mean seconds from one trained batch's end to the next (as a
-    measured run reports it) over the last sync period (k iterations, one sync among them). The
-    iterations before it let the pipeline settle: the first ones after the warm-up still carry its
-    transient (the queue filling), which the steady figure must not. Fewer than 2k steady iterations:
-    over all of them."""
+    """A pipeline's steady iteration from its scheduled graph, without building the Timeline (the
+    planner's): the same figure as the simulated Timeline's `iteration_seconds()` — the mean seconds
+    from one trained batch's end to the next over the last sync period (k iterations, one sync among
+    them; the first ones after the warm-up still carry the pipeline filling). Fewer than k steady
+    iterations: over all of them."""
     ends: dict[int, float] = {}
     for n, a in big.nodes(data=True):
         if a["op"] not in ("generate", "weight_sync") or a["role"] != "actor":  # rollouts run ahead
             ends[n[0]] = max(ends.get(n[0], 0.0), times[n][1])
-    span = staleness if iterations >= 2 * staleness else iterations
+    span = min(staleness, iterations)
     return (ends[iterations] - ends[iterations - span]) / span

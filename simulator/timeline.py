@@ -3,10 +3,17 @@
 The simulator emits one for a Plan; the runtime records one for every real iteration; the same
 exporters draw both. Times are seconds from the start of the first iteration.
 
-An iteration's seconds are the span of its ops, simulated or measured alike. A run's figure is the
-median over its steady iterations: all but the first of a measured run (first calls allocate,
-compile and warm caches), every simulated one — except a simulated pipeline's, which is its period
-(`period_seconds`). Throughput is one figure everywhere, `throughput`.
+An op belongs to the iteration whose batch it works on: a pipelined plan's rollout of batch i runs
+during iteration i − 1 and is iteration i's (a weight sync, to the iteration it delays). An
+iteration's seconds, simulated or measured alike, run from its first op's start — or from the end
+of the iteration before, if that is later — to its last op's end (`iteration_seconds`): for a
+synchronous plan the span of its ops; for a pipelined one, whose rollout overlaps the iteration
+before, the seconds from one trained batch's end to the next. A run's figure is over its steady
+iterations — all but the first of a measured run (first calls allocate, compile and warm caches),
+all but a simulated pipeline's warm-up — averaged over each sync period (k iterations of a plan that
+syncs every k, `meta["staleness"]`): the median of those over a measured run (noise), the last one of
+a simulation (no noise; the first periods still carry the pipeline filling). Throughput is one figure
+everywhere, `throughput`.
 """
 
 from __future__ import annotations
@@ -58,9 +65,6 @@ class Timeline(BaseModel):
     source: Literal["simulated", "measured"]
     events: list[Event] = Field(default_factory=list)
     tokens_per_iteration: int = 0
-    # a simulated pipeline's steady iteration (schedule.pipeline_period): its rollouts run inside the
-    # iterations before theirs, so the seconds from one trained batch's end to the next, not a span
-    period_seconds: float | None = None
     meta: dict = Field(default_factory=dict)
 
     def iterations(self) -> list[int]:
@@ -74,14 +78,21 @@ class Timeline(BaseModel):
         return its[skip:] if len(its) > skip else its
 
     def iteration_seconds(self, iteration: int | None = None) -> float:
-        """The span of one iteration's ops; None: the median over the steady iterations."""
+        """One iteration's seconds (the module doc); None: the run's figure over its steady iterations."""
         if iteration is None:
-            if self.period_seconds is not None:
-                return self.period_seconds
             its = self.steady_iterations()
-            return statistics.median(self.iteration_seconds(i) for i in its) if its else 0.0
+            if not its:
+                return 0.0
+            k = max(1, min(self.meta.get("staleness", 0), len(its)))  # iterations per sync period
+            periods = [sum(self.iteration_seconds(i) for i in its[j - k:j]) / k for j in range(k, len(its) + 1)]
+            settled = self.source == "simulated" and self.meta.get("staleness", 0) > 0
+            return periods[-1] if settled else statistics.median(periods)
         evs = [e for e in self.events if e.iteration == iteration]
-        return max(e.end for e in evs) - min(e.start for e in evs) if evs else 0.0
+        if not evs:
+            return 0.0
+        start = min(e.start for e in evs)
+        before = [e.end for e in self.events if e.iteration < iteration]
+        return max(e.end for e in evs) - max(start, max(before, default=start))
 
     def tokens_per_second(self, iteration: int | None = None) -> float:
         return throughput(self.tokens_per_iteration, self.iteration_seconds(iteration))

@@ -14,7 +14,9 @@ minutes). `--check PROFILE` re-times a profile's own one-device points and print
 (runtime/profile_check.py): whether the machine still runs at the profile's speed. `--megatron`
 adds the megatron-core engine's points (megatron_train / megatron_forward at dp, tp and pp over all
 devices; minutes on 2 cores, so behind the flag), `--add-megatron PROFILE` measures only those into an
-existing profile of this machine.
+existing profile of this machine. A full profile also times the built-in tasks' rule-based rewards on
+the controller (runtime/reward_probe.py, the `reward` op's price); `--add-reward PROFILE` measures
+only those into an existing profile of this machine.
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ def add_parser(subparsers) -> None:
     what.add_argument("--add-megatron", metavar="PROFILE.json",
                       help="measure only the Megatron engine's points on this machine and add them to this profile "
                            "of it (replacing the Megatron points it had; the rest kept as measured), refit, rewrite")
+    what.add_argument("--add-reward", metavar="PROFILE.json",
+                      help="time only the built-in tasks' rule-based rewards on this machine's controller and add "
+                           "them to this profile of it (replacing the reward points it had), refit, rewrite")
     what.add_argument("--check", metavar="PROFILE",
                       help="re-time a profile's own one-device points of the tiny model on this machine and print "
                            "seconds now / then (is it still this machine's speed?); writes nothing")
@@ -184,13 +189,15 @@ def _require_megatron() -> None:
 def run(args) -> int:
     if args.check:
         return check(args.check)
-    out = Path(args.out or args.add_megatron)
+    out = Path(args.out or args.add_megatron or args.add_reward)
     if out.suffix.lower() != ".json":
         raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
     if out.is_dir():
         raise HflowError(f"{out}: is a folder; give a file name")
     if args.add_megatron:
         return add_megatron(args, out)
+    if args.add_reward:
+        return add_reward(out)
     _require_torch("profiling")
     if args.megatron:
         _require_megatron()
@@ -216,6 +223,10 @@ def run(args) -> int:
         from hybridflow.runtime.dispatch_probe import measure_dispatch
 
         points.extend(measure_dispatch(devices))
+    if not args.quick:
+        from hybridflow.runtime.reward_probe import measure_reward
+
+        points.extend(measure_reward())
     profile = Profile(name=args.name or out.stem, fingerprint=fingerprint(devices), hardware=hw, points=points,
                       notes=f"hflow-plan profile{' --quick' if args.quick else ''}: {len(jobs)} jobs, "
                             f"warmup {warmup}, repeats {repeats}, passes {args.passes}")
@@ -227,34 +238,61 @@ def run(args) -> int:
 
 def add_megatron(args, path: Path) -> int:
     """`--add-megatron PROFILE`: this machine's Megatron points measured into its existing profile."""
+    from hybridflow.simulator.profile import MEGATRON_OPS
+
+    def require():
+        _require_torch("profiling")
+        _require_megatron()
+
+    def points(devices: int):
+        from hybridflow.runtime.profiling import measure
+
+        jobs = megatron_grid(devices, args.quick)
+        repeats, warmup = args.repeats or 3, args.warmup if args.warmup is not None else 1
+        note = f"megatron points: {len(jobs)} jobs, warmup {warmup}, repeats {repeats}, passes {args.passes}"
+        return _with_progress(len(jobs) * args.passes, lambda tick: measure(
+            jobs, devices, warmup, repeats, passes=args.passes, on_progress=tick)), note
+
+    return _add_points(path, MEGATRON_OPS, "megatron points:", "Megatron", require, points)
+
+
+def add_reward(path: Path) -> int:
+    """`--add-reward PROFILE`: this machine's rule-based reward points measured into its existing profile."""
+    def points(devices: int):
+        from hybridflow.runtime.reward_probe import measure_reward
+
+        got = measure_reward()
+        return got, f"reward points: {len(got)} tasks, repeats {got[0].repeats}"
+
+    return _add_points(path, ("reward",), "reward points:", "reward", lambda: _require_torch("profiling"), points)
+
+
+def _add_points(path: Path, kinds: tuple[str, ...], note_prefix: str, what: str, require, measure_points) -> int:
+    """Points of `kinds` measured on this machine (`measure_points(devices)` → (points, note), after
+    `require()` checks what measuring needs) into its profile at `path`, replacing those it had and
+    their note; refit, rewrite."""
     from rich.console import Console
 
     from hybridflow.simulator.calibration import calibrate
-    from hybridflow.simulator.profile import MEGATRON_OPS, Profile
+    from hybridflow.simulator.profile import Profile
 
     profile = Profile.load(path)
-    _require_torch("profiling")
-    _require_megatron()
+    require()
     from hybridflow.runtime.hardware_probe import fingerprint
-    from hybridflow.runtime.profiling import measure
 
     devices = profile.fingerprint.devices
     if not profile.fingerprint.same_machine(fingerprint(devices)):
         raise HflowError(f"{path} was measured on {profile.fingerprint.device_name} ({profile.fingerprint.cpu_count} "
                          "cores), not this machine: add points only to a profile of this machine (or measure a new "
                          "one with --out)")
-    jobs = megatron_grid(devices, args.quick)
-    repeats, warmup = args.repeats or 3, args.warmup if args.warmup is not None else 1
-    points = _with_progress(len(jobs) * args.passes,
-                            lambda tick: measure(jobs, devices, warmup, repeats, passes=args.passes, on_progress=tick))
-    kept = [p for p in profile.points if p.op not in MEGATRON_OPS]
-    note = f"megatron points: {len(jobs)} jobs, warmup {warmup}, repeats {repeats}, passes {args.passes}"
-    earlier = [n for n in profile.notes.split("; ") if n and not n.startswith("megatron points:")]
+    points, note = measure_points(devices)
+    kept = [p for p in profile.points if p.op not in kinds]
+    earlier = [n for n in profile.notes.split("; ") if n and not n.startswith(note_prefix)]
     profile = profile.model_copy(update={"points": kept + points, "notes": "; ".join([*earlier, note])})
     profile = Profile.model_validate(profile.model_dump())
     cal = calibrate(profile)
     profile.save(path)
-    print_fit(cal, Console(file=sys.stdout), title=f"{path}: {len(points)} Megatron points added")
+    print_fit(cal, Console(file=sys.stdout), title=f"{path}: {len(points)} {what} points added")
     return 0
 
 

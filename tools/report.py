@@ -116,7 +116,8 @@ def summary_table(timeline: Timeline, extra: Mapping[str, str] | None = None) ->
     t.add_column(style="bold")
     t.add_column(justify="right")
     n = len(timeline.steady_iterations())  # a simulated pipeline's warm-up is not one of them
-    how = " (steady period)" if timeline.period_seconds is not None else f" (mean of {n})" if n > 1 else ""
+    pipelined = timeline.source == "simulated" and timeline.meta.get("staleness", 0) > 0
+    how = " (steady period)" if pipelined else f" (median of {n})" if n > 1 else ""
     t.add_row("iteration time", fmt_seconds(v["iteration_seconds"]) + how)
     t.add_row("tokens / iteration", f"{v['tokens_per_iteration']:,}")
     t.add_row("throughput", f"{v['tokens_per_second']:,.0f} tokens/s")

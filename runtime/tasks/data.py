@@ -147,36 +147,49 @@ class PromptSampler:
     def __init__(self, size: int, batch_size: int, seed: int = 0):
         self.size, self.batch_size, self.seed = size, batch_size, seed
         self.epoch, self.cursor = 0, 0
+        self.replay, self.skip = 0, 0  # after a resume: draw `replay` indices, then jump over `skip`
 
     def _order(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.size, generator=g).tolist()
+
+    def _advance(self, n: int) -> tuple[int, int]:
+        """(epoch, cursor) `n` indices on (back, for n < 0)."""
+        epoch, cursor = divmod(self.epoch * self.size + self.cursor + n, self.size)
+        if epoch < 0:
+            raise ValueError(f"cannot rewind {-n} indices past the first one")
+        return epoch, cursor
 
     def next_indices(self, count: int | None = None) -> list[int]:
         """The next `count` indices (default: a batch)."""
         count = self.batch_size if count is None else count
         out: list[int] = []
         while len(out) < count:
+            if self.skip and not self.replay:
+                (self.epoch, self.cursor), self.skip = self._advance(self.skip), 0
             order = self._order(self.epoch)
-            take = min(count - len(out), self.size - self.cursor)
+            take = min(count - len(out), self.size - self.cursor, self.replay if self.skip else count)
             out += order[self.cursor:self.cursor + take]
             self.cursor += take
+            self.replay -= take if self.skip else 0
             if self.cursor == self.size:
                 self.epoch, self.cursor = self.epoch + 1, 0
         return out
 
-    def state_dict(self, rewind: int = 0) -> dict[str, int]:
+    def state_dict(self, rewind: int = 0, skip: int = 0) -> dict[str, int]:
         """`rewind`: the state from before the last `rewind` indices were drawn (prompts drawn but not yet
-        trained on, such as a one-step-off rollout in flight, are drawn again after a resume)."""
-        epoch, cursor = self.epoch, self.cursor - rewind
-        while cursor < 0:
-            epoch, cursor = epoch - 1, cursor + self.size
-        if epoch < 0:
-            raise ValueError(f"cannot rewind {rewind} indices past the first one")
-        return {"epoch": epoch, "cursor": cursor, "seed": self.seed, "size": self.size, "batch_size": self.batch_size}
+        trained on, such as a one-step-off rollout in flight, are drawn again after a resume); `skip`: of
+        those, the last `skip` were trained already (a dynamic-sampling round's prompts, drawn after a
+        rollout in flight): a resumed run draws the others, then jumps over them."""
+        if self.skip:  # a resume's jump not made yet: the state it resumed from, moved on by what was drawn since
+            raise ValueError("cannot save a sampler between a resume and its first draws")
+        epoch, cursor = self._advance(-rewind)
+        return {"epoch": epoch, "cursor": cursor, "replay": rewind - skip, "skip": skip, "seed": self.seed,
+                "size": self.size, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict) -> None:
         if (state["size"], state["seed"]) != (self.size, self.seed):
             raise HflowError(f"checkpoint was written for a dataset of {state['size']} prompts with seed "
                              f"{state['seed']}, not {self.size} with seed {self.seed}; resume with the same data")
         self.epoch, self.cursor = state["epoch"], state["cursor"]
+        self.replay, self.skip = state.get("replay", 0), state.get("skip", 0)  # absent in older checkpoints

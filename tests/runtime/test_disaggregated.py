@@ -18,9 +18,9 @@ from hybridflow.simulator import OPS, Device, DeviceGroup, ParallelConfig, Plan,
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def plan_for(mode: str, generate: ParallelConfig | None) -> Plan:
+def plan_for(mode: str, generate: ParallelConfig | None, algorithm: str = "grpo") -> Plan:
     """The actor and reference on device 0; the actor's rollout on devices 1 and 2."""
-    plan = tiny_plan("grpo", placement=[["actor", "ref"]],
+    plan = tiny_plan(algorithm, placement=[["actor", "ref"]],
                      workload=Workload(prompts=4, prompt_len=16, response_len=8, samples_per_prompt=2,
                                        micro_batch_size=8, mini_batches=1))
     gen = DeviceGroup(name="gen", devices=[Device(node=0, index=1), Device(node=0, index=2)])
@@ -94,12 +94,50 @@ def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
     ev = {}
     for e in timeline.events:
         ev.setdefault((e.op, e.iteration), []).append(e)
-    for it in (2, 3, 4):  # the next batch's rollout runs while this one is scored and trained
-        rollout, start, end = ev[("generate", it)][-1], ev[("reward", it)][0].start, ev[("actor_update", it)][0].end
+    for it in (2, 3, 4):  # the next batch's rollout (the next iteration's) runs while this one is scored and trained
+        rollout, start, end = ev[("generate", it + 1)][0], ev[("reward", it)][0].start, ev[("actor_update", it)][0].end
         assert min(rollout.end, end) - max(rollout.start, start) > 0, f"no overlap in iteration {it}"
+        # so an iteration's seconds, as simulated, run from one trained batch's end to the next
+        assert timeline.iteration_seconds(it + 1) == pytest.approx(ev[("actor_update", it + 1)][0].end - end)
     assert ev[("generate", 2)][0].seconds > ev[("actor_update", 2)][0].seconds  # slow rollout …
     trainer_side = ev[("actor_update", 5)][0].end - ev[("reward", 5)][0].start
     assert trainer_side > ev[("generate", 4)][0].seconds  # … then a slow trainer
+
+
+def test_one_step_off_dynamic_sampling_resumes_without_replaying_or_losing_prompts(ray_local, tmp_path):
+    """DAPO one step off: an extra sampling round draws its prompts after the look-ahead's (in flight) and trains
+    them at once; the checkpoint makes a resumed run draw the look-ahead's again and then carry on after the
+    round's — the sampler's order, no prompt trained twice or skipped."""
+    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.tasks.builtin import sort_reward
+    from hybridflow.runtime.tasks.data import PromptSampler
+    from hybridflow.runtime.trainer import Trainer
+
+    plan = plan_for("one-step-off", None, algorithm="dapo")
+
+    def half_flat(prompt, response, **kw):  # groups of prompts with an odd first digit score alike: filtered
+        return 0.0 if int(prompt.split(" ")[1][0]) % 2 else sort_reward(prompt, response, **kw)
+
+    def run(trainer, steps: int, resume: bool = False) -> tuple[list[list[int]], list[dict]]:
+        trainer.start()
+        if resume:
+            trainer.resume()
+        trainer.df.functions["reward"] = half_flat
+        draws, draw = [], trainer.sampler.next_indices
+        trainer.sampler.next_indices = lambda count=None: draws.append(draw(count)) or draws[-1]
+        return draws, [trainer.step() for _ in range(steps)]
+
+    with Trainer(plan, RunConfig(save_every=3), checkpoint_dir=tmp_path) as t:
+        before, out = run(t, 3)  # the checkpoint after iteration 3, the 4th batch in flight
+        in_flight = t.df.ahead.batch["data_row"][::plan.workload.samples_per_prompt].tolist()
+        size = t.sampler.size
+    assert out[2]["sampling/rounds"] > 1  # an extra round in its iteration, drawn after the 4th batch
+    with Trainer(plan, RunConfig(save_every=3), checkpoint_dir=tmp_path) as t:
+        after, _ = run(t, 2, resume=True)
+    drawn, then = sum(before, []), sum(after[1:], [])
+    order = PromptSampler(size, plan.workload.prompts, RunConfig().seed).next_indices(len(drawn) + len(then))
+    assert after[0] == in_flight  # the batch in flight at the checkpoint, drawn again …
+    assert then == order[len(drawn):]  # … then on from the last prompt drawn before it: none twice, none lost
 
 
 def test_sync_on_rollout_devices_trains_exactly_as_the_hybrid_engine(ray_local):

@@ -111,6 +111,23 @@ def test_sampler_rewinds_prompts_in_flight_across_an_epoch():
         s.state_dict(rewind=100)
 
 
+def test_sampler_jumps_over_prompts_trained_after_those_in_flight():
+    """One step off with dynamic sampling: the look-ahead's prompts in flight, then an extra round's drawn and
+    trained; the resumed sampler draws the look-ahead's again, then carries on after the extra round's, as
+    the straight one does — across an epoch, and in batches that straddle the jump."""
+    from hybridflow.runtime.tasks.data import PromptSampler
+
+    s = PromptSampler(size=10, batch_size=4, seed=3)
+    s.next_indices(5)
+    in_flight, extra = s.next_indices(), s.next_indices(3)  # 5 + 4 + 3: the extra round in epoch 1
+    resumed = PromptSampler(size=10, batch_size=4, seed=3)
+    resumed.load_state_dict(s.state_dict(rewind=len(in_flight) + len(extra), skip=len(extra)))
+    assert resumed.next_indices(3) == in_flight[:3]
+    assert resumed.next_indices(6) == in_flight[3:] + s.next_indices(5)  # the rest, then past the extra round
+    assert resumed.next_indices() == s.next_indices()
+    assert s.state_dict(rewind=4)["skip"] == 0
+
+
 def test_pipelined_generation_is_refused_before_anything_starts():
     # the search prices pp_g > 1 unless --max-gen-pp 1; neither the rollout workers nor the hybrid engine run it
     hybrid = tiny_plan("grpo", placement=[["actor", "ref"]], devices=[2], train={"actor": ParallelConfig(pp=2)},

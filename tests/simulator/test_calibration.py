@@ -218,6 +218,28 @@ def test_dispatch_gaps_are_measured_and_the_schedule_leaves_them(exact_fit):
     assert tl.iteration_seconds(0) > simulate(no_gap, exact_fit.cost_model(no_gap.cluster)).iteration_seconds(0)
 
 
+
+def test_reward_points_price_the_rule_based_reward_as_measured():
+    """'reward' points set the rule-based reward's seconds per sequence (the median over the tasks, no fit);
+    a plan's reward op on the driver is priced by it, its sequences times that."""
+    points = synthetic_points() + [ProfilePoint(op="reward", mode=task, batch=128, response_len=8, seconds=s)
+                                   for task, s in (("sort", 1.28e-3), ("add", 2.56e-3), ("sort", 6.4e-3))]
+    cal = calibrate(synthetic_profile().model_copy(update={"points": points}))
+    assert cal.params.rule_reward_seconds_per_sequence == pytest.approx(2e-5)
+    assert cal.errors["forward"].max < 2e-2  # the fit itself is untouched
+    default = calibrate(synthetic_profile())
+    assert default.params.rule_reward_seconds_per_sequence == EfficiencyParams().rule_reward_seconds_per_sequence
+    plan = Plan.model_validate({
+        "algorithm": "grpo", "cluster": {"hardware": START_HW.model_dump(), "nodes": 1, "devices_per_node": 1},
+        "workload": {"prompts": 8, "samples_per_prompt": 4, "prompt_len": 16, "response_len": 16, "micro_batch_size": 4},
+        "reward_function": "hybridflow.runtime.tasks.builtin:sort_reward",
+        "groups": [{"name": "all", "devices": [{"node": 0, "index": 0}]}],
+        "roles": {r: {"model": MODELS[0].model_dump(), "group": "all"} for r in ("actor", "ref")},
+    })
+    moved, cm, _ = plan_on_profile(plan, cal)
+    reward = next(e for e in simulate(moved, cm).events if e.op == "reward")
+    assert reward.seconds == pytest.approx(32 * 2e-5)
+
 TRUE_MEGATRON = TRUE_OVERHEADS.model_copy(update=dict(
     megatron_layer_seconds=6e-4, megatron_backward_layer_seconds=1.5e-3, megatron_tp_layer_seconds=5e-3,
     megatron_tp_backward_layer_seconds=8e-3, megatron_pp_seconds=2e-3, megatron_call_seconds=1e-2,

@@ -41,11 +41,14 @@ def test_steady_iteration_is_sync_plus_the_longer_side(response_len):
 
 def test_timeline_shows_the_overlap_and_the_stale_weights():
     tl = simulate(disaggregated("one-step-off"), iterations=2)
-    for it in (1, 2):
-        evs = {e.op: e for e in tl.events if e.iteration == it}
-        rollout, update = evs["generate"], evs["actor_update"]  # batch it+1's rollout, batch it's update
+    ev = {(e.op, e.iteration): e for e in tl.events}
+    for it in (1, 2):  # batch it's rollout (iteration it's) runs while batch it−1 trains, after the sync it issued
+        rollout, update, sync = ev["generate", it], ev["actor_update", it - 1], ev["weight_sync", it - 1]
         assert min(rollout.end, update.end) - max(rollout.start, update.start) > 0
-        assert evs["weight_sync"].end <= rollout.start and evs["weight_sync"].group == "train+gen"
+        assert sync.end <= rollout.start and sync.group == "train+gen"
+        # so an iteration's seconds run from one trained batch's end to the next
+        assert tl.iteration_seconds(it) == pytest.approx(ev["actor_update", it].end - update.end)
+    assert max(e.iteration for e in tl.events) == 2  # no rollout past the last trained batch
     # the weights batch 3 is generated with (synced in iteration 2) are from before batch 2's update
     sync2 = next(e for e in tl.events if e.op == "weight_sync" and e.iteration == 2)
     update2 = next(e for e in tl.events if e.op == "actor_update" and e.iteration == 2)
@@ -110,7 +113,7 @@ def test_async_with_k_1_is_one_step_off():
 
 def test_async_timeline_overlaps_rollout_and_training_across_iterations():
     tl = simulate(disaggregated("async").model_copy(update={"max_staleness": 2}), iterations=4)
-    assert tl.meta["staleness"] == 2 and tl.period_seconds is not None
+    assert tl.meta["staleness"] == 2
     assert [e.iteration for e in tl.events if e.op == "weight_sync"] == [0, 2, 4]  # before batches 0, 3 and 5
     rollouts = sorted((e.start, e.end) for e in tl.events if e.op == "generate")
     updates = sorted((e.start, e.end) for e in tl.events if e.op == "actor_update")

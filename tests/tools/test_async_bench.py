@@ -27,7 +27,6 @@ def test_four_plans_on_the_same_two_devices_priced():
 
 
 def test_helpers_by_hand():
-    assert bench.steady_seconds([10.0, 12.0, 13.0, 14.5]) == 1.5  # gaps 2, 1, 1.5
     assert bench.thirds([0.1, 0.2, 0.3, 0.4, 0.5, 0.9]) == (pytest.approx(0.15), pytest.approx(0.7))
 
 

@@ -4,6 +4,7 @@ from a profile without torch, and compares with a run's metrics file op by op.""
 import contextlib
 import io
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,25 @@ def test_the_megatron_grid_spans_dp_tp_pp_at_the_fsdp_shapes_and_fits_each_model
     runs = [x for i, x in enumerate(layouts) if i == 0 or layouts[i - 1] != x]
     assert len(runs) == len(set(runs)) == 3  # one layout's jobs together: its engines are built once
     assert all(p.model.layers % p.parallel.pp == 0 for p in (ProfilePoint(seconds=1.0, **j) for j in megatron_grid(4)))
+
+
+def test_add_reward_times_the_builtin_rewards_into_a_profile_of_this_machine(tmp_path, capsys):
+    """`--add-reward`: one point per built-in task, replacing the profile's earlier ones; the fit then prices
+    the reward op at their median seconds per sequence. The probe runs for real (milliseconds, no Ray)."""
+    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.runtime.tasks.builtin import TASKS
+    from hybridflow.simulator.calibration import calibrate
+
+    path = hand_profile(tmp_path)
+    here = Profile.load(path)
+    old = ProfilePoint(op="reward", mode="sort", batch=128, response_len=8, seconds=9.0)
+    here = here.model_copy(update={"fingerprint": fingerprint(2), "points": [*here.points, old], "notes": "grid"})
+    here.save(path)
+    assert main(["profile", "--add-reward", str(path)]) == 0
+    assert "reward points added" in capsys.readouterr().out
+    p = Profile.load(path)
+    rewards = p.by_op()["reward"]
+    assert sorted(r.mode for r in rewards) == sorted(TASKS) and all(0 < r.seconds < 9.0 for r in rewards)
+    assert len(p.points) == len(here.points) - 1 + len(TASKS) and p.notes.startswith("grid; reward points:")
+    per_sequence = statistics.median(r.seconds / r.batch for r in rewards)
+    assert calibrate(p).params.rule_reward_seconds_per_sequence == pytest.approx(per_sequence)

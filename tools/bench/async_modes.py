@@ -11,9 +11,9 @@ The tiny GRPO task on the same 2 devices four ways:
 - `async`: the same devices, the rollout streaming prompt groups into a queue of at most k = 2
   batches (runtime/async_rollout.py).
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
-plan's steady iteration), the measured ones (median over the steady iterations of the seconds from
-one iteration's end to the next: a pipelined iteration's rollout runs inside the one before, so
-this is the figure both modes share), the speedup over sync colocated and, for the plans on the split, over
+plan's steady iteration), the measured ones (the run's Timeline, by the same definition: an
+iteration's seconds from the end of the one before, since a pipelined iteration's rollout runs
+inside it; simulator/timeline.py), the speedup over sync colocated and, for the plans on the split, over
 sync disaggregated (the synchronous plan on the same devices), the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
 prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
@@ -34,7 +34,6 @@ disaggregated plan's devices partly take turns (docs/rollout-devices.md).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 from hybridflow.simulator.errors import HflowError
@@ -70,12 +69,6 @@ def bench_plans(cluster: dict) -> dict[str, Plan]:
     }
 
 
-def steady_seconds(ends: list[float]) -> float:
-    """The median time from one iteration's end to the next, the first iteration (start-up) left out."""
-    gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-    return statistics.median(gaps) if gaps else 0.0
-
-
 def thirds(rewards: list[float]) -> tuple[float, float]:
     k = max(1, len(rewards) // 3)
     return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
@@ -103,20 +96,17 @@ def balance_word(rollout: float, trainers: float) -> str:
 
 
 def measure(plan: Plan, iterations: int, seed: int) -> dict:
-    import time
-
     from hybridflow.runtime.run_config import RunConfig
     from hybridflow.runtime.trainer import Trainer
 
     with Trainer(plan, RunConfig(seed=seed, actor_lr=5e-4)) as t:
-        ends, rewards, staleness = [], [], []
+        rewards, staleness = [], []
         for _ in range(iterations):
             m = t.step()
-            ends.append(time.time())
             rewards.append(m["reward_mean"])
             staleness.append(m.get("staleness/max", 0.0))
             print(f"  iteration {m['iteration']}: reward {m['reward_mean']:.3f}", file=sys.stderr)
-    return {"seconds": steady_seconds(ends), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
+    return {"seconds": t.timeline.iteration_seconds(), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
 
 
 def add_speedups(rows: list[dict]) -> None:
