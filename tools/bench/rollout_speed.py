@@ -26,11 +26,12 @@ and shrinks as the matmuls dominate (large batch); the table shows several batch
 
 Headroom (fixed-length modes): each side's seconds per decode step (the run's time over its steps,
 prefill included) beside the step's matmul floor — every `nn.Linear` of the HF model (q, k, v, o,
-MLP, lm_head) on `batch` rows alone, back to back, the faster of two layouts (`x @ W.T` and
-`(W @ x.T).T`), with its achieved FLOP/s. The run's floor adds the prefill's matmuls (every prompt
-position, lm_head on the last). HF's run over its floor bounds the ratio any engine can reach doing
-the same fp32 matmuls with this BLAS (attention and sampling not even counted): where it is under
-2, the goal cannot be met at equal work, and the table says so.
+MLP, lm_head) on `batch` rows alone, back to back, each shape through the fastest kernel either
+side runs or could (HF's `x @ W.T`, `(W @ x.T).T`, and ours: a row-major [in, out] copy, oneDNN's
+prepacked linear — fast_decode.py), with its achieved FLOP/s. The run's floor adds the prefill's
+matmuls (every prompt position, lm_head on the last). HF's run over its floor bounds the ratio any
+engine can reach doing the same fp32 matmuls with these kernels (attention and sampling not even
+counted): where it is under 2, the goal cannot be met at equal work, and the table says so.
 """
 
 from __future__ import annotations
@@ -71,27 +72,44 @@ def _timed(fn, device: str) -> tuple[float, object]:
     return time.process_time() - t0, out
 
 
+def _kernels(m: torch.nn.Linear, x: torch.Tensor) -> list:
+    """One call of linear `m` on rows x through each kernel either side runs or could: HF's
+    `x @ W.T` (`F.linear`), `(W @ x.T).T`, and the fused path's others (fast_decode.MATMUL_KINDS:
+    a row-major [in, out] copy, oneDNN's prepacked linear where it runs)."""
+    from hybridflow.runtime.engines import fast_decode
+
+    w, b = m.weight.detach(), m.bias
+    calls = [lambda: torch.nn.functional.linear(x, w, b),
+             lambda: w @ x.t() if b is None else torch.addmm(b[:, None], w, x.t())]
+    for kind in ("row_major", "packed"):
+        if kind != "packed" or fast_decode.packable(w):
+            operand = fast_decode.matmul_operand(w, kind, x.shape[0])
+            calls.append(lambda operand=operand: fast_decode.linear(x, operand, b))
+    return calls
+
+
 def _matmul_floor(linears: list[torch.nn.Linear], rows: int, repeats: int, device: str) -> tuple[float, float]:
-    """(seconds, FLOPs) of `linears` alone on `rows` rows, back to back: the faster of two layouts,
-    the least of the repeats (a floor: a shared machine only ever adds time)."""
+    """(seconds, FLOPs) of `linears` alone on `rows` rows: the linears of each shape back to back
+    through the fastest of the kernels (`_kernels`) for that shape, the least of the repeats (a
+    floor: a shared machine only ever adds time)."""
     xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}
-
-    def row_first():
-        for m in linears:
-            torch.nn.functional.linear(xs[m.in_features], m.weight, m.bias)
-
-    def weight_first():
-        for m in linears:
-            out = m.weight @ xs[m.in_features].t()
-            if m.bias is not None:
-                out += m.bias[:, None]
-
-    best = float("inf")
+    shapes: dict[tuple, list[list]] = {}  # (in, out, bias) -> each linear's kernels
     with torch.inference_mode():
-        for step in (row_first, weight_first):
-            step()  # warm-up
-            best = min(best, *(_timed(step, device)[0] for _ in range(repeats)))
-    return best, 2.0 * rows * sum(m.weight.numel() for m in linears)
+        for m in linears:
+            key = (m.in_features, m.out_features, m.bias is not None)
+            shapes.setdefault(key, []).append(_kernels(m, xs[m.in_features]))
+        total = 0.0
+        for kernels in shapes.values():
+            best = float("inf")
+            for k in range(len(kernels[0])):
+                def run(k=k, kernels=kernels):
+                    for calls in kernels:
+                        calls[k]()
+
+                run()  # warm-up
+                best = min(best, *(_timed(run, device)[0] for _ in range(repeats)))
+            total += best
+    return total, 2.0 * rows * sum(m.weight.numel() for m in linears)
 
 
 def _run_floor(hf, batch: int, prompt_len: int, new_tokens: int, repeats: int, device: str) -> dict:
@@ -283,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['hf_tok_s']:,.0f} {_spread(r['hf_tok_s_range'])}",
                       f"{r['ratio']:.2f}×", same, *extra)
     Console(width=max(Console().width, 180)).print(table)  # wide: a pipe's 80 columns would fold the headers
-    print("HF ÷ run's floor: HF's run over its matmuls alone (prefill and steps, the same rows) — the most any engine "
-          "doing the same fp32 matmuls with this BLAS can gain (attention and sampling not counted).")
+    print("HF ÷ run's floor: HF's run over its matmuls alone (prefill and steps, the same rows, each through the "
+          "fastest kernel either side has) — the most any engine doing the same fp32 matmuls with these kernels can "
+          "gain (attention and sampling not counted).")
     if args.json:
         from hybridflow.simulator.io import write_atomic
 
