@@ -20,7 +20,7 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
 - each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, big
   weights (and every weight in a long prefill) prepacked for oneDNN's linear; the others
   through MKL, stored [in, out] row-major at up to 16 rows. The decode steps' choice is made once
-  per call for its batch, the prefill's for its rows.
+  per call for its batch; the prefill reuses their operands where it can.
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
@@ -79,9 +79,11 @@ def packable(w: torch.Tensor) -> bool:
     return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def matmul_kind(w: torch.Tensor, rows: int) -> str:
-    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comment above)."""
-    if packable(w) and rows > 1 and (w.numel() >= PACKED_MIN_SIZE or rows >= PACKED_MIN_ROWS):
+def matmul_kind(w: torch.Tensor, rows: int, once: bool = False) -> str:
+    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comment above). `once`:
+    the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
+    pays for itself there only from PACKED_MIN_ROWS rows."""
+    if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
         return "packed"
     return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
 
@@ -238,15 +240,16 @@ class FusedDecoder:
         return linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
-        """The layers' operands for the prefill's `rows` rows: the decode steps' own where the kernel
-        is the same, else laid out for the prefill alone. The prefill runs once, so the [out, in]
-        weights kept for it are released."""
+        """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
+        packed or the kernel is the same, else laid out for the prefill alone. The prefill runs
+        once, so the [out, in] weights kept for it are released."""
         layers = []
         for weights, decode_ops in zip(self._weights, self.layers, strict=True):
             layer = []
             for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
-                same = i % 2 == 1 or matmul_kind(t, rows) == matmul_kind(t, self.batch)
-                layer.append(op if same else matmul_layout(t, rows))
+                kind = None if i % 2 else matmul_kind(t, rows, once=True)
+                same = kind is None or op.is_mkldnn or kind == matmul_kind(t, self.batch)
+                layer.append(op if same else matmul_operand(t, kind, rows))
             layers.append(tuple(layer))
         self._weights = None
         return layers

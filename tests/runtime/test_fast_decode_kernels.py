@@ -22,6 +22,9 @@ def test_kernel_rule_at_its_boundaries():
     rows = (1, fast_decode.ROW_MAJOR_MAX_BATCH, fast_decode.ROW_MAJOR_MAX_BATCH + 1,
             fast_decode.PACKED_MIN_ROWS - 1, fast_decode.PACKED_MIN_ROWS)
     assert [fast_decode.matmul_kind(small, r) for r in rows] == ["row_major", "row_major", "view", "view", "packed"]
+    # for a single matmul (a prefill) a weight is packed only from PACKED_MIN_ROWS rows
+    assert [fast_decode.matmul_kind(big, r, once=True) for r in (16, 64, fast_decode.PACKED_MIN_ROWS)] == \
+        ["row_major", "view", "packed"]
     # oneDNN only where it was measured: fp32 on CPU
     assert fast_decode.matmul_kind(big.double(), 64) == "view"
 
@@ -60,9 +63,9 @@ def _prompts(rows: int, longest: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fused_kernels_give_module_tokens(shape, rows):
-    """At the row counts where the kernels change (1: MKL on row-major copies; 4: big weights packed;
-    16: the small ones still row-major; 64: small ones as [out, in] views, the 512-row prefill
-    packed throughout) the fused path's tokens equal the modules', log-probs within 1e-5 —
+    """At the row counts where the kernels change (1: MKL on row-major copies, an 8-row prefill on
+    views; 4: big weights packed; 16: the small ones still row-major; 64: small ones as [out, in]
+    views, the 512-row prefill packed throughout) the fused path's tokens equal the modules', log-probs within 1e-5 —
     greedy, and sampled with rows leaving the batch at EOS (fewer rows on the same operands)."""
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, vocab_size=2048,
@@ -77,8 +80,9 @@ def test_fused_kernels_give_module_tokens(shape, rows):
     wqkv, _, wo, _, wgu, *_ = fused.layers[0]
     assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
     assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
-    prefill_wo = fused._prefill_layers(rows * ids.shape[1])[0][2]
+    _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(rows * ids.shape[1])[0]
     assert prefill_wo.is_mkldnn == (rows * ids.shape[1] >= fast_decode.PACKED_MIN_ROWS)
+    assert prefill_wgu is wgu  # the decode steps' operand reused
     for params in (SamplingParams(max_new_tokens=6, greedy=True),
                    SamplingParams(max_new_tokens=6, temperature=0.9, top_k=50, eos_token_id=list(range(5, 2048, 5)))):
         fast = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(4))
