@@ -152,8 +152,8 @@ class FusedDecoder:
             self._weights.append((wqkv * n1, bqkv, att.o_proj.weight, att.o_proj.bias, wgu * n2,
                                   _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
                                   mlp.down_proj.weight, mlp.down_proj.bias))
-        # The decode steps' operands (a step has `batch` rows, fewer once rows finish).
-        self.batch = batch
+        # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
+        self.layout_rows = batch
         self.layers = [tuple(t if i % 2 else matmul_layout(t, batch) for i, t in enumerate(weights))
                        for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
@@ -248,7 +248,7 @@ class FusedDecoder:
             layer = []
             for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
                 kind = None if i % 2 else matmul_kind(t, rows, once=True)
-                same = kind is None or op.is_mkldnn or kind == matmul_kind(t, self.batch)
+                same = kind is None or op.is_mkldnn or kind == matmul_kind(t, self.layout_rows)
                 layer.append(op if same else matmul_operand(t, kind, rows))
             layers.append(tuple(layer))
         self._weights = None
