@@ -9,16 +9,18 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
 - each RMSNorm's weight (and its sqrt(hidden)) folded into the matmul that reads it, so a norm is
   x / hypot(‖x‖, sqrt(hidden·eps)): three ops; attention's 1/sqrt(head_dim) folded into q (into
   q_norm's weight where the family normalises each q and k head: Qwen3);
-- biases (q/k/v, o, MLP) added in the same matmuls (`addmm`);
+- biases (q/k/v, o, MLP) added in the same matmuls;
 - RoPE as one complex multiply over q and k together: their weight rows are permuted so that the
   pairs HF rotates (j, j + head_dim/2) sit side by side. q and k get the same permutation, so q·k
   is unchanged (v is not permuted); the rotations of every position of the run are computed once;
 - decode attention as two batched matmuls over (batch, kv head) rows — the heads that share a kv
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA;
-- the residual add inside the o_proj / down_proj matmul (`addmm`); no module calls.
-- at a few rows, the small weights (every weight at one row) stored [in, out] row-major, and the
-  big ones multiplied weight-first at 2-8 rows (`_matmul_layout`, `_linear`).
+- the residual add inside the o_proj / down_proj matmul; no module calls;
+- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, big
+  weights (and every weight in a long prefill) prepacked for oneDNN's linear; the others
+  through MKL, stored [in, out] row-major at up to 16 rows. The decode steps' choice is made once
+  per call for its batch; the prefill reuses their operands where it can.
 
 Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
 path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
@@ -58,38 +60,58 @@ def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
-# Up to this many rows a step stores its small weights [in, out] row-major (see `_matmul_layout`).
+# The kernel of each matmul, chosen per weight from the rows it multiplies (measured on this
+# project's AMD EPYC CPU, 1 thread, fp32): oneDNN's linear on a weight prepacked once (what torch
+# inductor's CPU "freezing" path uses) runs these shapes nearer the CPU's peak than MKL's sgemm
+# behind `x @ w`, but has a bigger fixed cost per call — so it wins on a big weight from 2 rows (a
+# few rows stream the packed weight instead of packing themselves) and on any weight from
+# PACKED_MIN_ROWS rows (a prefill); small weights at fewer rows go to MKL.
+PACKED_MIN_SIZE = 2 ** 18  # elements: 1 MB in fp32
+PACKED_MIN_ROWS = 512
+# Up to this many rows MKL reads a row-major [in, out] copy faster (in memory order); beyond, the
+# [out, in] weight's transposed view is as fast and costs no copy.
 ROW_MAJOR_MAX_BATCH = 16
-# From this many elements (1 MB in fp32) a weight is a big one: at 2..WEIGHT_FIRST_MAX_ROWS rows a decode
-# step multiplies it weight-first (`_linear`).
-WEIGHT_FIRST_MIN_SIZE = 2 ** 18
-WEIGHT_FIRST_MAX_ROWS = 8
+MATMUL_KINDS = ("packed", "row_major", "view")
 
 
-def _matmul_layout(w: torch.Tensor, batch: int) -> torch.Tensor:
-    """Weight [out, in] as the [in, out] right operand of `x @ w`. At one or a few rows a step is
-    bound by reading the weights, and a row-major [in, out] copy is read in memory order (faster on
-    CPU) — except a big weight at 2..WEIGHT_FIRST_MAX_ROWS rows, which `_linear` reads weight-first
-    from its [out, in] layout; at more rows the matmul packs the weight whichever its layout, and
-    the view is as fast."""
-    weight_first = 1 < batch <= WEIGHT_FIRST_MAX_ROWS and w.numel() >= WEIGHT_FIRST_MIN_SIZE
-    row_major = batch <= ROW_MAJOR_MAX_BATCH and not weight_first
-    return w.t().contiguous() if row_major else w.t()
+def packable(w: torch.Tensor) -> bool:
+    """Whether weight w may take the "packed" kernel: fp32 on CPU with oneDNN, the case measured."""
+    return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
-    """residual + x @ w + bias for rows x [M, in] and the right operand w [in, out] (`_matmul_layout`).
-    A big [out, in] weight at 2..WEIGHT_FIRST_MAX_ROWS rows is multiplied as (w.T @ x.T).T: the BLAS
-    then streams the long weight against the few rows (measured on CPU: about half the time of
-    x @ w at 4 rows for a weight that does not stay in the cache)."""
-    rows = x.shape[0]
-    if w.is_contiguous() or w.numel() < WEIGHT_FIRST_MIN_SIZE or rows > WEIGHT_FIRST_MAX_ROWS:
+def matmul_kind(w: torch.Tensor, rows: int, once: bool = False) -> str:
+    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comment above). `once`:
+    the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
+    pays for itself there only from PACKED_MIN_ROWS rows."""
+    if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
+        return "packed"
+    return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
+
+
+def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+    """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
+    about `rows` rows; any row count runs on it), a row-major [in, out] copy, or the [in, out] view."""
+    if kind == "packed":
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+    return w.t().contiguous() if kind == "row_major" else w.t()
+
+
+def matmul_layout(w: torch.Tensor, rows: int) -> torch.Tensor:
+    """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows."""
+    return matmul_operand(w, matmul_kind(w, rows), rows)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + x @ W.T + bias for rows x [M, in] and the operand w of weight W (`matmul_operand`),
+    in one call: a packed weight through oneDNN (its binary form adds the residual), else `addmm`."""
+    if w.is_mkldnn:
         if residual is None:
-            return x @ w if bias is None else torch.addmm(bias, x, w)
-        return torch.addmm(residual if bias is None else residual + bias, x, w)
-    out = torch.mm(w.t(), x.t()) if bias is None else torch.addmm(bias[:, None], w.t(), x.t())
-    return out.t().contiguous() if residual is None else residual + out.t()
+            return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, bias, "add")
+    if residual is None:
+        return x @ w if bias is None else torch.addmm(bias, x, w)
+    return torch.addmm(residual if bias is None else residual + bias, x, w)
 
 
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
@@ -107,12 +129,13 @@ class FusedDecoder:
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        self.lm_head = _matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch)
+        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch)
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
         q_scale = 1.0 if cfg.qk_norm else d ** -0.5
-        self.layers, self.qk_norms = [], []
+        # Per layer the fused weights [out, in], each followed by its bias (or None): q|k|v, o, gate|up, down.
+        self._weights, self.qk_norms = [], []
         for layer in body.layers:
             att, mlp = layer.self_attn, layer.mlp
             n1 = layer.input_layernorm.weight * root_n
@@ -126,12 +149,13 @@ class FusedDecoder:
             self.qk_norms.append(None if att.q_norm is None else torch.cat([
                 (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
                 _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
-            self.layers.append((
-                _matmul_layout(wqkv * n1, batch), bqkv,  # [hidden, (H + 2·Hkv)·d]
-                _matmul_layout(att.o_proj.weight, batch), att.o_proj.bias,
-                _matmul_layout(wgu * n2, batch), _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
-                _matmul_layout(mlp.down_proj.weight, batch), mlp.down_proj.bias,
-            ))
+            self._weights.append((wqkv * n1, bqkv, att.o_proj.weight, att.o_proj.bias, wgu * n2,
+                                  _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
+                                  mlp.down_proj.weight, mlp.down_proj.bias))
+        # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
+        self.layout_rows = batch
+        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch) for i, t in enumerate(weights))
+                       for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
         # Cache rows are (batch, kv head) pairs: a decode step's attention is then two batched
         # matmuls, the heads sharing a kv head (grouped-query) being the rows of one query block.
@@ -175,9 +199,9 @@ class FusedDecoder:
 
     def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
         """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
-        x = _linear(attn, wo, bo, x)
-        gate, up = _linear(self._norm(x), wgu, bgu).chunk(2, dim=-1)
-        return _linear(F.silu(gate).mul_(up), wd, bd, x)
+        x = linear(attn, wo, bo, x)
+        gate, up = linear(self._norm(x), wgu, bgu).chunk(2, dim=-1)
+        return linear(F.silu(gate).mul_(up), wd, bd, x)
 
     def _qk(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
         """The q and k heads of qkv [..., H + 2·Hkv, d]: [..., H + Hkv, d], each head RMS-normalised
@@ -201,9 +225,9 @@ class FusedDecoder:
         b, s = tokens.shape
         d, h, hkv = self.head_dim, self.heads, self.kv_heads
         x = F.embedding(tokens.reshape(-1), self.embed)  # [B·S, hidden]
-        for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
+        for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(b * s)):
             hn = self._norm(x)
-            qkv = (hn @ wqkv if bqkv is None else torch.addmm(bqkv, hn, wqkv)).view(b, s, h + 2 * hkv, d)
+            qkv = linear(hn, wqkv, bqkv).view(b, s, h + 2 * hkv, d)
             qk = self._rope(self._qk(qkv, i), rotations).transpose(1, 2)  # [B, H + Hkv, S, d]
             k, v = qk[:, h:], qkv[:, :, h + hkv:].transpose(1, 2)
             self.keys_4d[i][:, :, :s] = k
@@ -213,7 +237,22 @@ class FusedDecoder:
                                                   enable_gqa=h != hkv, scale=1.0)
             x = self._mlp(x, *rest[:2], attn.transpose(1, 2).reshape(b * s, h * d), *rest[2:])
         self.length = s
-        return self._norm(x.view(b, s, -1)[:, -1]) @ self.lm_head
+        return linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
+
+    def _prefill_layers(self, rows: int) -> list[tuple]:
+        """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
+        packed or the kernel is the same, else laid out for the prefill alone. The prefill runs
+        once, so the [out, in] weights kept for it are released."""
+        layers = []
+        for weights, decode_ops in zip(self._weights, self.layers, strict=True):
+            layer = []
+            for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
+                kind = None if i % 2 else matmul_kind(t, rows, once=True)
+                same = kind is None or op.is_mkldnn or kind == matmul_kind(t, self.layout_rows)
+                layer.append(op if same else matmul_operand(t, kind, rows))
+            layers.append(tuple(layer))
+        self._weights = None
+        return layers
 
     def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
@@ -226,7 +265,7 @@ class FusedDecoder:
         x = F.embedding(tokens, self.embed)  # [B, hidden]
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             hn = self._norm(x)
-            qkv = _linear(hn, wqkv, bqkv).view(b, h + 2 * hkv, d)
+            qkv = linear(hn, wqkv, bqkv).view(b, h + 2 * hkv, d)
             qk = self._rope(self._qk(qkv, i), rotation)  # [B, H + Hkv, d]
             self.keys_4d[i].select(2, t).copy_(qk[:, h:])
             self.values_4d[i].select(2, t).copy_(qkv[:, h + hkv:])
@@ -236,4 +275,4 @@ class FusedDecoder:
             attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
             x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
         self.length = end
-        return _linear(self._norm(x), self.lm_head)
+        return linear(self._norm(x), self.lm_head)

@@ -313,29 +313,14 @@ def test_tensor_parallel_generation_matches_one_process():
         assert torch.equal(tp_sampled, sampled.response)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 9])
-def test_weight_first_linear_equals_row_first(rows):
-    """`_linear` over a big [out, in] weight (weight-first at 2..8 rows) gives x @ w + bias + residual."""
-    torch.manual_seed(rows)
-    weight = torch.randn(fast_decode.WEIGHT_FIRST_MIN_SIZE // 128, 128)  # [out, in], just big enough
-    x, bias = torch.randn(rows, 128), torch.randn(weight.shape[0])
-    residual = torch.randn(rows, weight.shape[0])
-    w = fast_decode._matmul_layout(weight, rows)
-    assert w.is_contiguous() == (rows in (1, 9))  # row-major at one row and from 9, the [out, in] view between
-    want = x @ weight.t()
-    for got, ref in ((fast_decode._linear(x, w), want), (fast_decode._linear(x, w, bias), want + bias),
-                     (fast_decode._linear(x, w, bias, residual), want + bias + residual)):
-        assert got.shape == (rows, weight.shape[0]) and got.is_contiguous()
-        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
-
-
 def test_fused_path_with_big_weights_equals_module_path():
-    """A gate|up weight big enough for the weight-first matmuls (2..8 rows): the same tokens and
-    log-probs as the modules, greedy and sampled, with rows leaving the batch at EOS down to one."""
+    """A gate|up weight big enough for oneDNN's packed linear from 2 rows (`fast_decode.matmul_kind`):
+    the same tokens and log-probs as the modules, greedy and sampled, with rows leaving the batch at
+    EOS down to one (the packed layout kept for the last rows)."""
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, mlp_bias=True)
     model = CausalLM(cfg).eval()
-    assert 2 * cfg.intermediate_size * cfg.hidden_size >= fast_decode.WEIGHT_FIRST_MIN_SIZE
+    assert 2 * cfg.intermediate_size * cfg.hidden_size >= fast_decode.PACKED_MIN_SIZE
     ids, mask = left_pad(PROMPTS)
     for params in (SamplingParams(max_new_tokens=10, greedy=True),
                    SamplingParams(max_new_tokens=10, temperature=0.9, top_k=12, eos_token_id=[5, 9, 17])):

@@ -19,18 +19,21 @@ token by token as a correctness check. Goal: ours ≥ 2×. Three modes per batch
 
 Where the ratio comes from: per decode step both sides do the same matmuls (fp32, same thread
 count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weights concatenated per
-generate() call) and saves the rest of the per-step overhead — module calls, HF's cache
-concatenation, logits processors, mask rebuilding, separate RoPE/norm ops (runtime/engines/
-fast_decode.py). So the ratio is largest where a step is overhead-bound (small batch, tiny model)
+generate() call), each through the kernel fastest for its weight and rows (on CPU oneDNN's
+prepacked linear for big weights, `fast_decode.matmul_kind`), and saves the rest of the per-step
+overhead — module calls, HF's cache concatenation, logits processors, mask rebuilding, separate
+RoPE/norm ops (runtime/engines/fast_decode.py). So the ratio is largest where a step is overhead-bound (small batch, tiny model)
 and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
 
 Headroom (fixed-length modes): each side's seconds per decode step (the run's time over its steps,
 prefill included) beside the step's matmul floor — every `nn.Linear` of the HF model (q, k, v, o,
-MLP, lm_head) on `batch` rows alone, back to back, the faster of two layouts (`x @ W.T` and
-`(W @ x.T).T`), with its achieved FLOP/s. The run's floor adds the prefill's matmuls (every prompt
-position, lm_head on the last). HF's run over its floor bounds the ratio any engine can reach doing
-the same fp32 matmuls with this BLAS (attention and sampling not even counted): where it is under
-2, the goal cannot be met at equal work, and the table says so.
+MLP, lm_head) on `batch` rows alone, back to back, the fastest of the kernels either side runs or
+could (each linear through HF's `x @ W.T`, through `(W @ x.T).T`, through a row-major [in, out]
+copy, through oneDNN's prepacked linear, or through the kernel our engine picks for it —
+fast_decode.py), with its achieved FLOP/s. The run's floor adds the prefill's
+matmuls (every prompt position, lm_head on the last). HF's run over its floor bounds the ratio any
+engine can reach doing the same fp32 matmuls with these kernels (attention and sampling not even
+counted): where it is under 2, the goal cannot be met at equal work, and the table says so.
 """
 
 from __future__ import annotations
@@ -71,24 +74,44 @@ def _timed(fn, device: str) -> tuple[float, object]:
     return time.process_time() - t0, out
 
 
+def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
+    """Ways to run `linears` once each, in order, on rows xs[in_features]: every linear through one
+    kernel either side runs or could — HF's `x @ W.T` (`F.linear`), `(W @ x.T).T`, the fused path's
+    row-major [in, out] copy or oneDNN's prepacked linear (fast_decode.MATMUL_KINDS) — or each through
+    the kernel the fused path picks for it (`fast_decode.matmul_kind`)."""
+    from hybridflow.runtime.engines import fast_decode
+
+    def hf(m, x):
+        return lambda: torch.nn.functional.linear(x, m.weight, m.bias)
+
+    def weight_first(m, x):
+        return lambda: m.weight @ x.t() if m.bias is None else torch.addmm(m.bias[:, None], m.weight, x.t())
+
+    def fused(kind):
+        def make(m, x):
+            w = m.weight.detach()
+            operand = fast_decode.matmul_operand(w, kind or fast_decode.matmul_kind(w, x.shape[0]), x.shape[0])
+            return lambda: fast_decode.linear(x, operand, m.bias)
+        return make
+
+    makers = [hf, weight_first, fused("row_major"), fused(None)]
+    if all(fast_decode.packable(m.weight) for m in linears):
+        makers.append(fused("packed"))
+    steps = []
+    for make in makers:
+        calls = [make(m, xs[m.in_features]) for m in linears]
+        steps.append(lambda calls=calls: [call() for call in calls])
+    return steps
+
+
 def _matmul_floor(linears: list[torch.nn.Linear], rows: int, repeats: int, device: str) -> tuple[float, float]:
-    """(seconds, FLOPs) of `linears` alone on `rows` rows, back to back: the faster of two layouts,
-    the least of the repeats (a floor: a shared machine only ever adds time)."""
+    """(seconds, FLOPs) of `linears` alone on `rows` rows, back to back in the model's order (so
+    with the model's cache traffic): the fastest of `_steps`, the least of the repeats (a floor: a
+    shared machine only ever adds time)."""
     xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}
-
-    def row_first():
-        for m in linears:
-            torch.nn.functional.linear(xs[m.in_features], m.weight, m.bias)
-
-    def weight_first():
-        for m in linears:
-            out = m.weight @ xs[m.in_features].t()
-            if m.bias is not None:
-                out += m.bias[:, None]
-
     best = float("inf")
     with torch.inference_mode():
-        for step in (row_first, weight_first):
+        for step in _steps(linears, xs):
             step()  # warm-up
             best = min(best, *(_timed(step, device)[0] for _ in range(repeats)))
     return best, 2.0 * rows * sum(m.weight.numel() for m in linears)
@@ -283,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['hf_tok_s']:,.0f} {_spread(r['hf_tok_s_range'])}",
                       f"{r['ratio']:.2f}×", same, *extra)
     Console(width=max(Console().width, 180)).print(table)  # wide: a pipe's 80 columns would fold the headers
-    print("HF ÷ run's floor: HF's run over its matmuls alone (prefill and steps, the same rows) — the most any engine "
-          "doing the same fp32 matmuls with this BLAS can gain (attention and sampling not counted).")
+    print("HF ÷ run's floor: HF's run over its matmuls alone (prefill and steps, the same rows, each through the "
+          "fastest kernels either side has) — the most any engine doing the same fp32 matmuls with these kernels can "
+          "gain (attention and sampling not counted).")
     if args.json:
         from hybridflow.simulator.io import write_atomic
 

@@ -1,0 +1,92 @@
+"""The fused path's matmul kernels (fast_decode.matmul_kind): each kernel computes the linear, the
+rule picks them at the row counts where it changes, and generation with them gives the module
+path's tokens and log-probs, for a llama- and a qwen2-shaped model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.runtime.engines import fast_decode
+from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
+from hybridflow.runtime.models.decoder import CausalLM
+from hybridflow.simulator.model import model_preset
+
+torch.set_num_threads(1)
+
+
+def test_kernel_rule_at_its_boundaries():
+    big = torch.empty(fast_decode.PACKED_MIN_SIZE // 128, 128)
+    small = torch.empty(big.shape[0] // 2, 128)
+    assert [fast_decode.matmul_kind(big, rows) for rows in (1, 2, 64)] == ["row_major", "packed", "packed"]
+    rows = (1, fast_decode.ROW_MAJOR_MAX_BATCH, fast_decode.ROW_MAJOR_MAX_BATCH + 1,
+            fast_decode.PACKED_MIN_ROWS - 1, fast_decode.PACKED_MIN_ROWS)
+    assert [fast_decode.matmul_kind(small, r) for r in rows] == ["row_major", "row_major", "view", "view", "packed"]
+    # for a single matmul (a prefill) a weight is packed only from PACKED_MIN_ROWS rows
+    assert [fast_decode.matmul_kind(big, r, once=True) for r in (16, 64, fast_decode.PACKED_MIN_ROWS)] == \
+        ["row_major", "view", "packed"]
+    # oneDNN only where it was measured: fp32 on CPU
+    assert fast_decode.matmul_kind(big.double(), 64) == "view"
+
+
+@pytest.mark.parametrize("kind", fast_decode.MATMUL_KINDS)
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_linear_equals_addmm_for_every_kernel(kind, rows):
+    """`linear` over each kernel's operand gives x @ W.T + bias + residual, for any row count (a
+    packed weight laid out for 8 rows runs on fewer or more)."""
+    torch.manual_seed(rows)
+    weight = torch.randn(96, 64)  # [out, in]
+    x, bias, residual = torch.randn(rows, 64), torch.randn(96), torch.randn(rows, 96)
+    w = fast_decode.matmul_operand(weight, kind, 8)
+    want = x @ weight.t()
+    for got, ref in ((fast_decode.linear(x, w), want), (fast_decode.linear(x, w, bias), want + bias),
+                     (fast_decode.linear(x, w, None, residual), want + residual),
+                     (fast_decode.linear(x, w, bias, residual), want + bias + residual)):
+        assert got.shape == (rows, 96) and got.is_contiguous()
+        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+# A tiny model whose gate|up and lm_head are big enough to be packed from 2 rows
+# (2·1024·128 = 2048·128 = PACKED_MIN_SIZE elements); q|k|v, o and down stay small.
+SHAPES = {"llama": dict(num_key_value_heads=2),
+          "qwen2": dict(family="qwen2", num_key_value_heads=2, qkv_bias=True, tie_word_embeddings=True)}
+
+
+def _prompts(rows: int, longest: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` left-padded prompts of 4..`longest` tokens, the first `longest` long (so a 64-row
+    prefill has 512 rows: PACKED_MIN_ROWS)."""
+    g = torch.Generator().manual_seed(rows)
+    lens = [longest] + torch.randint(4, longest + 1, (rows - 1,), generator=g).tolist()
+    return left_pad([torch.randint(1, 2048, (n,), generator=g).tolist() for n in lens])
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_kernels_give_module_tokens(shape, rows):
+    """At the row counts where the kernels change (1: MKL on row-major copies, an 8-row prefill on
+    views; 4: big weights packed; 16: the small ones still row-major; 64: small ones as [out, in]
+    views, the 512-row prefill packed throughout) the fused path's tokens equal the modules', log-probs within 1e-5 —
+    greedy, and sampled with rows leaving the batch at EOS (fewer rows on the same operands)."""
+    torch.manual_seed(0)
+    cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, vocab_size=2048,
+                                               **SHAPES[shape])
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():  # non-trivial biases and norms, so a dropped term would show
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    ids, mask = _prompts(rows)
+    fused = fast_decode.FusedDecoder(model, rows, ids.shape[1] + 1)
+    wqkv, _, wo, _, wgu, *_ = fused.layers[0]
+    assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
+    assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
+    _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(rows * ids.shape[1])[0]
+    assert prefill_wo.is_mkldnn == (rows * ids.shape[1] >= fast_decode.PACKED_MIN_ROWS)
+    assert prefill_wgu is wgu  # the decode steps' operand reused
+    for params in (SamplingParams(max_new_tokens=6, greedy=True),
+                   SamplingParams(max_new_tokens=6, temperature=0.9, top_k=50, eos_token_id=list(range(5, 2048, 5)))):
+        fast = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(4))
+        slow = GenerationEngine(model, fast_decode=False).generate(ids, mask, params,
+                                                                   torch.Generator().manual_seed(4))
+        assert torch.equal(fast.response, slow.response) and torch.equal(fast.response_mask, slow.response_mask)
+        assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
