@@ -96,7 +96,7 @@ def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.T
     of a sampled step's sampling at a large vocabulary.
     `rows` (of a full batch of `batch`): the uniforms are drawn for the full batch and these rows
     taken, so a row's draw does not depend on which other rows are still generating."""
-    cdf = torch.softmax(logits, dim=-1).cumsum_(-1)
+    cdf = torch.softmax(logits, dim=-1, dtype=torch.float32).cumsum_(-1)  # fp32 sums whatever the logits' dtype
     # Drawn on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
     device = cdf.device if generator is None else generator.device
     u = torch.rand(cdf.shape[0] if rows is None else batch, 1, dtype=cdf.dtype, device=device, generator=generator)
