@@ -10,8 +10,8 @@ cache), so a rollout whose responses end at different lengths computes only the 
 Log-probs are taken from `log_softmax(logits / temperature)` (temperature 1 when greedy), before
 top-k / top-p truncation: the distribution a trainer recomputes from the same logits.
 
-Determinism: all randomness comes from the `generator` passed in, drawn for the full batch at
-every step (so dropping finished rows changes no other row's draw). Tensor-parallel ranks see the
+Determinism: all randomness comes from the `generator` passed in: one uniform per row of the full
+batch at every step (so dropping finished rows changes no other row's draw). Tensor-parallel ranks see the
 same (replicated) logits, so with the same seeded generator every rank draws the same tokens.
 """
 
@@ -89,20 +89,24 @@ class Rollout:
 
 def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
           batch: int = 0) -> torch.Tensor:
-    """One index per row from softmax(logits): [B]. Exponential race: argmax p_i / E_i with
-    E_i ~ Exp(1) picks i with probability p_i (as vLLM samples); cheaper than multinomial. E = -log U
-    with U ~ Uniform[0, 1): on CPU a third of the time of `exponential_`, the noise being most of a
-    sampled step's sampling at a large vocabulary.
-    `rows` (of a full batch of `batch`): the noise is drawn for the full batch and these rows
+    """One index per row from softmax(logits): [B]. Inverse CDF: a row's uniform u, scaled to the
+    row's total mass, picks the first index whose cumulative probability exceeds it — probability
+    p_i for index i, to the fp32 rounding of the cumulative sum; an index of probability 0 is never
+    drawn. One uniform per row: noise per vocabulary entry (an exponential race, Gumbel-max) is most
+    of a sampled step's sampling at a large vocabulary.
+    `rows` (of a full batch of `batch`): the uniforms are drawn for the full batch and these rows
     taken, so a row's draw does not depend on which other rows are still generating."""
-    probs = torch.softmax(logits, dim=-1)
-    shape = probs.shape if rows is None else (batch, *probs.shape[1:])
+    cdf = torch.softmax(logits, dim=-1, dtype=torch.float32).cumsum_(-1)  # fp32 sums whatever the logits' dtype
     # Drawn on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
-    device = probs.device if generator is None else generator.device
-    race = torch.empty(shape, dtype=probs.dtype, device=device).uniform_(generator=generator).log_().neg_()
+    device = cdf.device if generator is None else generator.device
+    u = torch.rand(cdf.shape[0] if rows is None else batch, 1, dtype=cdf.dtype, device=device, generator=generator)
     if rows is not None:
-        race = race[rows.to(device)]
-    return probs.div_(race.to(probs.device)).argmax(-1)
+        u = u[rows.to(device)]
+    total = cdf[:, -1:]
+    # u < 1, but u · total can round up to total: keep the point below it, so that it falls in a
+    # step of positive probability (an index past the last one would be out of range).
+    point = torch.minimum(u.to(cdf.device) * total, total.nextafter(torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(1)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,

@@ -163,6 +163,27 @@ def test_sampling_follows_the_truncated_distribution():
         assert (sample_tokens(batch[:50], params, g)[0] == 0).all()
 
 
+def test_draw_follows_softmax_and_is_per_row():
+    """`_draw` (inverse CDF, one uniform per row): frequencies match the softmax over probabilities
+    spanning four decades, masked (-inf) entries are never drawn, and rows drawn out of a bigger
+    batch (`rows`, `batch`) get what those rows get when the whole batch draws."""
+    from hybridflow.runtime.engines.generation import _draw
+
+    logits = torch.linspace(0.0, -9.0, 64)
+    logits[5::6] = float("-inf")
+    probs = torch.softmax(logits, -1)
+    n = 100_000
+    freq = torch.bincount(_draw(logits.expand(n, -1), torch.Generator().manual_seed(0)), minlength=64).float() / n
+    assert freq[probs == 0].sum() == 0
+    sigma = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 5 * sigma + 1e-6).all(), (freq - probs).abs().max()
+    batch = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    rows = torch.tensor([1, 4, 5, 7])
+    for seed in range(5):
+        whole = _draw(batch, torch.Generator().manual_seed(seed))
+        assert torch.equal(_draw(batch[rows], torch.Generator().manual_seed(seed), rows, 8), whole[rows])
+
+
 FUSED_SHAPES = [dict(num_key_value_heads=2),
                 dict(qkv_bias=True, o_bias=True, mlp_bias=True, tie_word_embeddings=True),
                 dict(family="qwen3", qk_norm=True, num_key_value_heads=2)]
@@ -324,10 +345,11 @@ def test_fused_path_with_big_weights_equals_module_path():
     ids, mask = left_pad(PROMPTS)
     for params in (SamplingParams(max_new_tokens=10, greedy=True),
                    SamplingParams(max_new_tokens=10, temperature=0.9, top_k=12, eos_token_id=[5, 9, 17])):
+        # seed 6: its sampled rows end after 1 and 2 tokens (the draws of `generation._draw`)
         engine = GenerationEngine(model)
-        fast = engine.generate(ids, mask, params, torch.Generator().manual_seed(4))
+        fast = engine.generate(ids, mask, params, torch.Generator().manual_seed(6))
         slow = GenerationEngine(model, fast_decode=False).generate(ids, mask, params,
-                                                                   torch.Generator().manual_seed(4))
+                                                                   torch.Generator().manual_seed(6))
         assert torch.equal(fast.response, slow.response) and torch.equal(fast.response_mask, slow.response_mask)
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
     assert engine.last_batch_sizes[0] == 2 and engine.last_batch_sizes[-1] == 1  # rows left: 3 -> 2 -> 1
