@@ -82,6 +82,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
         lane_of = ref.lanes(placement)
         big_lanes = ref.pipeline_lanes(lane_of)
         for counts in allocations([1] * len(placement), req.cluster):
+            share = ref.node_share(counts)
             per_set = []
             for members, n in zip(placement, counts, strict=False):
                 if members == (ROLLOUT,):
@@ -99,7 +100,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
                 for members, (secs, cands) in zip(placement, pick, strict=False):
                     seconds.update(secs)
                     choice.update(zip(members, cands, strict=False))
-                t = ref.price(lane_of, big_lanes, seconds)
+                t = ref.price(lane_of, big_lanes, seconds, share)
                 yield Scored(t, placement, counts, tuple((r, choice[r]) for r in roles), rollout)
 
 

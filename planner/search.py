@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
+from hybridflow.simulator.neighbours import NodeShare, node_share
 from hybridflow.simulator.pipeline import copies_needed, pipeline, priced_iterations
 from hybridflow.simulator.plan import EXECUTION_MODES
-from hybridflow.simulator.schedule import call_gaps, makespan, pipeline_period, schedule
+from hybridflow.simulator.schedule import call_gaps, makespan, pipeline_period, schedule_shared
 from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
 
-from .placement import Placement, allocation_ok, allocations, set_partitions, size_options
+from .placement import Placement, allocation_ok, allocations, assign_devices, set_partitions, size_options
 from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
 from .request import SearchRequest
 from .sets import SetPricer
@@ -138,6 +139,9 @@ class Planner:
         overheads = getattr(self.cm, "overheads", None)
         # A profiled cost model's controller gaps, as `simulate` leaves them: ranking and simulate agree.
         self.gaps = call_gaps(self.graph, overheads)
+        # A device whose neighbours idle runs faster (simulator/neighbours.py): priced as `simulate` does,
+        # and the busy-speed bounds divided by it stay lower bounds.
+        self.alone_speedup = overheads.alone_speedup if overheads is not None else 1.0
         self.big = None
         if rollout.staleness:  # the unrolled pipeline `simulate` prices, built once
             k, n = rollout.staleness, priced_iterations(rollout.staleness)
@@ -151,7 +155,7 @@ class Planner:
     def set_bound(self, members: tuple[str, ...], n: int) -> float:
         """Least busy seconds of a set on n devices (each member's fastest config, memory ignored
         across members): a lower bound on the iteration, since a set's ops run one after another."""
-        return self.sets.bound(members, n)
+        return self.sets.bound(members, n) / self.alone_speedup
 
     # ---- one allocation ---------------------------------------------------------------------------
     def price_allocation(self, placement: Placement, counts: tuple[int, ...], lane_of: dict, top: _TopK) -> None:
@@ -167,14 +171,15 @@ class Planner:
             seconds.update(dict.fromkeys(self.pricer.sync_nodes, self.pricer.weight_sync_seconds(size["actor"],
                                                                                                  size[ROLLOUT])))
         big_lanes = self.pipeline_lanes(lane_of)
+        share = self.node_share(counts)
         best, best_combo = INF, None
         for combo in itertools.product(*fronts):
-            if max(c.busy for c in combo) >= min(best, top.threshold):
+            if max(c.busy for c in combo) / self.alone_speedup >= min(best, top.threshold):
                 continue
             for sc in combo:
                 seconds.update(sc.node_seconds)
             self.plans_priced += 1
-            t = self.price(lane_of, big_lanes, seconds)
+            t = self.price(lane_of, big_lanes, seconds, share)
             if t < best:
                 best, best_combo = t, combo
         if best_combo is not None and best < top.threshold:  # the top k lists distinct allocations
@@ -186,12 +191,21 @@ class Planner:
         """The unrolled pipeline's lanes for one placement's `lanes` (None in sync mode)."""
         return {n: lane_of[n[1]] for n in self.big} if self.big is not None else None
 
-    def price(self, lane_of: dict, big_lanes: dict | None, seconds: dict) -> float:
+    def node_share(self, counts: tuple[int, ...]) -> NodeShare | None:
+        """The sets' devices on their nodes (set i is lane g{i}, placed as plans.py places it) for the
+        alone speed (None: the cost model has none)."""
+        if self.alone_speedup <= 1.0:
+            return None
+        devices = assign_devices(counts, self.req.cluster)
+        return node_share(self.alone_speedup, {f"g{i}": d for i, d in enumerate(devices)},
+                          self.req.cluster.devices_per_node)
+
+    def price(self, lane_of: dict, big_lanes: dict | None, seconds: dict, share: NodeShare | None = None) -> float:
         """One iteration's makespan (sync) or the pipeline's steady iteration, as `simulate` gives it,
-        from each op node's seconds (the single iteration's nodes)."""
+        from each op node's seconds (the single iteration's nodes); `share`: node_share(counts)."""
         if big_lanes is None:
-            return makespan(schedule(self.graph, lane_of, seconds, self.gaps))
-        times = schedule(self.big, big_lanes, {n: seconds[n[1]] for n in self.big}, self.big_gaps)
+            return makespan(schedule_shared(self.graph, lane_of, seconds, self.gaps, share))
+        times = schedule_shared(self.big, big_lanes, {n: seconds[n[1]] for n in self.big}, self.big_gaps, share)
         k = self.rollout.staleness
         return pipeline_period(self.big, times, priced_iterations(k), k)
 

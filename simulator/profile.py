@@ -36,15 +36,16 @@ PROFILE_VERSION = 1
 # What a point measured. Model ops price through CostModel (train, forward, generate, reshard; the
 # megatron_* kinds are a train step / a log-prob or value forward of the megatron-core engine, whose
 # layout says backend: megatron); collectives through its ring formulas; matmul / memory are the
-# probe's raw figures; dispatch and reward are the single controller's own (taken as measured).
+# probe's raw figures; dispatch and reward are the single controller's own (taken as measured); alone
+# is a one-device point timed with the other devices idle and busy (the alone_speedup, as measured).
 OpKind = Literal["train", "forward", "generate", "reshard", "megatron_train", "megatron_forward", "allreduce",
-                 "allgather", "dispatch", "reward", "matmul", "memory"]
+                 "allgather", "dispatch", "reward", "alone", "matmul", "memory"]
 MEGATRON_OPS = ("megatron_train", "megatron_forward")
 MODEL_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS)
 PASS_OPS = ("train", "forward", *MEGATRON_OPS)  # whole sequences through the training engine
 COLLECTIVE_OPS = ("allreduce", "allgather")
 OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce", "allgather",
-                             "dispatch", "reward", "matmul", "memory")
+                             "dispatch", "reward", "alone", "matmul", "memory")
 
 
 class Fingerprint(BaseModel):
@@ -84,6 +85,10 @@ class ProfilePoint(BaseModel):
       from) or "queued" (after the call before it on the group; runtime/dispatch_probe.py);
     - reward: a rule-based reward function on the controller scoring `batch` responses of
       `response_len` tokens, decoding included (`mode`: the built-in task; runtime/reward_probe.py);
+    - alone: a one-device reference point (`mode`: its op, train / forward / generate; `model`, `head`,
+      `batch`, `micro_batch`, `steps`, lengths as that op's) run on `group_size` devices at once, each its
+      own copy: 1 with the other devices idle, all of them as the profile times every point
+      (runtime/alone_probe.py);
     - matmul: `size_bytes` = n (an n×n×n GEMM); memory: `size_bytes` copied.
     """
 
@@ -138,6 +143,9 @@ class ProfilePoint(BaseModel):
             return f"dispatch {self.mode or 'dependent'} b{self.batch}×{self.prompt_len} ×{self.group_size}"
         if self.op == "reward":
             return f"reward {self.mode or ''} b{self.batch}×{self.response_len}"
+        if self.op == "alone":
+            name = self.model.name if self.model else "?"
+            return f"alone {self.mode} {name} b{self.batch} {self.prompt_len}+{self.response_len} on {self.group_size} busy"
         if self.op in ("matmul", "memory"):
             return f"{self.op} {self.size_bytes:.0f}"
         name = self.model.name if self.model else "?"

@@ -75,6 +75,10 @@ class EngineOverheads(BaseModel):
                                     "measured, not fitted; the schedule leaves it, schedule.call_gaps)")
     queued_call_seconds: float = Field(0.0, ge=0, description="the gap between two calls queued on one worker "
                                        "group: the second was sent while the first ran (measured likewise)")
+    alone_speedup: float = Field(1.0, ge=1, description="how many times faster a device runs while the other "
+                                 "devices of its node idle than while they all work, as the profile times its "
+                                 "points (runtime/alone_probe.py; measured, not fitted; 1: no difference, as on "
+                                 "a GPU node; the schedule prices it, simulator/neighbours.py)")
     backward_ratio: float = Field(2.0, gt=0, description="the backward pass's compute relative to the forward's "
                                   "(2 in FLOPs, the analytic model's figure; eager CPU kernels reach another)")
     # The megatron-core engine's own terms (roles with train.backend: megatron; its megatron_train /

@@ -9,7 +9,8 @@ order, O(ops + edges) — so the planner can call `schedule` for every candidate
 With a profiled cost model, `simulate` also leaves the single controller's gaps between calls
 (simulator/profiled_cost.py: after an input the call waited for, after the previous call on the
 same group), as a measured run's worker-timed ops show them; the planner's search and brute force
-leave the same gaps (call_gaps), so a plan ranks at the seconds `simulate` gives it.
+leave the same gaps (call_gaps), so a plan ranks at the seconds `simulate` gives it. Likewise they
+price a device that runs while the rest of its node idles (schedule_shared, simulator/neighbours.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .dataflow import (
     unroll,
 )
 from .errors import HflowError
+from .neighbours import NodeShare, node_share, reprice
 from .pipeline import copies_needed, pipeline, priced_iterations
 from .plan import Plan
 from .timeline import Event, Timeline
@@ -69,6 +71,35 @@ def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapp
         ends[n] = end
         times[n] = (start, end)
     return times
+
+
+SHARE_PASSES = 8  # schedule → reprice rounds at most; a fixed point comes within a few
+
+
+def schedule_shared(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapping[Hashable, float],
+                    gaps: Mapping[Hashable, tuple[float, float]] | None = None, share: NodeShare | None = None
+                    ) -> dict[Hashable, tuple[float, float]]:
+    """`schedule`, with each op on devices re-priced by how much of its span the other devices of its
+    node idle (simulator/neighbours.py; `share` None: `schedule` as is). Scheduled at the profile's
+    speed, each op re-priced with the others where that schedule put them, scheduled again, until
+    the spans stop moving (at most SHARE_PASSES rounds: the same figure wherever it is computed)."""
+    times = schedule(graph, lane_of, seconds, gaps)
+    if share is None:
+        return times
+    for _ in range(SHARE_PASSES):
+        new = schedule(graph, lane_of, {**seconds, **reprice(times, lane_of, seconds, share)}, gaps)
+        moved = max((abs(new[n][1] - times[n][1]) for n in new), default=0.0)
+        times = new
+        if moved <= 1e-12:
+            break
+    return times
+
+
+def plan_share(plan: Plan, cost_model) -> NodeShare | None:
+    """The plan's groups on their nodes and the cost model's alone_speedup (None: the term is off)."""
+    overheads = getattr(cost_model, "overheads", None)
+    speedup = overheads.alone_speedup if overheads is not None else 1.0
+    return node_share(speedup, {g.name: g.devices for g in plan.groups}, plan.cluster.devices_per_node)
 
 
 def _compiled(graph: nx.DiGraph) -> list[tuple[Hashable, tuple]]:
@@ -185,7 +216,7 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     if pipelined:
         pipeline(graph, big, big_lanes, copies, plan.staleness)
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))
-    times = schedule(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps)
+    times = schedule_shared(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps, plan_share(plan, cost_model))
     events = []
     for n in call_order(big):
         a, c = big.nodes[n], costs[n[1]]

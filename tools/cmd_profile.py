@@ -15,8 +15,11 @@ minutes). `--check PROFILE` re-times a profile's own one-device points and print
 adds the megatron-core engine's points (megatron_train / megatron_forward at dp, tp and pp over all
 devices; minutes on 2 cores, so behind the flag), `--add-megatron PROFILE` measures only those into an
 existing profile of this machine. A full profile also times the built-in tasks' rule-based rewards on
-the controller (runtime/reward_probe.py, the `reward` op's price); `--add-reward PROFILE` measures
-only those into an existing profile of this machine.
+the controller (runtime/reward_probe.py, the `reward` op's price) and its quick reference points on one
+device alone against all busy (runtime/alone_probe.py); `--add-reward PROFILE` measures
+only those into an existing profile of this machine. `--add-alone PROFILE` re-times its quick reference
+points on one device with the others idle and on all at once (runtime/alone_probe.py): the
+`alone_speedup` the schedule prices for a device whose neighbours idle.
 """
 
 from __future__ import annotations
@@ -147,6 +150,10 @@ def add_parser(subparsers) -> None:
     what.add_argument("--add-reward", metavar="PROFILE.json",
                       help="time only the built-in tasks' rule-based rewards on this machine's controller and add "
                            "them to this profile of it (replacing the reward points it had), refit, rewrite")
+    what.add_argument("--add-alone", metavar="PROFILE.json",
+                      help="re-time this profile's quick reference points on one device with the others idle and "
+                           "on all devices at once (the alone_speedup), add them (replacing the alone points it "
+                           "had), refit, rewrite")
     what.add_argument("--check", metavar="PROFILE",
                       help="re-time a profile's own one-device points of the tiny model on this machine and print "
                            "seconds now / then (is it still this machine's speed?); writes nothing")
@@ -189,7 +196,7 @@ def _require_megatron() -> None:
 def run(args) -> int:
     if args.check:
         return check(args.check)
-    out = Path(args.out or args.add_megatron or args.add_reward)
+    out = Path(args.out or args.add_megatron or args.add_reward or args.add_alone)
     if out.suffix.lower() != ".json":
         raise HflowError(f"{out}: a profile is JSON; give a file name ending in .json")
     if out.is_dir():
@@ -198,6 +205,8 @@ def run(args) -> int:
         return add_megatron(args, out)
     if args.add_reward:
         return add_reward(out)
+    if args.add_alone:
+        return add_alone(args, out)
     _require_torch("profiling")
     if args.megatron:
         _require_megatron()
@@ -230,6 +239,12 @@ def run(args) -> int:
     profile = Profile(name=args.name or out.stem, fingerprint=fingerprint(devices), hardware=hw, points=points,
                       notes=f"hflow-plan profile{' --quick' if args.quick else ''}: {len(jobs)} jobs, "
                             f"warmup {warmup}, repeats {repeats}, passes {args.passes}")
+    if not args.quick and devices > 1:  # a device alone against all busy, on the points just measured
+        from hybridflow.runtime.alone_probe import measure_alone
+        from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
+
+        alone = measure_alone(profile, passes=args.passes, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        profile = profile.model_copy(update={"points": points + alone})
     cal = calibrate(profile)  # before writing: a profile that cannot be fitted is not written
     profile.save(out)
     print_fit(cal, Console(file=sys.stdout), title=f"{out}: {len(points)} points on {devices} {hw.name} devices")
@@ -265,6 +280,19 @@ def add_reward(path: Path) -> int:
         return got, f"reward points: {len(got)} tasks, repeats {got[0].repeats}"
 
     return _add_points(path, ("reward",), "reward points:", "reward", lambda: _require_torch("profiling"), points)
+
+
+def add_alone(args, path: Path) -> int:
+    """`--add-alone PROFILE`: this machine's reference points timed alone and all busy, into its profile."""
+    def points(devices: int):
+        from hybridflow.runtime.alone_probe import measure_alone
+        from hybridflow.simulator.profile import Profile
+        from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
+
+        got = measure_alone(Profile.load(path), passes=args.passes, max_seconds=SPEED_CHECK_MAX_SECONDS)
+        return got, f"alone points: {len(got) // 2} jobs, passes {args.passes}"
+
+    return _add_points(path, ("alone",), "alone points:", "alone", lambda: _require_torch("profiling"), points)
 
 
 def _add_points(path: Path, kinds: tuple[str, ...], note_prefix: str, what: str, require, measure_points) -> int:
@@ -358,4 +386,4 @@ def print_fit(cal, console, title: str = "") -> None:
                   f"{hw.intra_node_bandwidth / 1e9:.3f} GB/s, latency {hw.intra_node_latency * 1e3:.2f} ms, "
                   f"tokens_half {cal.params.tokens_half:.3g}, width_half {cal.params.width_half:.3g}, decode step "
                   f"overhead {cal.params.decode_step_overhead * 1e3:.2f} ms, dispatch "
-                  f"{cal.overheads.dispatch_seconds * 1e3:.1f} ms")
+                  f"{cal.overheads.dispatch_seconds * 1e3:.1f} ms, alone speedup {cal.overheads.alone_speedup:.2f}")

@@ -290,3 +290,25 @@ def test_add_reward_times_the_builtin_rewards_into_a_profile_of_this_machine(tmp
     assert len(p.points) == len(here.points) - 1 + len(TASKS) and p.notes.startswith("grid; reward points:")
     per_sequence = statistics.median(r.seconds / r.batch for r in rewards)
     assert calibrate(p).params.rule_reward_seconds_per_sequence == pytest.approx(per_sequence)
+
+
+def test_add_alone_times_reference_points_alone_and_all_busy_into_a_profile_of_this_machine(tmp_path, capsys):
+    """`--add-alone`: per quick reference point one point on 1 device and one on both (replacing the
+    earlier ones); the fit's alone_speedup is their median busy / alone ratio, at least 1. The probe runs
+    for real (two process groups of the tiny model's quick points)."""
+    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.simulator.calibration import alone_speedup, calibrate
+
+    path = hand_profile(tmp_path)
+    here = Profile.load(path)
+    old = ProfilePoint(op="alone", mode="train", model="tiny", batch=8, prompt_len=16, response_len=16, seconds=9.0)
+    here = here.model_copy(update={"fingerprint": fingerprint(2), "points": [*here.points, old], "notes": "grid"})
+    here.save(path)
+    assert main(["profile", "--add-alone", str(path), "--passes", "1"]) == 0
+    assert "alone points added" in capsys.readouterr().out
+    p = Profile.load(path)
+    alone = p.by_op()["alone"]
+    assert sorted(a.group_size for a in alone) == [1] * (len(alone) // 2) + [2] * (len(alone) // 2)
+    assert len(alone) >= 4
+    assert all(a.seconds < 9.0 for a in alone) and p.notes.startswith("grid; alone points:")
+    assert calibrate(p).overheads.alone_speedup == alone_speedup(p) >= 1.0

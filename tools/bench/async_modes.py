@@ -27,8 +27,9 @@ their ratios: its speed drifts between minutes. So before each plan a few of the
 points are re-timed (`hflow-plan profile --check`'s quick form, as `run` does): `× speed` is the
 machine's speed then against the profile's, and `error at speed` the error of the prediction scaled by
 it (`--no-speed-check` skips it). `--neighbour-check` re-times those points on one device alone and on
-both at once, back to back: the profile times one-device points with every device busy, while a
-disaggregated plan's devices partly take turns (docs/rollout-devices.md).
+both at once, back to back: the speedup of a device whose neighbour idles now, beside the profile's
+alone_speedup that the prediction prices where a disaggregated plan's devices take turns
+(simulator/neighbours.py, docs/rollout-devices.md).
 """
 
 from __future__ import annotations
@@ -121,23 +122,17 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
-    """Seconds of the profile's quick reference points on one device while the other idles, over their
-    seconds with both devices busy (as the profile times them), re-timed back to back `passes` times:
-    the median per point. Below 1: a device alone runs faster than the profile says — what a
-    disaggregated plan's devices do while they take turns."""
-    import statistics
-
-    from hybridflow.runtime.profile_check import check_speed
+    """How many times faster a device runs with the other idle than with both busy, now: the profile's
+    quick reference points re-timed both ways back to back `passes` times (runtime/alone_probe.py), as
+    the calibration reads the profile's own `alone` points (its alone_speedup)."""
+    from hybridflow.runtime.alone_probe import measure_alone
+    from hybridflow.simulator.calibration import alone_speedup
     from hybridflow.simulator.profile import resolve_profile
     from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
 
     profile = resolve_profile(profile_ref)
-    ratios = []
-    for _ in range(passes):
-        alone = check_speed(profile, devices=1, max_seconds=SPEED_CHECK_MAX_SECONDS)
-        both = check_speed(profile, devices=profile.fingerprint.devices, max_seconds=SPEED_CHECK_MAX_SECONDS)
-        ratios += [a / b for a, b in zip(alone.now, both.now, strict=True)]
-    return statistics.median(ratios)
+    points = measure_alone(profile, passes=passes, max_seconds=SPEED_CHECK_MAX_SECONDS)
+    return alone_speedup(profile.model_copy(update={"points": points}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                          "against the profile's, which scales that plan's prediction in the `× speed` columns)")
     ap.add_argument("--neighbour-check", action="store_true",
                     help="also re-time a few of the profile's points on one device alone and on both at once, "
-                         "back to back: how much faster a device runs while its neighbour idles")
+                         "back to back: how much faster a device runs while its neighbour idles now (the profile's "
+                         "alone_speedup, measured then, is what the prediction prices)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.iterations < 3:
@@ -206,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"profile": cal.profile, "workload": WORKLOAD, "plans": rows,
                "balance": {k: dict(zip(("rollout", "trainers"), v, strict=True)) for k, v in balance.items()},
-               "alone_over_busy": alone}
+               "alone_speedup_now": alone,
+               "alone_speedup_profile": cal.overheads.alone_speedup}
         if args.ops:
             out["ops"] = {n: c.json() for n, c in comparisons.items()}
         print(json.dumps(out))
@@ -234,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             if g) + f" per iteration in '{BALANCE_PLAN}'; one step off hides at most the shorter side"
         t.caption_justify = "left"
     if alone is not None:
-        t.caption = (t.caption or "") + f"\none device alone / both busy: {alone:.2f}× the seconds (the profile " \
-                                          "times its points with both busy)"
+        t.caption = (t.caption or "") + f"\none device alone runs {alone:.2f}× as fast as with both busy now; " \
+            f"the profile's alone_speedup, which the prediction prices: {cal.overheads.alone_speedup:.2f}×"
         t.caption_justify = "left"
     console = Console(width=max(Console().width, 150))
     console.print(t)
