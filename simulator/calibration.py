@@ -33,6 +33,7 @@ from .cost import CostModel
 from .efficiency import EfficiencyParams
 from .errors import HflowError
 from .hardware import ClusterSpec, HardwareSpec
+from .measured_terms import measured_directly
 from .profile import COLLECTIVE_OPS, MEGATRON_OPS, Profile, ProfilePoint
 from .profiled_cost import MEGATRON_OVERHEADS, EngineOverheads, ProfiledCostModel
 from .workload import Workload
@@ -223,18 +224,7 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
             fitted |= values
             converged = converged and ok
     hw, pr = HardwareSpec.model_validate(hw.model_dump()), EfficiencyParams.model_validate(pr.model_dump())
-    gaps = {}
-    for field, mode in (("dispatch_seconds", "dependent"), ("queued_call_seconds", "queued")):
-        seen = [p.seconds for p in profile.points if p.op == "dispatch" and (p.mode or "dependent") == mode]
-        if seen:  # measured directly: the median gap the probe saw
-            gaps[field] = statistics.median(seen)
-    ov = ov.model_copy(update=gaps)
-    rewards = [p.seconds / p.batch for p in profile.points if p.op == "reward"]
-    if rewards:  # measured directly: the median seconds per sequence over the built-in tasks
-        pr = pr.model_copy(update={"rule_reward_seconds_per_sequence": statistics.median(rewards)})
-    speedup = alone_speedup(profile)
-    if speedup is not None:
-        ov = ov.model_copy(update={"alone_speedup": speedup})
+    pr, ov = measured_directly(profile, pr, ov)
     points += [p for p in profile.points if p.op in ("dispatch", "reward")]
     ov = EngineOverheads.model_validate(ov.model_dump())
     cm = ProfiledCostModel(ClusterSpec(hardware=hw, nodes=1, devices_per_node=devices), pr, ov)
@@ -243,22 +233,6 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
     return Calibration(profile=profile.name, hardware=hw.model_copy(update={"source": _source(profile)}),
                        params=pr, overheads=ov, dtype_bytes=dtype_bytes, terms=fitted,
                        errors=errors_by_op(fit), fit=fit, converged=converged)
-
-
-def alone_speedup(profile: Profile) -> float | None:
-    """The profile's `alone` points' speedup (None: it has none): per reference job, its seconds with
-    every device busy over its seconds with the others idle; the median over jobs, at least 1 (a
-    device alone is never slower: a ratio under 1 is the machine's noise)."""
-    by_job: dict[tuple, dict[bool, float]] = {}
-    for p in profile.points:
-        if p.op == "alone":
-            key = (p.mode, p.model.name if p.model else "", p.head, p.batch, p.micro_batch, p.steps, p.prompt_len,
-                   p.response_len)
-            by_job.setdefault(key, {})[p.group_size == 1] = p.seconds
-    ratios = [t[False] / t[True] for t in by_job.values() if len(t) == 2]
-    if not ratios:
-        return None
-    return max(1.0, statistics.median(ratios))
 
 
 def _fit(points: list[ProfilePoint], terms: tuple[Term, ...], hw0: HardwareSpec, base: EfficiencyParams,

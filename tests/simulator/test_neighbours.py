@@ -9,8 +9,9 @@ import pytest
 from test_calibration import synthetic_profile
 from test_schedule import chain_free
 
-from hybridflow.simulator.calibration import alone_speedup, calibrate
+from hybridflow.simulator.calibration import calibrate
 from hybridflow.simulator.dataflow import DRIVER
+from hybridflow.simulator.measured_terms import alone_speedup
 from hybridflow.simulator.neighbours import node_share
 from hybridflow.simulator.plan import Device
 from hybridflow.simulator.profile import ProfilePoint

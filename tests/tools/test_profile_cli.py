@@ -297,7 +297,8 @@ def test_add_alone_times_reference_points_alone_and_all_busy_into_a_profile_of_t
     earlier ones); the fit's alone_speedup is their median busy / alone ratio, at least 1. The probe runs
     for real (two process groups of the tiny model's quick points)."""
     from hybridflow.runtime.hardware_probe import fingerprint
-    from hybridflow.simulator.calibration import alone_speedup, calibrate
+    from hybridflow.simulator.calibration import calibrate
+    from hybridflow.simulator.measured_terms import alone_speedup
 
     path = hand_profile(tmp_path)
     here = Profile.load(path)

@@ -126,7 +126,7 @@ def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
     quick reference points re-timed both ways back to back `passes` times (runtime/alone_probe.py), as
     the calibration reads the profile's own `alone` points (its alone_speedup)."""
     from hybridflow.runtime.alone_probe import measure_alone
-    from hybridflow.simulator.calibration import alone_speedup
+    from hybridflow.simulator.measured_terms import alone_speedup
     from hybridflow.simulator.profile import resolve_profile
     from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
 
