@@ -250,7 +250,8 @@ def run(args) -> dict[str, dict]:
 
     from .bench_models import bench_model
 
-    hardware = probe_hardware(args.devices)
+    # measured now, not the cached probe: a roofline read on a busier stretch would flatter every phase
+    hardware = probe_hardware(args.devices, refresh=True)
     own_ray = not ray.is_initialized()
     if own_ray:  # one local Ray cluster for every model (a new one, never an outside `ray start` one)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
