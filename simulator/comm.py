@@ -39,12 +39,9 @@ def ring_allgather_seconds(size_bytes: float, n: int, bandwidth: float, latency:
 ring_reduce_scatter_seconds = ring_allgather_seconds
 
 
-def alltoall_seconds(size_bytes: float, n: int, bandwidth: float, latency: float = 0.0) -> float:
-    """All-to-all in which each of `n` devices holds `size_bytes` split evenly over the n: it keeps its own
-    1/n and sends the rest, (n-1)/n·S/B (pairwise exchanges, each device sending and receiving at once)."""
-    if n <= 1 or size_bytes <= 0:
-        return 0.0
-    return (n - 1) / n * size_bytes / bandwidth + latency
+# An all-to-all in which each of n devices holds S split evenly over the n keeps its own 1/n and sends the
+# rest, (n-1)/n·S/B (pairwise exchanges, each device sending and receiving at once): the all-gather's volume.
+alltoall_seconds = ring_allgather_seconds
 
 
 class Link(NamedTuple):

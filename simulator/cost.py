@@ -28,7 +28,6 @@ from pydantic import BaseModel, Field
 
 from .comm import (
     Link,
-    alltoall_seconds,
     dp_ranks,
     group_link,
     pp_ranks,
@@ -139,12 +138,8 @@ class CostModel:
         lk = self.link(world, ranks)
         return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
 
-    def alltoall(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
-        """(bandwidth seconds, latency seconds) of one all-to-all of `size_bytes` per device over `ranks`."""
-        if len(ranks) <= 1:
-            return 0.0, 0.0
-        lk = self.link(world, ranks)
-        return alltoall_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+    # One all-to-all of `size_bytes` per device over `ranks` moves the all-gather's volume (comm.alltoall_seconds).
+    alltoall = allgather
 
     def p2p(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
         """One pipeline send between adjacent stages (the first two ranks of `ranks`)."""
