@@ -15,15 +15,20 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   is unchanged (v is not permuted); the rotations of every position of the run are computed once;
 - decode attention as two batched matmuls over (batch, kv head) rows — the heads that share a kv
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
-  SDPA with a mask for one query; prefill uses SDPA;
+  SDPA with a mask for one query; prefill uses SDPA, on the prompts' real tokens only (padding's
+  rows skip the matmuls);
+- on CPU in fp32 with one torch thread (the rollout workers' setting), the decode step's
+  attention (RoPE, cache write and the attention itself over a paged cache), the norms and
+  SiLU·up in cpu_kernels.c, one call each instead of several ops;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
 - each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, big
   weights (and every weight in a long prefill) prepacked for oneDNN's linear; the others
   through MKL, stored [in, out] row-major at up to 16 rows. The decode steps' choice is made once
   per call for its batch; the prefill reuses their operands where it can.
 
-Prefill and decode both go through here, so the KV cache (permuted k layout) is written by this
-path only. In fp32 the logits equal the module path to float rounding (tests: 1e-5, same tokens).
+Prefill and decode both go through here, so the KV cache (permuted k layout; paged for the C
+kernels) is written by this path only. In fp32 the logits equal the module path to float
+rounding (tests: 1e-5, same tokens), through the C kernels or torch's ops.
 
 Anything else — a family the registry does not mark `fused_decode`, a sliding window that the run
 reaches, a tensor-parallel model (DTensor weights), an FSDP-wrapped one, a model with hooks, a
@@ -35,6 +40,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hybridflow.runtime.engines import cpu_kernels
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.families import family
 
@@ -121,7 +127,8 @@ def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
 class FusedDecoder:
     """The fused weights of one model and a KV cache for one `generate()` call."""
 
-    def __init__(self, model: CausalLM, batch: int, max_len: int):
+    def __init__(self, model: CausalLM, batch: int, max_len: int, c_kernels: bool = True):
+        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere)."""
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -157,33 +164,53 @@ class FusedDecoder:
         self.layers = [tuple(t if i % 2 else matmul_layout(t, batch) for i, t in enumerate(weights))
                        for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
-        # Cache rows are (batch, kv head) pairs: a decode step's attention is then two batched
-        # matmuls, the heads sharing a kv head (grouped-query) being the rows of one query block.
-        shape = (batch * self.kv_heads, max_len, d)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        # cpu_kernels.c where it runs this: fp32 on CPU, one torch thread (with more, torch's ops
+        # spread over them and the single-threaded kernels would not), head_dim in whole pages.
+        self.c = cpu_kernels.kernels() if (c_kernels and device.type == "cpu" and dtype == torch.float32
+                                           and d % cpu_kernels.CHUNK == 0 and torch.get_num_threads() == 1) else None
+        # The cache per layer. For torch's ops keys [B, Hkv, d, T] (transposed: a step's scores are one
+        # batched matmul over (row, kv head) blocks, the heads sharing a kv head being one query
+        # block) and values [B, Hkv, T, d]; for cpu_kernels.c the same in pages of CHUNK slots,
+        # [pages, B, Hkv, d, CHUNK] and [pages, B, Hkv, CHUNK, d] (why: decode_attention's comment).
+        if self.c is None:
+            self.keys = [torch.empty(batch, self.kv_heads, d, max_len, dtype=dtype, device=device) for _ in self.layers]
+            self.values = [torch.empty(batch, self.kv_heads, max_len, d, dtype=dtype, device=device) for _ in self.layers]
+        else:
+            pages, chunk = -(-max_len // cpu_kernels.CHUNK), cpu_kernels.CHUNK
+            self.keys = [torch.empty(pages, batch, self.kv_heads, d, chunk) for _ in self.layers]
+            self.values = [torch.empty(pages, batch, self.kv_heads, chunk, d) for _ in self.layers]
+            self._scratch = torch.empty(batch * self.heads * (d + 2))
         self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
         self.length = 0
-        self._cache_views()
 
-    def _cache_views(self) -> None:
-        batch = self.keys[0].shape[0] // self.kv_heads
-        self.keys_t = [k.transpose(1, 2) for k in self.keys]  # [B·Hkv, d, max_len] views
-        # [B, Hkv, max_len, d] views, to write a step's k/v without reshaping (copying) them first
-        self.keys_4d = [k.view(batch, self.kv_heads, *k.shape[1:]) for k in self.keys]
-        self.values_4d = [v.view(batch, self.kv_heads, *v.shape[1:]) for v in self.values]
+    def _store_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The prompt's keys and values [B, Hkv, S, d] into cache slots 0..S-1."""
+        s = k.shape[2]
+        if self.c is None:
+            self.keys[layer].transpose(2, 3)[:, :, :s] = k
+            self.values[layer][:, :, :s] = v
+            return
+        pages = -(-s // cpu_kernels.CHUNK)  # whole pages: the slots past S are rewritten before they are read
+        k, v = (F.pad(t, (0, 0, 0, pages * cpu_kernels.CHUNK - s)).unflatten(2, (pages, -1)) for t in (k, v))
+        self.keys[layer][:pages] = k.permute(2, 0, 1, 4, 3)
+        self.values[layer][:pages] = v.permute(2, 0, 1, 3, 4)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` (indices into the current batch) in the KV cache: finished
         sequences leave the batch, so later steps compute (and read the cache of) live rows only.
         Copies the filled slots of the kept rows once."""
-        n = self.length
-        for cache, cache_4d in ((self.keys, self.keys_4d), (self.values, self.values_4d)):
-            for i, old in enumerate(cache_4d):
-                new = old.new_empty((len(rows), *old.shape[1:]))
-                new[:, :, :n] = old[rows, :, :n]
-                cache[i] = new.view(-1, *old.shape[2:])
-        self._cache_views()
+        n, pages = self.length, -(-self.length // cpu_kernels.CHUNK)
+        for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            if self.c is None:  # slots: the keys' last dim, the values' third
+                self.keys[i] = keys.new_empty((len(rows), *keys.shape[1:]))
+                self.keys[i][..., :n] = keys[rows, ..., :n]
+                self.values[i] = values.new_empty((len(rows), *values.shape[1:]))
+                self.values[i][:, :, :n] = values[rows, :, :n]
+            else:  # pages first, then rows
+                self.keys[i] = keys.new_empty((keys.shape[0], len(rows), *keys.shape[2:]))
+                self.keys[i][:pages] = keys[:pages, rows]
+                self.values[i] = values.new_empty((values.shape[0], len(rows), *values.shape[2:]))
+                self.values[i][:pages] = values[:pages, rows]
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
         """RoPE of integer positions [..., S] as unit complex numbers [..., S, 1, head_dim/2]
@@ -192,16 +219,28 @@ class FusedDecoder:
         return torch.polar(torch.ones_like(angles), angles).unsqueeze(-2)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.c is not None and x.dim() == 2 and x.stride(1) == 1:
+            out = torch.empty(x.shape)
+            self.c.rms_norm(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], self.norm_eps, out.data_ptr())
+            return out
         # x / sqrt(sum(x²) + n·eps) in three ops: hypot(‖x‖, sqrt(n·eps)) is that denominator.
         xf = x.float()
         out = xf / torch.hypot(torch.linalg.vector_norm(xf, 2, -1, True), self.norm_root_eps)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
+    def _silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        """silu(gate) · up of gu [N, 2·I] = gate | up."""
+        if self.c is not None:
+            out = torch.empty(gu.shape[0], gu.shape[1] // 2)
+            self.c.silu_mul(gu.data_ptr(), gu.stride(0), gu.shape[0], out.shape[1], out.data_ptr())
+            return out
+        gate, up = gu.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
     def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
         """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
         x = linear(attn, wo, bo, x)
-        gate, up = linear(self._norm(x), wgu, bgu).chunk(2, dim=-1)
-        return linear(F.silu(gate).mul_(up), wd, bd, x)
+        return linear(self._silu_mul(linear(self._norm(x), wgu, bgu)), wd, bd, x)
 
     def _qk(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
         """The q and k heads of qkv [..., H + 2·Hkv, d]: [..., H + Hkv, d], each head RMS-normalised
@@ -219,25 +258,33 @@ class FusedDecoder:
             return self._rope(qk.float(), rotations).to(qk.dtype)
         return torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rotations).flatten(-2)
 
-    def prefill(self, tokens: torch.Tensor, rotations: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, rotations: torch.Tensor, mask: torch.Tensor | None,
+                real: torch.Tensor | None = None) -> torch.Tensor:
         """The prompt tokens [B, S] at positions with `rotations` [B, S, 1, head_dim/2]; additive mask
-        [B, 1, S, S] or None (causal) -> logits [B, V] of the last position. Fills cache slots 0..S-1."""
+        [B, 1, S, S] or None (causal) -> logits [B, V] of the last position. Fills cache slots 0..S-1.
+        `real`: the indices of the prompts' real (not padding) tokens in the flattened [B·S], in
+        order; only their rows go through the matmuls (padding's rows are zero for the attention,
+        which the mask hides); None: every position is real."""
         b, s = tokens.shape
         d, h, hkv = self.head_dim, self.heads, self.kv_heads
-        x = F.embedding(tokens.reshape(-1), self.embed)  # [B·S, hidden]
-        for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(b * s)):
-            hn = self._norm(x)
-            qkv = linear(hn, wqkv, bqkv).view(b, s, h + 2 * hkv, d)
+        flat = tokens.reshape(-1)
+        x = F.embedding(flat if real is None else flat[real], self.embed)  # [N, hidden], N real tokens
+        for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(x.shape[0])):
+            qkv = linear(self._norm(x), wqkv, bqkv)
+            if real is not None:
+                qkv = qkv.new_zeros(b * s, qkv.shape[1]).index_copy_(0, real, qkv)
+            qkv = qkv.view(b, s, h + 2 * hkv, d)
             qk = self._rope(self._qk(qkv, i), rotations).transpose(1, 2)  # [B, H + Hkv, S, d]
             k, v = qk[:, h:], qkv[:, :, h + hkv:].transpose(1, 2)
-            self.keys_4d[i][:, :, :s] = k
-            self.values_4d[i][:, :, :s] = v
+            self._store_prompt(i, k, v)
             # The q scale is folded into the q weights, hence scale=1.
             attn = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, is_causal=mask is None,
-                                                  enable_gqa=h != hkv, scale=1.0)
-            x = self._mlp(x, *rest[:2], attn.transpose(1, 2).reshape(b * s, h * d), *rest[2:])
+                                                  enable_gqa=h != hkv, scale=1.0).transpose(1, 2).reshape(b * s, h * d)
+            x = self._mlp(x, *rest[:2], attn if real is None else attn[real], *rest[2:])
         self.length = s
-        return linear(self._norm(x.view(b, s, -1)[:, -1]), self.lm_head)
+        # Left padding: each prompt's last token is the last of its row's real ones.
+        last = x.view(b, s, -1)[:, -1] if real is None else x[torch.bincount(real // s, minlength=b).cumsum(0) - 1]
+        return linear(self._norm(last), self.lm_head)
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
@@ -257,22 +304,36 @@ class FusedDecoder:
     def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
         [B·Hkv, 1, ≥ length+1] over the cache slots or None (all visible) -> logits [B, V]."""
-        b, t = tokens.shape[0], self.length
-        d, h, hkv = self.head_dim, self.heads, self.kv_heads
-        end = t + 1
-        if mask is not None:
-            mask = mask.narrow(2, 0, end)
         x = F.embedding(tokens, self.embed)  # [B, hidden]
+        attend = self._attend if self.c is None else self._attend_c
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
-            hn = self._norm(x)
-            qkv = linear(hn, wqkv, bqkv).view(b, h + 2 * hkv, d)
-            qk = self._rope(self._qk(qkv, i), rotation)  # [B, H + Hkv, d]
-            self.keys_4d[i].select(2, t).copy_(qk[:, h:])
-            self.values_4d[i].select(2, t).copy_(qkv[:, h + hkv:])
-            q = qk[:, :h].reshape(b * hkv, h // hkv, d)  # the q heads of each kv head, together
-            keys_t = self.keys_t[i].narrow(2, 0, end)
-            scores = torch.bmm(q, keys_t) if mask is None else torch.baddbmm(mask, q, keys_t)
-            attn = torch.bmm(scores.softmax(-1), self.values[i].narrow(1, 0, end))
-            x = self._mlp(x, *rest[:2], attn.view(b, h * d), *rest[2:])
-        self.length = end
+            qkv = linear(self._norm(x), wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+            x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
+        self.length += 1
         return linear(self._norm(x), self.lm_head)
+
+    def _attend(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The step's attention [B, H·d] from its q|k|v heads [B, H + 2·Hkv, d], in torch ops: its k and
+        v into the cache, then two batched matmuls over (row, kv head) blocks."""
+        b, t, end = qkv.shape[0], self.length, self.length + 1
+        d, h, hkv = self.head_dim, self.heads, self.kv_heads
+        qk = self._rope(self._qk(qkv, layer), rotation)  # [B, H + Hkv, d]
+        self.keys[layer][..., t] = qk[:, h:]
+        self.values[layer][:, :, t] = qkv[:, h + hkv:]
+        q = qk[:, :h].reshape(b * hkv, h // hkv, d)  # the q heads of each kv head, together
+        keys = self.keys[layer].view(b * hkv, d, -1).narrow(2, 0, end)
+        scores = torch.bmm(q, keys) if mask is None else torch.baddbmm(mask.narrow(2, 0, end), q, keys)
+        return torch.bmm(scores.softmax(-1), self.values[layer].view(b * hkv, -1, d).narrow(1, 0, end)).view(b, h * d)
+
+    def _attend_c(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`_attend` in one call of cpu_kernels.c's decode_attention (RoPE, cache write, attention)."""
+        b, h, hkv, d = qkv.shape[0], self.heads, self.kv_heads, self.head_dim
+        if self.qk_norms[layer] is not None:
+            qkv[:, :h + hkv] = self._qk(qkv, layer)
+        rot = torch.view_as_real(rotation)  # [B, 1, d/2, 2]: cos, sin
+        out = torch.empty(b, h * d)
+        self.c.decode_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0),
+                                self.keys[layer].data_ptr(), self.values[layer].data_ptr(), self.length,
+                                0 if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
+                                b, h, hkv, d, out.data_ptr(), self._scratch.data_ptr())
+        return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
+from hybridflow.runtime.engines import cpu_kernels
 from hybridflow.runtime.engines.fast_decode import FusedDecoder, supports
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
@@ -114,6 +115,13 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     """Next tokens [B] and their log-probs [B] from fp32 logits [B, V]; `rows`/`batch`: these are
     rows `rows` of a batch of `batch` (see `_draw`)."""
     if params.is_greedy:
+        c = cpu_kernels.kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 \
+            and logits.stride(-1) == 1 else None
+        if c is not None:  # one pass for the max, one for the sum (torch's CPU argmax is slow on wide rows)
+            tokens = torch.empty(logits.shape[0], dtype=torch.long)
+            logp = torch.empty(logits.shape[0])
+            c.greedy_pick(logits.data_ptr(), logits.stride(0), *logits.shape, tokens.data_ptr(), logp.data_ptr())
+            return tokens, logp
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, logp
@@ -271,7 +279,8 @@ def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock):
         step_positions = positions[:, -1] + torch.arange(1, r + 1, device=positions.device)[:, None]  # [R, B]
         rotations = fused.rotations(step_positions)  # [R, B, 1, head_dim/2]
     with clock.span("prefill"):
-        logits = fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask)
+        real = None if key_mask is None else key_mask[:, :p].reshape(-1).nonzero().squeeze(1)
+        logits = fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask, real)
         _count(clock, b, p, p)
     tokens, keep = yield logits
     for t in range(r):

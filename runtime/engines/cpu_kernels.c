@@ -1,0 +1,170 @@
+/* The fused decode path's non-matmul work on CPU, fp32, one thread (cpu_kernels.py builds and
+ * loads this file; fast_decode.py calls it). Plain C: no torch headers, so it builds in well under
+ * a second. Each function is what a handful of torch ops do, in one pass over the data; torch's
+ * ops (the fallback, and the reference in the tests) compute the same to float rounding.
+ *
+ * A decode step's q, k, v heads (row-major, strides in floats): row b at qkv + b * qkv_stride, heads
+ * of d floats one after another (H query heads, then Hkv key heads, then Hkv value heads), q and k
+ * in RoPE's paired order (element pairs (2i, 2i+1) rotate together); rot [B, d/2, 2]: cos, sin
+ * of each pair's angle. The KV cache's layout: decode_attention.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+/* out[r] = x[r] / sqrt(sum(x[r]^2) + n_eps), rows of n floats (the sqrt(n) of RMSNorm and its
+ * weight are folded into the next matmul's weight: fast_decode.py). */
+void rms_norm(const float *x, int64_t x_stride, int64_t rows, int64_t n, float n_eps, float *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * x_stride;
+        float s = 0.f;
+#pragma omp simd reduction(+:s)
+        for (int64_t i = 0; i < n; ++i) s += xr[i] * xr[i];
+        const float inv = 1.f / sqrtf(s + n_eps);
+        float *o = out + r * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv;
+    }
+}
+
+/* out[r] = silu(gate[r]) * up[r] where gu[r] = gate | up, each of n floats. */
+void silu_mul(const float *gu, int64_t gu_stride, int64_t rows, int64_t n, float *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gu + r * gu_stride, *u = g + n;
+        float *o = out + r * n;
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Greedy decoding's pick from logits rows [rows, V]: the first index of each row's largest logit
+ * (torch.argmax's choice; rows are assumed free of NaN) and its log-probability,
+ * -log(sum(exp(x - max))). */
+void greedy_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, int64_t *tokens, float *logp) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *x = logits + r * stride;
+        float top = x[0], sum = 0.f;
+#pragma omp simd reduction(max:top)
+        for (int64_t i = 0; i < V; ++i) top = x[i] > top ? x[i] : top;
+        int64_t first = 0;
+        while (x[first] != top) ++first;
+#pragma omp simd reduction(+:sum)
+        for (int64_t i = 0; i < V; ++i) sum += expf(x[i] - top);
+        tokens[r] = first;
+        logp[r] = -logf(sum);
+    }
+}
+
+/* Eight floats, loaded and stored unaligned: explicit SIMD that the compiler maps onto the CPU's
+ * vectors (one AVX register, half an AVX-512 one, two NEON ones). */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+#define LANES 8
+#define CHUNK (4 * LANES)  /* cache slots per page (cpu_kernels.py: CHUNK) */
+
+/* One decode step's attention for rows b < B: rotate the step's q and k heads, write k and v
+ * into cache slot `slot`, attend every query head over slots 0..slot (its kv head's, grouped-query:
+ * H / Hkv query heads per kv head) with the additive mask row mask + (b * Hkv + kv) * mask_stride
+ * (NULL: every slot visible) -> out [B, H * d]. q carries attention's 1 / sqrt(d); d is a
+ * multiple of 4 * LANES.
+ *
+ * The cache is paged by CHUNK slots, every (row, kv head) of a chunk together:
+ *   keys [chunks, B, Hkv, d, CHUNK] (a page's keys transposed: its scores are d vector updates),
+ *   values [chunks, B, Hkv, CHUNK, d],
+ * so a step reads each page as one contiguous stream. Per (row, kv head) blocks of a few KB,
+ * each in its own place, would restart the CPU's prefetcher every block: at large batches the
+ * cache is bigger than the CPU's caches and the loop would wait on memory. The softmax is the
+ * online one (a running max and sum per query head, the partial output rescaled when the max
+ * grows), so each page is read once, keys and values together. Slots past `slot` are never read
+ * into the result (their memory may hold anything). */
+void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
+                      float *keys, float *values, int64_t slot, const float *mask, int64_t mask_stride,
+                      int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
+    const int64_t g = H / Hkv, L = slot + 1, half = d / 2, page = B * Hkv * d * CHUNK;
+    float *q = scratch, *top = scratch + B * H * d, *sum = top + B * H;  /* rotated q; running max, sum */
+    for (int64_t b = 0; b < B; ++b) {  /* rotate q and k; write k and v into the slot */
+        const float *row = qkv + b * qkv_stride, *cs = rot + b * rot_stride;
+        for (int64_t kv = 0; kv < Hkv; ++kv) {
+            float *K = keys + (slot / CHUNK) * page + (b * Hkv + kv) * d * CHUNK + slot % CHUNK;
+            float *V = values + (slot / CHUNK) * page + ((b * Hkv + kv) * CHUNK + slot % CHUNK) * d;
+            const float *k = row + (H + kv) * d, *v = row + (H + Hkv + kv) * d;
+            for (int64_t i = 0; i < half; ++i) {
+                const float c = cs[2 * i], s = cs[2 * i + 1];
+                K[(2 * i) * CHUNK] = k[2 * i] * c - k[2 * i + 1] * s;
+                K[(2 * i + 1) * CHUNK] = k[2 * i] * s + k[2 * i + 1] * c;
+            }
+            for (int64_t e = 0; e < d; ++e) V[e] = v[e];
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            const float *qh = row + h * d;
+            float *qr = q + (b * H + h) * d;
+            for (int64_t i = 0; i < half; ++i) {
+                const float c = cs[2 * i], s = cs[2 * i + 1];
+                qr[2 * i] = qh[2 * i] * c - qh[2 * i + 1] * s;
+                qr[2 * i + 1] = qh[2 * i] * s + qh[2 * i + 1] * c;
+            }
+            top[b * H + h] = -FLT_MAX;
+            sum[b * H + h] = 0.f;
+        }
+    }
+    for (int64_t i = 0; i < B * H * d; ++i) out[i] = 0.f;
+    for (int64_t c = 0; c * CHUNK < L; ++c) {
+        const int64_t n = L - c * CHUNK < CHUNK ? L - c * CHUNK : CHUNK;  /* live slots of this page */
+        for (int64_t r = 0; r < B * Hkv; ++r) {
+            const float *K = keys + c * page + r * d * CHUNK, *V = values + c * page + r * CHUNK * d;
+            const float *m = mask ? mask + r * mask_stride + c * CHUNK : 0;
+            for (int64_t j = 0; j < g; ++j) {
+                const int64_t head = r * g + j;  /* = b * H + kv * g + j */
+                const float *qr = q + head * d;
+                v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};  /* the page's CHUNK = 4 * LANES scores */
+                for (int64_t e = 0; e < d; ++e) {
+                    const float *ke = K + e * CHUNK;
+                    const float qe = qr[e];
+                    a0 += qe * *(const v8 *)ke;
+                    a1 += qe * *(const v8 *)(ke + LANES);
+                    a2 += qe * *(const v8 *)(ke + 2 * LANES);
+                    a3 += qe * *(const v8 *)(ke + 3 * LANES);
+                }
+                float sc[CHUNK];
+                *(v8 *)sc = a0;
+                *(v8 *)(sc + LANES) = a1;
+                *(v8 *)(sc + 2 * LANES) = a2;
+                *(v8 *)(sc + 3 * LANES) = a3;
+                float best = top[head];
+                for (int64_t l = 0; l < n; ++l) {
+                    if (m) sc[l] += m[l];
+                    best = sc[l] > best ? sc[l] : best;
+                }
+                const float scale = expf(top[head] - best);
+                float total = 0.f;
+#pragma omp simd reduction(+:total)
+                for (int64_t l = 0; l < n; ++l) {
+                    sc[l] = expf(sc[l] - best);
+                    total += sc[l];
+                }
+                top[head] = best;
+                sum[head] = sum[head] * scale + total;
+                float *o = out + head * d;
+                for (int64_t e = 0; e < d; e += 4 * LANES) {  /* o = o * scale + p . V, four vectors at a time */
+                    v8 o0 = *(v8 *)(o + e) * scale, o1 = *(v8 *)(o + e + LANES) * scale;
+                    v8 o2 = *(v8 *)(o + e + 2 * LANES) * scale, o3 = *(v8 *)(o + e + 3 * LANES) * scale;
+                    for (int64_t l = 0; l < n; ++l) {
+                        const float *vl = V + l * d + e;
+                        const float p = sc[l];
+                        o0 += p * *(const v8 *)vl;
+                        o1 += p * *(const v8 *)(vl + LANES);
+                        o2 += p * *(const v8 *)(vl + 2 * LANES);
+                        o3 += p * *(const v8 *)(vl + 3 * LANES);
+                    }
+                    *(v8 *)(o + e) = o0;
+                    *(v8 *)(o + e + LANES) = o1;
+                    *(v8 *)(o + e + 2 * LANES) = o2;
+                    *(v8 *)(o + e + 3 * LANES) = o3;
+                }
+            }
+        }
+    }
+    for (int64_t head = 0; head < B * H; ++head) {
+        const float inv = 1.f / sum[head];
+        for (int64_t e = 0; e < d; ++e) out[head * d + e] *= inv;
+    }
+}
