@@ -55,6 +55,65 @@ void greedy_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, i
     }
 }
 
+/* Sampling's pick from logits rows [rows, V] (generation.sample_tokens, the same rules): logits
+ * scaled by inv_temp; the candidates: the top_k largest (0: every index, in index order, and then
+ * top_p must be 1), cut to the smallest prefix holding top_p of their mass; one index drawn by
+ * inverse CDF with the row's uniform u[r] in [0, 1); its log-probability under the whole scaled
+ * distribution (before the cut). scratch: max(V, top_k) floats; slots: top_k indices. */
+void sample_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, float inv_temp,
+                 int64_t top_k, float top_p, const float *u, int64_t *tokens, float *logp,
+                 float *scratch, int64_t *slots) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *x = logits + r * stride;
+        float top = x[0] * inv_temp, sum = 0.f;
+#pragma omp simd reduction(max:top)
+        for (int64_t i = 0; i < V; ++i) top = x[i] * inv_temp > top ? x[i] * inv_temp : top;
+#pragma omp simd reduction(+:sum)
+        for (int64_t i = 0; i < V; ++i) sum += expf(x[i] * inv_temp - top);
+        const float log_z = top + logf(sum);
+        int64_t n = 0;  /* candidates: values in scratch (descending for top-k), indices in slots */
+        if (top_k > 0) {
+            for (int64_t i = 0; i < V; ++i) {  /* insertion into the k best so far; equal values keep index order */
+                const float z = x[i] * inv_temp;
+                if (n == top_k && !(z > scratch[n - 1])) continue;
+                int64_t j = n < top_k ? n++ : n - 1;
+                for (; j > 0 && z > scratch[j - 1]; --j) {
+                    scratch[j] = scratch[j - 1];
+                    slots[j] = slots[j - 1];
+                }
+                scratch[j] = z;
+                slots[j] = i;
+            }
+            const float best = scratch[0];
+            float mass = 0.f;  /* exp(z - best) of each candidate, then their cut by top_p */
+            for (int64_t j = 0; j < n; ++j) mass += scratch[j] = expf(scratch[j] - best);
+            if (top_p < 1.f) {
+                float before = 0.f;
+                int64_t keep = 0;
+                while (keep < n && before <= top_p * mass) before += scratch[keep++];
+                n = keep;
+            }
+        } else {
+            for (int64_t i = 0; i < V; ++i) scratch[i] = expf(x[i] * inv_temp - top);
+            n = V;
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j < n; ++j) total += scratch[j];
+        float point = u[r] * total, cdf = 0.f;
+        if (point >= total) point = nextafterf(total, 0.f);  /* u < 1, but u * total may round up to it */
+        int64_t pick = n - 1;
+        for (int64_t j = 0; j < n; ++j) {
+            cdf += scratch[j];
+            if (cdf > point) {
+                pick = j;
+                break;
+            }
+        }
+        tokens[r] = top_k > 0 ? slots[pick] : pick;
+        logp[r] = x[tokens[r]] * inv_temp - log_z;
+    }
+}
+
 /* Eight floats, loaded and stored unaligned: explicit SIMD that the compiler maps onto the CPU's
  * vectors (one AVX register, half an AVX-512 one, two NEON ones). */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));

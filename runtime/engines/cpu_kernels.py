@@ -1,6 +1,6 @@
 """cpu_kernels.c, built once per machine and loaded with ctypes: the fused decode path's attention,
-RMSNorm and SiLU·up (fast_decode.py) and greedy decoding's argmax and log-prob (generation.py), on
-CPU in fp32.
+RMSNorm and SiLU·up (fast_decode.py) and the pick of the next tokens, greedy or sampled, with their
+log-probs (generation.py), on CPU in fp32.
 
 Why C: a decode step's non-matmul work is many small torch ops, and its attention is one tiny
 matrix product per (row, kv head) — per-call overhead, not arithmetic. One pass in C over the
@@ -41,6 +41,7 @@ _SIGNATURES = {
     "rms_norm": [_P, _I, _I, _I, _F, _P],
     "silu_mul": [_P, _I, _I, _I, _P],
     "greedy_pick": [_P, _I, _I, _I, _P, _P],
+    "sample_pick": [_P, _I, _I, _I, _F, _I, _F, _P, _P, _P, _P, _P],
     "decode_attention": [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, _P, _P],
 }
 

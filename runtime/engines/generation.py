@@ -88,21 +88,26 @@ class Rollout:
 # ---- sampling ---------------------------------------------------------------------------------
 
 
+def _uniforms(n: int, generator: torch.Generator | None, rows: torch.Tensor | None, batch: int,
+              device: torch.device) -> torch.Tensor:
+    """One uniform in [0, 1) per row [n, 1], fp32. `rows` (of a full batch of `batch`): drawn for
+    the full batch and these rows taken, so a row's draw does not depend on which other rows are
+    still generating. Drawn on the generator's device (e.g. one CPU generator for every rank,
+    whatever its GPU)."""
+    device = device if generator is None else generator.device
+    u = torch.rand(n if rows is None else batch, 1, dtype=torch.float32, device=device, generator=generator)
+    return u if rows is None else u[rows.to(device)]
+
+
 def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.Tensor | None = None,
           batch: int = 0) -> torch.Tensor:
     """One index per row from softmax(logits): [B]. Inverse CDF: a row's uniform u, scaled to the
     row's total mass, picks the first index whose cumulative probability exceeds it — probability
     p_i for index i, to the fp32 rounding of the cumulative sum; an index of probability 0 is never
-    drawn. One uniform per row: noise per vocabulary entry (an exponential race, Gumbel-max) is most
-    of a sampled step's sampling at a large vocabulary.
-    `rows` (of a full batch of `batch`): the uniforms are drawn for the full batch and these rows
-    taken, so a row's draw does not depend on which other rows are still generating."""
+    drawn. One uniform per row (`_uniforms`): noise per vocabulary entry (an exponential race,
+    Gumbel-max) is most of a sampled step's sampling at a large vocabulary."""
     cdf = torch.softmax(logits, dim=-1, dtype=torch.float32).cumsum_(-1)  # fp32 sums whatever the logits' dtype
-    # Drawn on the generator's device (e.g. one CPU generator for every rank, whatever its GPU).
-    device = cdf.device if generator is None else generator.device
-    u = torch.rand(cdf.shape[0] if rows is None else batch, 1, dtype=cdf.dtype, device=device, generator=generator)
-    if rows is not None:
-        u = u[rows.to(device)]
+    u = _uniforms(cdf.shape[0], generator, rows, batch, cdf.device)
     total = cdf[:, -1:]
     # u < 1, but u · total can round up to total: keep the point below it, so that it falls in a
     # step of positive probability (an index past the last one would be out of range).
@@ -110,18 +115,46 @@ def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.T
     return torch.searchsorted(cdf, point, right=True).squeeze(1)
 
 
+# cpu_kernels.c's sampler keeps the top-k candidates by insertion: for a few, not thousands.
+C_MAX_TOP_K = 1024
+
+
+def _pick_c(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+            rows: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`sample_tokens` in one call of cpu_kernels.c (greedy_pick or sample_pick), or None where it
+    does not apply: off CPU, not fp32, or a top-p cut over the whole vocabulary (a full sort)."""
+    b, v = logits.shape
+    top_k = params.top_k if 0 < params.top_k < v else 0
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(-1) != 1 or \
+            (not params.is_greedy and (top_k > C_MAX_TOP_K or (top_k == 0 and params.top_p < 1.0))):
+        return None
+    c = cpu_kernels.kernels()
+    if c is None:
+        return None
+    tokens, logp = torch.empty(b, dtype=torch.long), torch.empty(b)
+    if params.is_greedy:  # torch's CPU argmax is slow on wide rows
+        c.greedy_pick(logits.data_ptr(), logits.stride(0), b, v, tokens.data_ptr(), logp.data_ptr())
+        return tokens, logp
+    u = _uniforms(b, generator, rows, batch, logits.device).cpu()  # the same uniforms as `_draw`'s
+    scratch, slots = torch.empty(max(v, top_k)), torch.empty(max(top_k, 1), dtype=torch.long)
+    c.sample_pick(logits.data_ptr(), logits.stride(0), b, v, 1.0 / params.temperature, top_k, params.top_p,
+                  u.data_ptr(), tokens.data_ptr(), logp.data_ptr(), scratch.data_ptr(), slots.data_ptr())
+    return tokens, logp
+
+
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
                   rows: torch.Tensor | None = None, batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens [B] and their log-probs [B] from fp32 logits [B, V]; `rows`/`batch`: these are
-    rows `rows` of a batch of `batch` (see `_draw`)."""
+    rows `rows` of a batch of `batch` (see `_uniforms`). On CPU one C call (`_pick_c`), else torch's
+    ops; the same rules either way."""
+    picked = _pick_c(logits, params, generator, rows, batch)
+    return picked if picked is not None else _sample_torch(logits, params, generator, rows, batch)
+
+
+def _sample_torch(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                  rows: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_tokens` in torch's ops (any device and dtype)."""
     if params.is_greedy:
-        c = cpu_kernels.kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 \
-            and logits.stride(-1) == 1 else None
-        if c is not None:  # one pass for the max, one for the sum (torch's CPU argmax is slow on wide rows)
-            tokens = torch.empty(logits.shape[0], dtype=torch.long)
-            logp = torch.empty(logits.shape[0])
-            c.greedy_pick(logits.data_ptr(), logits.stride(0), *logits.shape, tokens.data_ptr(), logp.data_ptr())
-            return tokens, logp
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
         return tokens, logp

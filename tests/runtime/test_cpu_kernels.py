@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from hybridflow.runtime.engines import cpu_kernels, fast_decode
+from hybridflow.runtime.engines import cpu_kernels, fast_decode, generation
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.model import model_preset
@@ -70,6 +70,30 @@ def test_greedy_pick_is_argmax_and_its_log_prob(vocab):
     tokens, logp = sample_tokens(logits, SamplingParams(greedy=True))
     assert torch.equal(tokens, logits.argmax(-1)) and tokens[2] == vocab // 2
     assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1), atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [64, 8192])
+@pytest.mark.parametrize("params", [dict(temperature=0.8, top_k=20, top_p=0.9), dict(), dict(top_k=5),
+                                    dict(temperature=1.3, top_k=50, top_p=0.5), dict(top_k=1)])
+def test_sample_pick_draws_what_torch_draws(vocab, params):
+    """The same uniforms pick the same tokens as torch's top-k / top-p / inverse-CDF (bar a draw
+    landing within float rounding of a step's edge), with the same log-probs."""
+    params = SamplingParams(**params)
+    logits = torch.randn(400, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    rows = torch.arange(0, 800, 2)  # rows of a batch of 800, as when finished rows have left
+    got = generation._pick_c(logits, params, torch.Generator().manual_seed(1), rows, 800)
+    want = generation._sample_torch(logits, params, torch.Generator().manual_seed(1), rows, 800)
+    assert got is not None
+    assert (got[0] == want[0]).float().mean() >= 0.995
+    scaled = torch.log_softmax(logits / params.temperature, -1)
+    assert torch.allclose(got[1], scaled.gather(1, got[0][:, None]).squeeze(1), atol=1e-5)
+
+
+def test_sample_pick_leaves_the_whole_vocabulary_sort_to_torch():
+    logits = torch.randn(4, 100)
+    assert generation._pick_c(logits, SamplingParams(top_p=0.9), None, None, 0) is None
+    assert generation._pick_c(logits, SamplingParams(top_k=generation.C_MAX_TOP_K + 1, top_p=0.9), None, None, 0) is None
+    assert generation._pick_c(logits.double(), SamplingParams(top_k=5), None, None, 0) is None
 
 
 def _model(seed=0, **shape) -> CausalLM:
