@@ -29,8 +29,10 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 # -ffast-math lets the compiler vectorise the sums and expf (glibc's vector expf): results differ
-# from torch's by float rounding, as torch's own kernels differ between CPUs.
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC")
+# from torch's by float rounding, as torch's own kernels differ between CPUs. It is given to the
+# compile step only: linked with it, gcc adds startup code that turns on flush-to-zero for the
+# whole process (every float op of torch and numpy after the library loads would lose subnormals).
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
 
 # cpu_kernels.c's vector width in floats, and its cache page: CHUNK slots of every (row, kv head)
 # together. Its attention runs head_dim in steps of CHUNK floats.
@@ -76,13 +78,15 @@ def build(cache_dir: str | os.PathLike | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
+    obj = tmp[:-3] + ".o"
     try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True,
-                       timeout=120)
+        for step in ([*FLAGS, "-c", "-o", obj, str(SOURCE)], ["-shared", "-o", tmp, obj, "-lm"]):
+            subprocess.run([compiler, *step], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)  # atomic: a concurrent builder's identical file may win, either is fine
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, obj):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     return target
 
 

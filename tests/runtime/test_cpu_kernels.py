@@ -41,6 +41,16 @@ def test_a_failing_compiler_raises_and_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_loading_the_kernels_keeps_subnormal_floats():
+    """The library is compiled with -ffast-math but not linked with it: loading it must not switch the
+    process to flush-to-zero (torch's and numpy's float ops keep their subnormals)."""
+    code = ("import numpy as np, torch; from hybridflow.runtime.engines import cpu_kernels; "
+            "assert cpu_kernels.kernels() is not None; "
+            "tiny = np.float32(1e-38); print(float(tiny * np.float32(1e-3)), float(torch.tensor(1e-38) * 1e-3))")
+    out = subprocess.run(["python", "-c", code], capture_output=True, text=True, check=True)
+    assert all(float(v) > 0 for v in out.stdout.split()), out.stdout
+
+
 def test_kernels_can_be_switched_off():
     env = dict(os.environ, HFLOW_CPU_KERNELS="0")
     out = subprocess.run(["python", "-c", "from hybridflow.runtime.engines import cpu_kernels; "
