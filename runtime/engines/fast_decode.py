@@ -330,7 +330,8 @@ class FusedDecoder:
         b, h, hkv, d = qkv.shape[0], self.heads, self.kv_heads, self.head_dim
         if self.qk_norms[layer] is not None:
             qkv[:, :h + hkv] = self._qk(qkv, layer)
-        rot = torch.view_as_real(rotation)  # [B, 1, d/2, 2]: cos, sin
+        rot = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
+        mask = None if mask is None else mask.contiguous()
         out = torch.empty(b, h * d)
         self.c.decode_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0),
                                 self.keys[layer].data_ptr(), self.values[layer].data_ptr(), self.length,
