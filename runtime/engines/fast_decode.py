@@ -124,11 +124,28 @@ def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
     return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
 
 
+class CachePool:
+    """Memory for the C kernels' KV cache, kept from one `generate()` call to the next by the engine
+    that owns it: a large CPU allocation is fresh pages every time (a page fault and zeroing per
+    4 KB), a kept one is not. It holds the largest cache asked for so far (CPU memory only)."""
+
+    def __init__(self):
+        self._flat: torch.Tensor | None = None
+
+    def take(self, numel: int) -> torch.Tensor:
+        if self._flat is None or self._flat.numel() < numel:
+            self._flat = None  # the old block goes before the new one is allocated
+            self._flat = torch.empty(numel)
+        return self._flat[:numel]
+
+
 class FusedDecoder:
     """The fused weights of one model and a KV cache for one `generate()` call."""
 
-    def __init__(self, model: CausalLM, batch: int, max_len: int, c_kernels: bool = True):
-        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere)."""
+    def __init__(self, model: CausalLM, batch: int, max_len: int, c_kernels: bool = True,
+                 pool: CachePool | None = None):
+        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere); `pool`:
+        where the C kernels' cache comes from (None: allocated for this call)."""
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -177,8 +194,10 @@ class FusedDecoder:
             self.values = [torch.empty(batch, self.kv_heads, max_len, d, dtype=dtype, device=device) for _ in self.layers]
         else:
             pages, chunk = -(-max_len // cpu_kernels.CHUNK), cpu_kernels.CHUNK
-            self.keys = [torch.empty(pages, batch, self.kv_heads, d, chunk) for _ in self.layers]
-            self.values = [torch.empty(pages, batch, self.kv_heads, chunk, d) for _ in self.layers]
+            size = pages * batch * self.kv_heads * d * chunk
+            flat = (pool or CachePool()).take(2 * len(self.layers) * size).view(2, len(self.layers), size)
+            self.keys = [t.view(pages, batch, self.kv_heads, d, chunk) for t in flat[0]]
+            self.values = [t.view(pages, batch, self.kv_heads, chunk, d) for t in flat[1]]
             self._scratch = torch.empty(batch * self.heads * (d + 2))
         self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
         self.length = 0

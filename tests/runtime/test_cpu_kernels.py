@@ -165,3 +165,18 @@ def test_generate_through_c_kernels_equals_module_path():
         slow = GenerationEngine(model, fast_decode=False).generate(ids, mask, params, torch.Generator().manual_seed(4))
         assert torch.equal(fast.response, slow.response) and torch.equal(fast.response_mask, slow.response_mask)
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
+
+
+def test_the_cache_memory_is_kept_from_call_to_call():
+    """The engine's C-path KV cache comes from its pool: the same memory on the next call (no fresh
+    pages), grown for a bigger batch, with the same outputs every time."""
+    model = _model(num_key_value_heads=2)
+    engine = GenerationEngine(model)
+    ids, mask = left_pad([[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]])
+    params = SamplingParams(max_new_tokens=40, greedy=True)
+    first = engine.generate(ids, mask, params).response
+    block, size = engine.cache_pool._flat.data_ptr(), engine.cache_pool._flat.numel()
+    assert torch.equal(engine.generate(ids, mask, params).response, first)
+    assert engine.cache_pool._flat.data_ptr() == block
+    bigger = engine.generate(*left_pad([[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]] * 3), params).response
+    assert torch.equal(bigger[:3], first) and engine.cache_pool._flat.numel() > size
