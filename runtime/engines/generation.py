@@ -267,12 +267,13 @@ class GenerationEngine:
                        response_logprobs=logprobs, response_mask=resp_mask)
 
 
-def _count(clock: PhaseClock, rows: int, new: int, length: int) -> None:
-    """A forward of `new` tokens per row for `rows` rows ending at cache length `length`: tokens, and
-    the keys their attention reads (context), for the breakdown's FLOP count."""
+def _count(clock: PhaseClock, rows: int, new: int, length: int, tokens: int | None = None) -> None:
+    """A forward of `new` tokens per row for `rows` rows ending at cache length `length`: tokens (the
+    matmuls' rows: `tokens` where fewer than rows × new, as a prefill without its padding), and the
+    keys their attention reads (context), for the breakdown's FLOP count."""
     if not clock.enabled:
         return
-    clock.count("tokens", rows * new)
+    clock.count("tokens", rows * new if tokens is None else tokens)
     clock.count("context", rows * sum(range(length - new + 1, length + 1)))
     clock.count("calls", 1)
 
@@ -315,7 +316,7 @@ def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, p
     with clock.span("prefill"):
         real = None if key_mask is None else key_mask[:, :p].reshape(-1).nonzero().squeeze(1)
         logits = fused.prefill(prompt_ids, fused.rotations(positions), prefill_mask, real)
-        _count(clock, b, p, p)
+        _count(clock, b, p, p, None if real is None else len(real))
     tokens, keep = yield logits
     for t in range(r):
         with clock.span("decode"):

@@ -22,7 +22,9 @@ count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weight
 generate() call), each through the kernel fastest for its weight and rows (on CPU oneDNN's
 prepacked linear for big weights, `fast_decode.matmul_kind`), and saves the rest of the per-step
 overhead — module calls, HF's cache concatenation, logits processors, mask rebuilding, separate
-RoPE/norm ops (runtime/engines/fast_decode.py). So the ratio is largest where a step is overhead-bound (small batch, tiny model)
+RoPE/norm ops (runtime/engines/fast_decode.py); on CPU the step's attention (over a paged cache),
+norms, SiLU·up and the token pick run in C (runtime/engines/cpu_kernels.c), and the prefill's
+matmuls skip the prompts' padding. So the ratio is largest where a step is overhead-bound (small batch, tiny model)
 and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
 
 Headroom (fixed-length modes): each side's seconds per decode step (the run's time over its steps,
