@@ -37,19 +37,28 @@ void silu_mul(const float *gu, int64_t gu_stride, int64_t rows, int64_t n, float
     }
 }
 
+/* The largest of x[i] * scale over a row of V logits, and sum(exp(x[i] * scale - largest)) in *sum:
+ * the row's log-normaliser is largest + log(*sum). */
+static inline float max_and_sum(const float *x, int64_t V, float scale, float *sum) {
+    float top = x[0] * scale, total = 0.f;
+#pragma omp simd reduction(max:top)
+    for (int64_t i = 0; i < V; ++i) top = x[i] * scale > top ? x[i] * scale : top;
+#pragma omp simd reduction(+:total)
+    for (int64_t i = 0; i < V; ++i) total += expf(x[i] * scale - top);
+    *sum = total;
+    return top;
+}
+
 /* Greedy decoding's pick from logits rows [rows, V]: the first index of each row's largest logit
  * (torch.argmax's choice; rows are assumed free of NaN) and its log-probability,
  * -log(sum(exp(x - max))). */
 void greedy_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, int64_t *tokens, float *logp) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *x = logits + r * stride;
-        float top = x[0], sum = 0.f;
-#pragma omp simd reduction(max:top)
-        for (int64_t i = 0; i < V; ++i) top = x[i] > top ? x[i] : top;
+        float sum;
+        const float top = max_and_sum(x, V, 1.f, &sum);
         int64_t first = 0;
         while (x[first] != top) ++first;
-#pragma omp simd reduction(+:sum)
-        for (int64_t i = 0; i < V; ++i) sum += expf(x[i] - top);
         tokens[r] = first;
         logp[r] = -logf(sum);
     }
@@ -65,12 +74,8 @@ void sample_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, f
                  float *scratch, int64_t *slots) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *x = logits + r * stride;
-        float top = x[0] * inv_temp, sum = 0.f;
-#pragma omp simd reduction(max:top)
-        for (int64_t i = 0; i < V; ++i) top = x[i] * inv_temp > top ? x[i] * inv_temp : top;
-#pragma omp simd reduction(+:sum)
-        for (int64_t i = 0; i < V; ++i) sum += expf(x[i] * inv_temp - top);
-        const float log_z = top + logf(sum);
+        float sum;
+        const float top = max_and_sum(x, V, inv_temp, &sum), log_z = top + logf(sum);
         int64_t n = 0;  /* candidates: values in scratch (descending for top-k), indices in slots */
         if (top_k > 0) {
             for (int64_t i = 0; i < V; ++i) {  /* insertion into the k best so far; equal values keep index order */
@@ -120,6 +125,16 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 #define LANES 8
 #define CHUNK (4 * LANES)  /* cache slots per page (cpu_kernels.py: CHUNK) */
 
+/* RoPE: the element pairs (2i, 2i+1) of a head x rotated by (cos, sin) cs[2i], cs[2i+1], into
+ * out[2i * stride], out[(2i+1) * stride]. */
+static inline void rope(const float *x, const float *cs, int64_t half, float *out, int64_t stride) {
+    for (int64_t i = 0; i < half; ++i) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        out[(2 * i) * stride] = x[2 * i] * c - x[2 * i + 1] * s;
+        out[(2 * i + 1) * stride] = x[2 * i] * s + x[2 * i + 1] * c;
+    }
+}
+
 /* One decode step's attention for rows b < B: rotate the step's q and k heads, write k and v
  * into cache slot `slot`, attend every query head over slots 0..slot (its kv head's, grouped-query:
  * H / Hkv query heads per kv head) with the additive mask row mask + (b * Hkv + kv) * mask_stride
@@ -145,22 +160,12 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
         for (int64_t kv = 0; kv < Hkv; ++kv) {
             float *K = keys + (slot / CHUNK) * page + (b * Hkv + kv) * d * CHUNK + slot % CHUNK;
             float *V = values + (slot / CHUNK) * page + ((b * Hkv + kv) * CHUNK + slot % CHUNK) * d;
-            const float *k = row + (H + kv) * d, *v = row + (H + Hkv + kv) * d;
-            for (int64_t i = 0; i < half; ++i) {
-                const float c = cs[2 * i], s = cs[2 * i + 1];
-                K[(2 * i) * CHUNK] = k[2 * i] * c - k[2 * i + 1] * s;
-                K[(2 * i + 1) * CHUNK] = k[2 * i] * s + k[2 * i + 1] * c;
-            }
+            const float *v = row + (H + Hkv + kv) * d;
+            rope(row + (H + kv) * d, cs, half, K, CHUNK);  /* the page's keys are transposed */
             for (int64_t e = 0; e < d; ++e) V[e] = v[e];
         }
         for (int64_t h = 0; h < H; ++h) {
-            const float *qh = row + h * d;
-            float *qr = q + (b * H + h) * d;
-            for (int64_t i = 0; i < half; ++i) {
-                const float c = cs[2 * i], s = cs[2 * i + 1];
-                qr[2 * i] = qh[2 * i] * c - qh[2 * i + 1] * s;
-                qr[2 * i + 1] = qh[2 * i] * s + qh[2 * i + 1] * c;
-            }
+            rope(row + h * d, cs, half, q + (b * H + h) * d, 1);
             top[b * H + h] = -FLT_MAX;
             sum[b * H + h] = 0.f;
         }

@@ -38,6 +38,12 @@ FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
 # together. Its attention runs head_dim in steps of CHUNK floats.
 LANES = 8
 CHUNK = 4 * LANES
+
+
+def pages(slots: int) -> int:
+    """Cache pages holding `slots` slots."""
+    return -(-slots // CHUNK)
+
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "rms_norm": [_P, _I, _I, _I, _F, _P],

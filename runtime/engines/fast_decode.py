@@ -193,7 +193,7 @@ class FusedDecoder:
             self.keys = [torch.empty(batch, self.kv_heads, d, max_len, dtype=dtype, device=device) for _ in self.layers]
             self.values = [torch.empty(batch, self.kv_heads, max_len, d, dtype=dtype, device=device) for _ in self.layers]
         else:
-            pages, chunk = -(-max_len // cpu_kernels.CHUNK), cpu_kernels.CHUNK
+            pages, chunk = cpu_kernels.pages(max_len), cpu_kernels.CHUNK
             size = pages * batch * self.kv_heads * d * chunk
             flat = (pool or CachePool()).take(2 * len(self.layers) * size).view(2, len(self.layers), size)
             self.keys = [t.view(pages, batch, self.kv_heads, d, chunk) for t in flat[0]]
@@ -209,7 +209,7 @@ class FusedDecoder:
             self.keys[layer].transpose(2, 3)[:, :, :s] = k
             self.values[layer][:, :, :s] = v
             return
-        pages = -(-s // cpu_kernels.CHUNK)  # whole pages: the slots past S are rewritten before they are read
+        pages = cpu_kernels.pages(s)  # whole pages: the slots past S are rewritten before they are read
         k, v = (F.pad(t, (0, 0, 0, pages * cpu_kernels.CHUNK - s)).unflatten(2, (pages, -1)) for t in (k, v))
         self.keys[layer][:pages] = k.permute(2, 0, 1, 4, 3)
         self.values[layer][:pages] = v.permute(2, 0, 1, 3, 4)
@@ -218,7 +218,7 @@ class FusedDecoder:
         """Keep only batch rows `rows` (indices into the current batch) in the KV cache: finished
         sequences leave the batch, so later steps compute (and read the cache of) live rows only.
         Copies the filled slots of the kept rows once."""
-        n, pages = self.length, -(-self.length // cpu_kernels.CHUNK)
+        n, pages = self.length, cpu_kernels.pages(self.length)
         for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
             if self.c is None:  # slots: the keys' last dim, the values' third
                 self.keys[i] = keys.new_empty((len(rows), *keys.shape[1:]))
