@@ -28,6 +28,10 @@ def test_four_plans_on_the_same_two_devices_priced():
 
 def test_helpers_by_hand():
     assert bench.thirds([0.1, 0.2, 0.3, 0.4, 0.5, 0.9]) == (pytest.approx(0.15), pytest.approx(0.7))
+    runs = [{"seconds": s, "id": i} for i, s in enumerate([0.30, 0.22, 0.26])]
+    assert bench.median_run(runs)["id"] == 2
+    assert bench.median_run(runs[:2])["id"] == 1  # even count: the lower middle
+    assert bench.median_run(runs[:1])["id"] == 0
 
 
 def test_bad_input_is_one_line():
@@ -35,6 +39,8 @@ def test_bad_input_is_one_line():
         bench.main(["--iterations", "2"])
     with pytest.raises(HflowError, match="unknown plan 'asink'"):
         bench.main(["--only", "asink"])
+    with pytest.raises(HflowError, match="--repeats 0"):
+        bench.main(["--repeats", "0"])
 
 
 def test_sides_weigh_the_rollout_against_the_trainers():

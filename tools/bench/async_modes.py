@@ -1,7 +1,7 @@
 """Synchronous vs one-step-off vs async on separate rollout devices, predicted and measured (issue 19).
 
-    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--profile cpu-2core] [--seed 0] [--ops]
-        [--no-speed-check] [--neighbour-check] [--json]
+    python -m hybridflow.tools.bench.async_modes [--iterations 16] [--repeats 3] [--profile cpu-2core] [--seed 0]
+        [--ops] [--no-speed-check] [--neighbour-check] [--json]
 
 The tiny GRPO task on the same 2 devices four ways:
 - `sync colocated`: actor and reference on both devices (dp 2), generation through the hybrid engine;
@@ -16,7 +16,10 @@ iteration's seconds from the end of the one before, since a pipelined iteration'
 inside it; simulator/timeline.py), the speedup over sync colocated and, for the plans on the split, over
 sync disaggregated (the synchronous plan on the same devices), the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
-prompts × 8 responses, so that one iteration's reward is not mostly sampling noise).
+prompts × 8 responses, so that one iteration's reward is not mostly sampling noise). Each plan runs
+`--repeats` times, the plans taking turns (round 1 of every plan, then round 2, …): a plan's measured
+seconds are the median run's, with the spread of the runs beside them, and its ops, sides, speed and
+rewards are that run's — one run on a shared machine is off by its minute's speed.
 
 The table's caption gives the two sides' balance, the rollout's seconds against the trainers' (log-probs
 and update) in the synchronous disaggregated plan, predicted and measured: one step off can save at most
@@ -110,6 +113,11 @@ def measure(plan: Plan, iterations: int, seed: int) -> dict:
     return {"seconds": t.timeline.iteration_seconds(), "rewards": rewards, "staleness": max(staleness), "timeline": t.timeline}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median `seconds` (the lower of the middle two for an even count)."""
+    return sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+
+
 def add_speedups(rows: list[dict]) -> None:
     """Each row's measured speedup over the synchronous colocated plan (`speedup`) and, for the plans on the
     disaggregated split, over the synchronous one on that split (`speedup_same_split`); None where the
@@ -142,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
     ap.add_argument("--iterations", type=int, default=16, help="iterations per plan (the first is start-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per plan, the plans taking turns; the median is "
+                    "reported (default 3)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", help="comma-separated plan names (default: all four)")
     ap.add_argument("--ops", action="store_true", help="also each plan's ops, predicted vs measured per steady iteration")
@@ -157,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations < 3:
         raise HflowError(f"--iterations {args.iterations}: give at least 3 (the first is start-up; the reward "
                          "is compared between the first and last thirds)")
+    if args.repeats < 1:
+        raise HflowError(f"--repeats {args.repeats}: give at least 1 run per plan")
     cal = calibrate_file(args.profile)
     cluster = cal.cluster(nodes=1, devices_per_node=2)
     cm = cal.cost_model(cluster)
@@ -177,24 +189,29 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.tools.comparison import Comparison, error
     from hybridflow.tools.run_report import ConsoleEvents, quick_speed_check
 
+    runs: dict[str, list[dict]] = {name: [] for name in plans}
+    for round_ in range(1, args.repeats + 1):
+        for name, plan in plans.items():
+            # the machine's speed right before this run: a shared machine's drifts between minutes
+            speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else \
+                quick_speed_check(args.profile, ConsoleEvents(Console(stderr=True), quiet=True))
+            print(f"{name}: run {round_} of {args.repeats}, {args.iterations} iterations…", file=sys.stderr)
+            runs[name].append({**measure(plan, args.iterations, args.seed), "speed": speed, "speed_note": speed_note})
     rows, comparisons, balance = [], {}, {}
     for name, plan in plans.items():
-        # the machine's speed right before this plan's run: a shared machine's drifts between minutes
-        speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else \
-            quick_speed_check(args.profile, ConsoleEvents(Console(stderr=True), quiet=True))
-        print(f"{name}: {args.iterations} iterations…", file=sys.stderr)
-        m = measure(plan, args.iterations, args.seed)
+        m, seconds = median_run(runs[name]), [r["seconds"] for r in runs[name]]
+        speed = m["speed"]
         first, last = thirds(m["rewards"])
         rows.append({"plan": name, "predicted": predicted[name], "measured": m["seconds"],
-                     "error": error(predicted[name], m["seconds"]), "speed": speed,
+                     "measured_runs": seconds, "error": error(predicted[name], m["seconds"]), "speed": speed,
                      "error_at_speed": error(predicted[name] * speed, m["seconds"]) if speed else None,
-                     "staleness": m["staleness"], "reward_first_third": first, "reward_last_third": last,
-                     "rewards": m["rewards"]})
+                     "staleness": max(r["staleness"] for r in runs[name]), "reward_first_third": first,
+                     "reward_last_third": last, "rewards": m["rewards"]})
         its = m["timeline"].steady_iterations()
         comparisons[name] = Comparison(predicted[name], simulated[name].op_seconds(), m["seconds"],
                                        m["timeline"].op_seconds(), plan.workload.tokens_per_iteration,
-                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}", speed,
-                                       speed_note)
+                                       f"{name}: per steady iteration, iterations {its[0]}–{its[-1]}, the median "
+                                       "run", speed, m["speed_note"])
         if name == BALANCE_PLAN:
             balance = {"predicted": sides(simulated[name], plan), "measured": sides(m["timeline"], plan)}
     add_speedups(rows)
@@ -213,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     t = Table(title=f"GRPO, tiny model, 2 devices, {WORKLOAD['prompts']}×{WORKLOAD['samples_per_prompt']} responses, "
                     f"profile '{cal.profile}'")
     checked = any(r["speed"] for r in rows)
-    for col in ("plan", "predicted s", "measured s", "error", *(("× speed", "error at speed") if checked else ()),
+    for col in ("plan", "predicted s", f"measured s, median of {args.repeats} (spread)", "error", *(("× speed", "error at speed") if checked else ()),
                 "× sync colocated", "× sync, same split", "staleness", "reward first → last"):
         t.add_column(col, justify="left" if col == "plan" else "right")
 
@@ -222,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for r in rows:
         at_speed = (f"{r['speed']:.2f}" if r["speed"] else "-", pct(r["error_at_speed"])) if checked else ()
-        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}", pct(r["error"]), *at_speed,
+        spread = f" ({min(r['measured_runs']):.3f}–{max(r['measured_runs']):.3f})" if args.repeats > 1 else ""
+        t.add_row(r["plan"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}{spread}", pct(r["error"]), *at_speed,
                   *(f"{r[k]:.2f}" if r[k] else "-" for k in ("speedup", "speedup_same_split")), f"{r['staleness']:.0f}",
                   f"{r['reward_first_third']:.3f} → {r['reward_last_third']:.3f}")
     if balance:
