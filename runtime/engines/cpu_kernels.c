@@ -232,3 +232,49 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
         for (int64_t e = 0; e < d; ++e) out[head * d + e] *= inv;
     }
 }
+
+/* y [rows, O] = x [rows, I] @ W.T (+ bias [O]) (+ residual, rows of res_stride floats), for a few
+ * rows: a decode step of a small batch reads every weight once and multiplies little, so it runs
+ * at the speed memory streams the weights in. W comes packed in panels of PANEL output features,
+ * wp [ceil(O / PANEL), I, PANEL] (the last panel's missing features zero): a panel is one
+ * contiguous stream, and each input feature i updates PANEL outputs with vector FMAs (x[r, i]
+ * broadcast), with no horizontal sums. Rows go four at a time through each panel (sixteen
+ * accumulators); past a few rows the work is compute-bound and oneDNN's kernel is faster
+ * (fast_decode.matmul_kind). bias, residual: NULL when absent. */
+#define PANEL (4 * LANES)
+void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
+                  const float *bias, const float *residual, int64_t res_stride, float *y) {
+    for (int64_t p = 0; p * PANEL < O; ++p) {
+        const float *w = wp + p * I * PANEL;
+        const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+            const int64_t R = rows - r0 < 4 ? rows - r0 : 4;
+            const float *xr = x + r0 * x_stride;
+            v8 a[4][4] = {{{0}}};
+            for (int64_t i = 0; i < I; ++i) {
+                const float *wi = w + i * PANEL;
+                const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
+                const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
+                for (int64_t r = 0; r < R; ++r) {
+                    const float xi = xr[r * x_stride + i];
+                    a[r][0] += xi * w0;
+                    a[r][1] += xi * w1;
+                    a[r][2] += xi * w2;
+                    a[r][3] += xi * w3;
+                }
+            }
+            for (int64_t r = 0; r < R; ++r) {
+                float acc[PANEL];
+                *(v8 *)acc = a[r][0];
+                *(v8 *)(acc + LANES) = a[r][1];
+                *(v8 *)(acc + 2 * LANES) = a[r][2];
+                *(v8 *)(acc + 3 * LANES) = a[r][3];
+                float *out = y + (r0 + r) * O + p * PANEL;
+                const float *b = bias ? bias + p * PANEL : 0;
+                const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : 0;
+                for (int64_t k = 0; k < width; ++k)
+                    out[k] = (res ? res[k] : 0.f) + (acc[k] + (b ? b[k] : 0.f));
+            }
+        }
+    }
+}

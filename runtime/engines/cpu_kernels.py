@@ -1,10 +1,12 @@
 """cpu_kernels.c, built once per machine and loaded with ctypes: the fused decode path's attention,
-RMSNorm and SiLU·up (fast_decode.py) and the pick of the next tokens, greedy or sampled, with their
-log-probs (generation.py), on CPU in fp32.
+RMSNorm, SiLU·up and small-batch matmuls (fast_decode.py) and the pick of the next tokens, greedy or
+sampled, with their log-probs (generation.py), on CPU in fp32.
 
 Why C: a decode step's non-matmul work is many small torch ops, and its attention is one tiny
 matrix product per (row, kv head) — per-call overhead, not arithmetic. One pass in C over the
 cache does the attention of every row (vLLM's CPU backend ships such kernels for the same reason).
+A step of a few rows is a matrix-vector product bound by reading the weights; the libraries' kernels
+read them at about half the memory's speed here, a panel-packed loop at about its full speed.
 
 The source is compiled with the system's C compiler (`cc`, or $CC) into a cache folder
 ($HFLOW_KERNEL_CACHE, default ~/.cache/hybridflow/kernels), named by a hash of the source, the
@@ -38,6 +40,7 @@ FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
 # together. Its attention runs head_dim in steps of CHUNK floats.
 LANES = 8
 CHUNK = 4 * LANES
+PANEL = 4 * LANES  # output features per panel of a weight packed for panel_matmul
 
 
 def pages(slots: int) -> int:
@@ -51,6 +54,7 @@ _SIGNATURES = {
     "greedy_pick": [_P, _I, _I, _I, _P, _P],
     "sample_pick": [_P, _I, _I, _I, _F, _I, _F, _P, _P, _P, _P, _P],
     "decode_attention": [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, _P, _P],
+    "panel_matmul": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _P],
 }
 
 

@@ -21,8 +21,10 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   attention (RoPE, cache write and the attention itself over a paged cache), the norms and
   SiLU·up in cpu_kernels.c, one call each instead of several ops;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
-- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, big
-  weights (and every weight in a long prefill) prepacked for oneDNN's linear; the others
+- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, at up to
+  PANEL_MAX_ROWS rows cpu_kernels.c's panel matmul (the weight packed in panels of output
+  features: a small batch's step streams every weight once, at about the memory's speed); beyond,
+  big weights (and every weight in a long prefill) prepacked for oneDNN's linear, the others
   through MKL, stored [in, out] row-major at up to 16 rows. The decode steps' choice is made once
   per call for its batch; the prefill reuses their operands where it can.
 
@@ -77,7 +79,12 @@ PACKED_MIN_ROWS = 512
 # Up to this many rows MKL reads a row-major [in, out] copy faster (in memory order); beyond, the
 # [out, in] weight's transposed view is as fast and costs no copy.
 ROW_MAJOR_MAX_BATCH = 16
-MATMUL_KINDS = ("packed", "row_major", "view")
+# Up to this many rows cpu_kernels.c's panel_matmul, on a weight packed in panels, beats both: a
+# step of a small batch is bound by streaming the weights from memory, which it does at about the
+# machine's bandwidth (MKL's and oneDNN's kernels at about half of it on these shapes); from 8 rows
+# the step is compute-bound and oneDNN is as fast or faster.
+PANEL_MAX_ROWS = 4
+MATMUL_KINDS = ("packed", "row_major", "view", "panel")
 
 
 def packable(w: torch.Tensor) -> bool:
@@ -85,32 +92,71 @@ def packable(w: torch.Tensor) -> bool:
     return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def matmul_kind(w: torch.Tensor, rows: int, once: bool = False) -> str:
+def c_matmul_ready(w: torch.Tensor) -> bool:
+    """Whether cpu_kernels.c's panel_matmul can run on weight w: fp32 on CPU, one torch thread (the
+    kernel is single-threaded), the library built."""
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.get_num_threads() == 1
+            and cpu_kernels.kernels() is not None)
+
+
+def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = False) -> str:
     """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comment above). `once`:
     the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
-    pays for itself there only from PACKED_MIN_ROWS rows."""
+    pays for itself there only from PACKED_MIN_ROWS rows. `panels`: the C kernels may be used."""
+    if panels and not once and rows <= PANEL_MAX_ROWS and c_matmul_ready(w):
+        return "panel"
     if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
         return "packed"
     return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
 
 
-def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+class Panels:
+    """A weight [out, in] packed for cpu_kernels.c's panel_matmul: [ceil(out / PANEL), in, PANEL],
+    the last panel's missing rows zero."""
+
+    def __init__(self, w: torch.Tensor):
+        self.out_features, self.in_features = w.shape
+        width = cpu_kernels.PANEL
+        padded = F.pad(w.detach(), (0, 0, 0, -self.out_features % width))
+        self.data = padded.view(-1, width, self.in_features).transpose(1, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if residual is not None and residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        cpu_kernels.kernels().panel_matmul(
+            x.data_ptr(), x.stride(0), x.shape[0], self.data.data_ptr(), self.out_features, self.in_features,
+            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), y.data_ptr())
+        return y
+
+
+def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor | Panels:
     """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
-    about `rows` rows; any row count runs on it), a row-major [in, out] copy, or the [in, out] view."""
+    about `rows` rows; any row count runs on it), a row-major [in, out] copy, the [in, out] view, or
+    the C kernel's panels."""
+    if kind == "panel":
+        return Panels(w)
     if kind == "packed":
         return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
     return w.t().contiguous() if kind == "row_major" else w.t()
 
 
-def matmul_layout(w: torch.Tensor, rows: int) -> torch.Tensor:
+def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False) -> torch.Tensor | Panels:
     """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows."""
-    return matmul_operand(w, matmul_kind(w, rows), rows)
+    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, w: torch.Tensor | Panels, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """residual + x @ W.T + bias for rows x [M, in] and the operand w of weight W (`matmul_operand`),
-    in one call: a packed weight through oneDNN (its binary form adds the residual), else `addmm`."""
+    in one call: panels through the C kernel, a packed weight through oneDNN (its binary form adds
+    the residual), else `addmm`."""
+    if isinstance(w, Panels):
+        return w(x, bias, residual)
     if w.is_mkldnn:
         if residual is None:
             return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
@@ -153,7 +199,11 @@ class FusedDecoder:
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch)
+        # The C kernels where they run (fp32 on CPU, one torch thread: with more, torch's ops spread
+        # over them and the single-threaded kernels would not): panel matmuls at a few rows, and the
+        # attention where head_dim is whole pages.
+        self.panels = c_kernels and c_matmul_ready(self.embed)
+        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch, self.panels)
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
@@ -178,13 +228,10 @@ class FusedDecoder:
                                   mlp.down_proj.weight, mlp.down_proj.bias))
         # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
         self.layout_rows = batch
-        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch) for i, t in enumerate(weights))
+        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.panels) for i, t in enumerate(weights))
                        for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
-        # cpu_kernels.c where it runs this: fp32 on CPU, one torch thread (with more, torch's ops
-        # spread over them and the single-threaded kernels would not), head_dim in whole pages.
-        self.c = cpu_kernels.kernels() if (c_kernels and device.type == "cpu" and dtype == torch.float32
-                                           and d % cpu_kernels.CHUNK == 0 and torch.get_num_threads() == 1) else None
+        self.c = cpu_kernels.kernels() if self.panels and d % cpu_kernels.CHUNK == 0 else None
         # The cache per layer. For torch's ops keys [B, Hkv, d, T] (transposed: a step's scores are one
         # batched matmul over (row, kv head) blocks, the heads sharing a kv head being one query
         # block) and values [B, Hkv, T, d]; for cpu_kernels.c the same in pages of CHUNK slots,
@@ -307,14 +354,16 @@ class FusedDecoder:
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
-        packed or the kernel is the same, else laid out for the prefill alone. The prefill runs
-        once, so the [out, in] weights kept for it are released."""
+        packed or the kernel is the same (panels standing in for a row-major copy: a short prefill),
+        else laid out for the prefill alone. The prefill runs once, so the [out, in] weights kept
+        for it are released."""
         layers = []
         for weights, decode_ops in zip(self._weights, self.layers, strict=True):
             layer = []
             for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
                 kind = None if i % 2 else matmul_kind(t, rows, once=True)
-                same = kind is None or op.is_mkldnn or kind == matmul_kind(t, self.layout_rows)
+                packed = isinstance(op, torch.Tensor) and op.is_mkldnn
+                same = kind is None or packed or kind == matmul_kind(t, self.layout_rows)
                 layer.append(op if same else matmul_operand(t, kind, rows))
             layers.append(tuple(layer))
         self._weights = None

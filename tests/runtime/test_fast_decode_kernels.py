@@ -27,22 +27,30 @@ def test_kernel_rule_at_its_boundaries():
         ["row_major", "view", "packed"]
     # oneDNN only where it was measured: fp32 on CPU
     assert fast_decode.matmul_kind(big.double(), 64) == "view"
+    # the C kernel's panels up to PANEL_MAX_ROWS rows, where the caller allows them and the library builds
+    if fast_decode.c_matmul_ready(big):
+        assert [fast_decode.matmul_kind(small, r, panels=True) for r in (1, fast_decode.PANEL_MAX_ROWS)] == \
+            ["panel", "panel"]
+        assert fast_decode.matmul_kind(big, fast_decode.PANEL_MAX_ROWS + 1, panels=True) == "packed"
+        assert fast_decode.matmul_kind(small, 1, once=True, panels=True) == "row_major"  # a prefill
 
 
 @pytest.mark.parametrize("kind", fast_decode.MATMUL_KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 def test_linear_equals_addmm_for_every_kernel(kind, rows):
     """`linear` over each kernel's operand gives x @ W.T + bias + residual, for any row count (a
-    packed weight laid out for 8 rows runs on fewer or more)."""
+    packed weight laid out for 8 rows runs on fewer or more; panels past their row group of 4)."""
+    if kind == "panel" and not fast_decode.c_matmul_ready(torch.empty(1)):
+        pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
     torch.manual_seed(rows)
-    weight = torch.randn(96, 64)  # [out, in]
-    x, bias, residual = torch.randn(rows, 64), torch.randn(96), torch.randn(rows, 96)
+    weight = torch.randn(100, 64)  # [out, in]; 100 outputs: the last panel partly filled
+    x, bias, residual = torch.randn(rows, 64), torch.randn(100), torch.randn(rows, 100)
     w = fast_decode.matmul_operand(weight, kind, 8)
     want = x @ weight.t()
     for got, ref in ((fast_decode.linear(x, w), want), (fast_decode.linear(x, w, bias), want + bias),
                      (fast_decode.linear(x, w, None, residual), want + residual),
                      (fast_decode.linear(x, w, bias, residual), want + bias + residual)):
-        assert got.shape == (rows, 96) and got.is_contiguous()
+        assert got.shape == (rows, 100) and got.is_contiguous()
         assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -63,10 +71,11 @@ def _prompts(rows: int, longest: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fused_kernels_give_module_tokens(shape, rows):
-    """At the row counts where the kernels change (1: MKL on row-major copies, an 8-row prefill on
-    views; 4: big weights packed; 16: the small ones still row-major; 64: small ones as [out, in]
-    views, the 512-row prefill packed throughout) the fused path's tokens equal the modules', log-probs within 1e-5 —
-    greedy, and sampled with rows leaving the batch at EOS (fewer rows on the same operands)."""
+    """At the row counts where the kernels change (1 and 4: the C kernel's panels, where it builds —
+    else 1: MKL on row-major copies, 4: big weights packed; 16: big weights packed, the small ones
+    still row-major; 64: small ones as [out, in] views, the 512-row prefill packed throughout) the
+    fused path's tokens equal the modules', log-probs within 1e-5 — greedy, and sampled with rows
+    leaving the batch at EOS (fewer rows on the same operands)."""
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, vocab_size=2048,
                                                **SHAPES[shape])
@@ -78,11 +87,17 @@ def test_fused_kernels_give_module_tokens(shape, rows):
     ids, mask = _prompts(rows)
     fused = fast_decode.FusedDecoder(model, rows, ids.shape[1] + 1)
     wqkv, _, wo, _, wgu, *_ = fused.layers[0]
-    assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
-    assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
-    _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(rows * ids.shape[1])[0]
-    assert prefill_wo.is_mkldnn == (rows * ids.shape[1] >= fast_decode.PACKED_MIN_ROWS)
-    assert prefill_wgu is wgu  # the decode steps' operand reused
+    prefill_rows = rows * ids.shape[1]
+    _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(prefill_rows)[0]
+    if rows <= fast_decode.PANEL_MAX_ROWS and fast_decode.c_matmul_ready(model.lm_head.weight):
+        assert all(isinstance(w, fast_decode.Panels) for w in (fused.lm_head, wqkv, wo, wgu))
+        # a short prefill runs on them (as on a row-major copy); a longer one on MKL's views
+        assert (prefill_wo is wo) == (prefill_wgu is wgu) == (prefill_rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
+    else:
+        assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
+        assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
+        assert prefill_wo.is_mkldnn == (prefill_rows >= fast_decode.PACKED_MIN_ROWS)
+        assert prefill_wgu is wgu  # the decode steps' operand reused
     for params in (SamplingParams(max_new_tokens=6, greedy=True),
                    SamplingParams(max_new_tokens=6, temperature=0.9, top_k=50, eos_token_id=list(range(5, 2048, 5)))):
         fast = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(4))
