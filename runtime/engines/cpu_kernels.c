@@ -233,21 +233,63 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
     }
 }
 
-/* y [rows, O] = x [rows, I] @ W.T (+ bias [O]) (+ residual, rows of res_stride floats), for a few
- * rows: a decode step of a small batch reads every weight once and multiplies little, so it runs
- * at the speed memory streams the weights in. W comes packed in panels of PANEL output features,
- * wp [ceil(O / PANEL), I, PANEL] (the last panel's missing features zero): a panel is one
- * contiguous stream, and each input feature i updates PANEL outputs with vector FMAs (x[r, i]
- * broadcast), with no horizontal sums. Rows go four at a time through each panel (sixteen
- * accumulators); past a few rows the work is compute-bound and oneDNN's kernel is faster
- * (fast_decode.matmul_kind). bias, residual: NULL when absent. */
+/* y [rows, O] = x [rows, I] @ W.T (+ bias [O]) (+ residual, rows of res_stride floats). W comes
+ * packed in panels of PANEL output features, wp [ceil(O / PANEL), I, PANEL] (the last panel's
+ * missing features zero): a panel is one contiguous stream, and each input feature i updates a
+ * panel's PANEL outputs for several rows with vector FMAs (x[r, i] broadcast), no horizontal sums.
+ * With AVX-512, rows go eight at a time (sixteen 16-float accumulators: the FMA units kept busy
+ * from L1, where the panel's rows stay while the eight rows pass over them); the rest, and every
+ * row without AVX-512, four at a time (sixteen 8-float accumulators). A decode step of a few rows
+ * is bound by streaming the weights from memory, which this loop does at about the memory's speed;
+ * at many rows it is compute-bound (fast_decode.matmul_kind says where it is used).
+ * bias, residual: NULL when absent. */
 #define PANEL (4 * LANES)
+
+/* out[k] = res[k] + (acc[k] + bias[k]) for the `width` live features of one panel row. */
+static inline void panel_store(const float *acc, int64_t width, const float *bias, const float *res, float *out) {
+    for (int64_t k = 0; k < width; ++k) out[k] = (res ? res[k] : 0.f) + (acc[k] + (bias ? bias[k] : 0.f));
+}
+
+int64_t panel_tile_rows(void) {
+#ifdef __AVX512F__
+    return 8;
+#else
+    return 4;
+#endif
+}
+
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y) {
     for (int64_t p = 0; p * PANEL < O; ++p) {
-        const float *w = wp + p * I * PANEL;
+        const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
         const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
-        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+        int64_t r0 = 0;
+#ifdef __AVX512F__
+        typedef float v16 __attribute__((vector_size(64), aligned(4)));
+        for (; r0 + 8 <= rows; r0 += 8) {
+            const float *xr = x + r0 * x_stride;
+            v16 a[8][2];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
+            for (int64_t i = 0; i < I; ++i) {
+                const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; ++r) {
+                    const float xi = xr[r * x_stride + i];
+                    a[r][0] += xi * w0;
+                    a[r][1] += xi * w1;
+                }
+            }
+            for (int r = 0; r < 8; ++r) {
+                float acc[PANEL];
+                *(v16 *)acc = a[r][0];
+                *(v16 *)(acc + 16) = a[r][1];
+                panel_store(acc, width, b, residual ? residual + (r0 + r) * res_stride + p * PANEL : 0,
+                            y + (r0 + r) * O + p * PANEL);
+            }
+        }
+#endif
+        for (; r0 < rows; r0 += 4) {
             const int64_t R = rows - r0 < 4 ? rows - r0 : 4;
             const float *xr = x + r0 * x_stride;
             v8 a[4][4] = {{{0}}};
@@ -269,11 +311,8 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                 *(v8 *)(acc + LANES) = a[r][1];
                 *(v8 *)(acc + 2 * LANES) = a[r][2];
                 *(v8 *)(acc + 3 * LANES) = a[r][3];
-                float *out = y + (r0 + r) * O + p * PANEL;
-                const float *b = bias ? bias + p * PANEL : 0;
-                const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : 0;
-                for (int64_t k = 0; k < width; ++k)
-                    out[k] = (res ? res[k] : 0.f) + (acc[k] + (b ? b[k] : 0.f));
+                panel_store(acc, width, b, residual ? residual + (r0 + r) * res_stride + p * PANEL : 0,
+                            y + (r0 + r) * O + p * PANEL);
             }
         }
     }

@@ -1,12 +1,13 @@
 """cpu_kernels.c, built once per machine and loaded with ctypes: the fused decode path's attention,
-RMSNorm, SiLU·up and small-batch matmuls (fast_decode.py) and the pick of the next tokens, greedy or
+RMSNorm, SiLU·up and matmuls (fast_decode.py) and the pick of the next tokens, greedy or
 sampled, with their log-probs (generation.py), on CPU in fp32.
 
 Why C: a decode step's non-matmul work is many small torch ops, and its attention is one tiny
 matrix product per (row, kv head) — per-call overhead, not arithmetic. One pass in C over the
 cache does the attention of every row (vLLM's CPU backend ships such kernels for the same reason).
 A step of a few rows is a matrix-vector product bound by reading the weights; the libraries' kernels
-read them at about half the memory's speed here, a panel-packed loop at about its full speed.
+read them at about half the memory's speed here, a panel-packed loop at about its full speed (and,
+with AVX-512, it keeps up with oneDNN at many rows).
 
 The source is compiled with the system's C compiler (`cc`, or $CC) into a cache folder
 ($HFLOW_KERNEL_CACHE, default ~/.cache/hybridflow/kernels), named by a hash of the source, the
@@ -117,4 +118,5 @@ def kernels() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, None
+    lib.panel_tile_rows.argtypes, lib.panel_tile_rows.restype = [], _I
     return lib

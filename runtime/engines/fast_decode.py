@@ -21,11 +21,12 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   attention (RoPE, cache write and the attention itself over a paged cache), the norms and
   SiLU·up in cpu_kernels.c, one call each instead of several ops;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
-- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32, at up to
-  PANEL_MAX_ROWS rows cpu_kernels.c's panel matmul (the weight packed in panels of output
-  features: a small batch's step streams every weight once, at about the memory's speed); beyond,
-  big weights (and every weight in a long prefill) prepacked for oneDNN's linear, the others
-  through MKL, stored [in, out] row-major at up to 16 rows. The decode steps' choice is made once
+- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32 with one
+  thread, cpu_kernels.c's panel matmul (the weight packed in panels of output features: a small
+  batch's step streams every weight once, at about the memory's speed; with AVX-512 at every row
+  count, else up to PANEL_MAX_ROWS rows); otherwise big weights (and every weight in a long
+  prefill) prepacked for oneDNN's linear, the others through MKL, stored [in, out] row-major at up
+  to 16 rows. The decode steps' choice is made once
   per call for its batch; the prefill reuses their operands where it can.
 
 Prefill and decode both go through here, so the KV cache (permuted k layout; paged for the C
@@ -79,10 +80,11 @@ PACKED_MIN_ROWS = 512
 # Up to this many rows MKL reads a row-major [in, out] copy faster (in memory order); beyond, the
 # [out, in] weight's transposed view is as fast and costs no copy.
 ROW_MAJOR_MAX_BATCH = 16
-# Up to this many rows cpu_kernels.c's panel_matmul, on a weight packed in panels, beats both: a
-# step of a small batch is bound by streaming the weights from memory, which it does at about the
-# machine's bandwidth (MKL's and oneDNN's kernels at about half of it on these shapes); from 8 rows
-# the step is compute-bound and oneDNN is as fast or faster.
+# cpu_kernels.c's panel_matmul, on a weight packed in panels, beats both at a few rows: a step of
+# a small batch is bound by streaming the weights from memory, which it does at about the memory's
+# speed (MKL's and oneDNN's kernels at about half of it on these shapes). Built with AVX-512 its
+# 8-row tile also keeps the FMA units busy: a third faster than oneDNN at 16 rows, even at 64 and
+# within a few percent at 512, so it takes every row count there; without, up to PANEL_MAX_ROWS.
 PANEL_MAX_ROWS = 4
 MATMUL_KINDS = ("packed", "row_major", "view", "panel")
 
@@ -100,10 +102,10 @@ def c_matmul_ready(w: torch.Tensor) -> bool:
 
 
 def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = False) -> str:
-    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comment above). `once`:
+    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comments above). `once`:
     the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
     pays for itself there only from PACKED_MIN_ROWS rows. `panels`: the C kernels may be used."""
-    if panels and not once and rows <= PANEL_MAX_ROWS and c_matmul_ready(w):
+    if panels and c_matmul_ready(w) and (rows <= PANEL_MAX_ROWS or cpu_kernels.kernels().panel_tile_rows() >= 8):
         return "panel"
     if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
         return "packed"
@@ -354,16 +356,17 @@ class FusedDecoder:
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
-        packed or the kernel is the same (panels standing in for a row-major copy: a short prefill),
-        else laid out for the prefill alone. The prefill runs once, so the [out, in] weights kept
+        packed or the kernel is the same (panels also standing in for a row-major copy: a short
+        prefill), else laid out for the prefill alone. The prefill runs once, so the [out, in] weights kept
         for it are released."""
         layers = []
         for weights, decode_ops in zip(self._weights, self.layers, strict=True):
             layer = []
             for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
-                kind = None if i % 2 else matmul_kind(t, rows, once=True)
+                kind = None if i % 2 else matmul_kind(t, rows, once=True, panels=self.panels)
                 packed = isinstance(op, torch.Tensor) and op.is_mkldnn
-                same = kind is None or packed or kind == matmul_kind(t, self.layout_rows)
+                same = (kind is None or packed or kind == matmul_kind(t, self.layout_rows, panels=self.panels)
+                        or isinstance(op, Panels) and kind == "row_major")
                 layer.append(op if same else matmul_operand(t, kind, rows))
             layers.append(tuple(layer))
         self._weights = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.runtime.engines import fast_decode
+from hybridflow.runtime.engines import cpu_kernels, fast_decode
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.model import model_preset
@@ -27,12 +27,16 @@ def test_kernel_rule_at_its_boundaries():
         ["row_major", "view", "packed"]
     # oneDNN only where it was measured: fp32 on CPU
     assert fast_decode.matmul_kind(big.double(), 64) == "view"
-    # the C kernel's panels up to PANEL_MAX_ROWS rows, where the caller allows them and the library builds
+    # the C kernel's panels where the caller allows them and the library builds: up to PANEL_MAX_ROWS
+    # rows, and at any row count with its 8-row AVX-512 tile
     if fast_decode.c_matmul_ready(big):
+        wide = cpu_kernels.kernels().panel_tile_rows() >= 8
         assert [fast_decode.matmul_kind(small, r, panels=True) for r in (1, fast_decode.PANEL_MAX_ROWS)] == \
             ["panel", "panel"]
-        assert fast_decode.matmul_kind(big, fast_decode.PANEL_MAX_ROWS + 1, panels=True) == "packed"
-        assert fast_decode.matmul_kind(small, 1, once=True, panels=True) == "row_major"  # a prefill
+        assert fast_decode.matmul_kind(big, fast_decode.PANEL_MAX_ROWS + 1, panels=True) == \
+            ("panel" if wide else "packed")
+        assert fast_decode.matmul_kind(small, fast_decode.PACKED_MIN_ROWS, once=True, panels=True) == \
+            ("panel" if wide else "packed")
 
 
 @pytest.mark.parametrize("kind", fast_decode.MATMUL_KINDS)
@@ -68,14 +72,19 @@ def _prompts(rows: int, longest: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     return left_pad([torch.randint(1, 2048, (n,), generator=g).tolist() for n in lens])
 
 
+@pytest.mark.parametrize("panels", [True, False])
 @pytest.mark.parametrize("rows", [1, 4, 16, 64])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_fused_kernels_give_module_tokens(shape, rows):
-    """At the row counts where the kernels change (1 and 4: the C kernel's panels, where it builds —
-    else 1: MKL on row-major copies, 4: big weights packed; 16: big weights packed, the small ones
-    still row-major; 64: small ones as [out, in] views, the 512-row prefill packed throughout) the
-    fused path's tokens equal the modules', log-probs within 1e-5 — greedy, and sampled with rows
-    leaving the batch at EOS (fewer rows on the same operands)."""
+def test_fused_kernels_give_module_tokens(shape, rows, panels, monkeypatch):
+    """At the row counts where the kernels change the fused path's tokens equal the modules', log-probs
+    within 1e-5 — greedy, and sampled with rows leaving the batch at EOS (fewer rows on the same
+    operands). With the C kernels (`panels`, where they build): panels at 1 and 4 rows, and at 16 and
+    64 with the library's AVX-512 tile, the prefill on the same panels. Without (torch's ops
+    throughout): 1: MKL on row-major copies, an 8-row prefill on views; 4: big weights packed; 16: big
+    weights packed, the small ones still row-major; 64: small ones as [out, in] views, the 512-row
+    prefill packed throughout."""
+    if not panels:
+        monkeypatch.setattr(fast_decode, "c_matmul_ready", lambda w: False)
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, vocab_size=2048,
                                                **SHAPES[shape])
@@ -89,10 +98,13 @@ def test_fused_kernels_give_module_tokens(shape, rows):
     wqkv, _, wo, _, wgu, *_ = fused.layers[0]
     prefill_rows = rows * ids.shape[1]
     _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(prefill_rows)[0]
-    if rows <= fast_decode.PANEL_MAX_ROWS and fast_decode.c_matmul_ready(model.lm_head.weight):
-        assert all(isinstance(w, fast_decode.Panels) for w in (fused.lm_head, wqkv, wo, wgu))
-        # a short prefill runs on them (as on a row-major copy); a longer one on MKL's views
-        assert (prefill_wo is wo) == (prefill_wgu is wgu) == (prefill_rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
+    if fast_decode.matmul_kind(model.lm_head.weight, rows, panels=True) == "panel":
+        assert panels and all(isinstance(w, fast_decode.Panels) for w in (fused.lm_head, wqkv, wo, wgu))
+        # the prefill runs on them where they are its kernel too, or stand in for a row-major copy
+        o_proj = model.model.layers[0].self_attn.o_proj.weight
+        reused = fast_decode.matmul_kind(o_proj, prefill_rows, once=True, panels=True) == "panel" or \
+            prefill_rows <= fast_decode.ROW_MAJOR_MAX_BATCH
+        assert (prefill_wo is wo) == (prefill_wgu is wgu) == reused
     else:
         assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
         assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
