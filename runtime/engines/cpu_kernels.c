@@ -1,5 +1,6 @@
-/* The fused decode path's non-matmul work on CPU, fp32, one thread (cpu_kernels.py builds and
- * loads this file; fast_decode.py calls it). Plain C: no torch headers, so it builds in well under
+/* The fused decode path's work on CPU in fp32, one thread: attention, norms, SiLU·up, the token
+ * pick and the matmuls (cpu_kernels.py builds and loads this file; fast_decode.py,
+ * matmul_kernels.py and generation.py call it). Plain C: no torch headers, so it builds in well under
  * a second. Each function is what a handful of torch ops do, in one pass over the data; torch's
  * ops (the fallback, and the reference in the tests) compute the same to float rounding.
  *
@@ -241,7 +242,7 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
  * from L1, where the panel's rows stay while the eight rows pass over them); the rest, and every
  * row without AVX-512, four at a time (sixteen 8-float accumulators). A decode step of a few rows
  * is bound by streaming the weights from memory, which this loop does at about the memory's speed;
- * at many rows it is compute-bound (fast_decode.matmul_kind says where it is used).
+ * at many rows it is compute-bound (matmul_kernels.matmul_kind says where it is used).
  * bias, residual: NULL when absent. */
 #define PANEL (4 * LANES)
 

@@ -1,5 +1,5 @@
 """cpu_kernels.c, built once per machine and loaded with ctypes: the fused decode path's attention,
-RMSNorm, SiLU·up and matmuls (fast_decode.py) and the pick of the next tokens, greedy or
+RMSNorm, SiLU·up and matmuls (fast_decode.py, matmul_kernels.py) and the pick of the next tokens, greedy or
 sampled, with their log-probs (generation.py), on CPU in fp32.
 
 Why C: a decode step's non-matmul work is many small torch ops, and its attention is one tiny

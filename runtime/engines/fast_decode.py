@@ -21,7 +21,7 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   attention (RoPE, cache write and the attention itself over a paged cache), the norms and
   SiLU·up in cpu_kernels.c, one call each instead of several ops;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
-- each matmul's kernel chosen per weight from its rows (`matmul_kind`): on CPU in fp32 with one
+- each matmul's kernel chosen per weight from its rows (matmul_kernels.py, `matmul_kind`): on CPU in fp32 with one
   thread, cpu_kernels.c's panel matmul (the weight packed in panels of output features: a small
   batch's step streams every weight once, at about the memory's speed; with AVX-512 at every row
   count, else up to PANEL_MAX_ROWS rows); otherwise big weights (and every weight in a long
@@ -44,6 +44,14 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels
+from hybridflow.runtime.engines.matmul_kernels import (
+    Panels,
+    c_matmul_ready,
+    linear,
+    matmul_kind,
+    matmul_layout,
+    matmul_operand,
+)
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.families import family
 
@@ -67,105 +75,6 @@ def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     half = head_dim // 2
     order = torch.arange(head_dim, device=w.device).view(2, half).t().reshape(-1)
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
-
-
-# The kernel of each matmul, chosen per weight from the rows it multiplies (measured on this
-# project's AMD EPYC CPU, 1 thread, fp32): oneDNN's linear on a weight prepacked once (what torch
-# inductor's CPU "freezing" path uses) runs these shapes nearer the CPU's peak than MKL's sgemm
-# behind `x @ w`, but has a bigger fixed cost per call — so it wins on a big weight from 2 rows (a
-# few rows stream the packed weight instead of packing themselves) and on any weight from
-# PACKED_MIN_ROWS rows (a prefill); small weights at fewer rows go to MKL.
-PACKED_MIN_SIZE = 2 ** 18  # elements: 1 MB in fp32
-PACKED_MIN_ROWS = 512
-# Up to this many rows MKL reads a row-major [in, out] copy faster (in memory order); beyond, the
-# [out, in] weight's transposed view is as fast and costs no copy.
-ROW_MAJOR_MAX_BATCH = 16
-# cpu_kernels.c's panel_matmul, on a weight packed in panels, beats both at a few rows: a step of
-# a small batch is bound by streaming the weights from memory, which it does at about the memory's
-# speed (MKL's and oneDNN's kernels at about half of it on these shapes). Built with AVX-512 its
-# 8-row tile also keeps the FMA units busy: a third faster than oneDNN at 16 rows, even at 64 and
-# within a few percent at 512, so it takes every row count there; without, up to PANEL_MAX_ROWS.
-PANEL_MAX_ROWS = 4
-MATMUL_KINDS = ("packed", "row_major", "view", "panel")
-
-
-def packable(w: torch.Tensor) -> bool:
-    """Whether weight w may take the "packed" kernel: fp32 on CPU with oneDNN, the case measured."""
-    return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-
-
-def c_matmul_ready(w: torch.Tensor) -> bool:
-    """Whether cpu_kernels.c's panel_matmul can run on weight w: fp32 on CPU, one torch thread (the
-    kernel is single-threaded), the library built."""
-    return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.get_num_threads() == 1
-            and cpu_kernels.kernels() is not None)
-
-
-def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = False) -> str:
-    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comments above). `once`:
-    the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
-    pays for itself there only from PACKED_MIN_ROWS rows. `panels`: the C kernels may be used."""
-    if panels and c_matmul_ready(w) and (rows <= PANEL_MAX_ROWS or cpu_kernels.kernels().panel_tile_rows() >= 8):
-        return "panel"
-    if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
-        return "packed"
-    return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
-
-
-class Panels:
-    """A weight [out, in] packed for cpu_kernels.c's panel_matmul: [ceil(out / PANEL), in, PANEL],
-    the last panel's missing rows zero."""
-
-    def __init__(self, w: torch.Tensor):
-        self.out_features, self.in_features = w.shape
-        width = cpu_kernels.PANEL
-        padded = F.pad(w.detach(), (0, 0, 0, -self.out_features % width))
-        self.data = padded.view(-1, width, self.in_features).transpose(1, 2).contiguous()
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        if residual is not None and residual.stride(-1) != 1:
-            residual = residual.contiguous()
-        bias = None if bias is None else bias.contiguous()
-        y = torch.empty(x.shape[0], self.out_features)
-        cpu_kernels.kernels().panel_matmul(
-            x.data_ptr(), x.stride(0), x.shape[0], self.data.data_ptr(), self.out_features, self.in_features,
-            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0), y.data_ptr())
-        return y
-
-
-def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor | Panels:
-    """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
-    about `rows` rows; any row count runs on it), a row-major [in, out] copy, the [in, out] view, or
-    the C kernel's panels."""
-    if kind == "panel":
-        return Panels(w)
-    if kind == "packed":
-        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
-    return w.t().contiguous() if kind == "row_major" else w.t()
-
-
-def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False) -> torch.Tensor | Panels:
-    """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows."""
-    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows)
-
-
-def linear(x: torch.Tensor, w: torch.Tensor | Panels, bias: torch.Tensor | None = None,
-           residual: torch.Tensor | None = None) -> torch.Tensor:
-    """residual + x @ W.T + bias for rows x [M, in] and the operand w of weight W (`matmul_operand`),
-    in one call: panels through the C kernel, a packed weight through oneDNN (its binary form adds
-    the residual), else `addmm`."""
-    if isinstance(w, Panels):
-        return w(x, bias, residual)
-    if w.is_mkldnn:
-        if residual is None:
-            return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, bias, "add")
-    if residual is None:
-        return x @ w if bias is None else torch.addmm(bias, x, w)
-    return torch.addmm(residual if bias is None else residual + bias, x, w)
 
 
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
@@ -201,11 +110,11 @@ class FusedDecoder:
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
         root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        # The C kernels where they run (fp32 on CPU, one torch thread: with more, torch's ops spread
-        # over them and the single-threaded kernels would not): panel matmuls at a few rows, and the
-        # attention where head_dim is whole pages.
-        self.panels = c_kernels and c_matmul_ready(self.embed)
-        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch, self.panels)
+        # cpu_kernels.c where it runs (fp32 on CPU, one torch thread: with more, torch's ops spread
+        # over them and the single-threaded kernels would not): the panel matmuls (`matmul_kind`
+        # says at which rows), and the attention, norms and SiLU·up where head_dim is whole pages.
+        self.c_ready = c_kernels and c_matmul_ready(self.embed)
+        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch, self.c_ready)
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
@@ -230,10 +139,10 @@ class FusedDecoder:
                                   mlp.down_proj.weight, mlp.down_proj.bias))
         # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
         self.layout_rows = batch
-        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.panels) for i, t in enumerate(weights))
+        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready) for i, t in enumerate(weights))
                        for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
-        self.c = cpu_kernels.kernels() if self.panels and d % cpu_kernels.CHUNK == 0 else None
+        self.c = cpu_kernels.kernels() if self.c_ready and d % cpu_kernels.CHUNK == 0 else None
         # The cache per layer. For torch's ops keys [B, Hkv, d, T] (transposed: a step's scores are one
         # batched matmul over (row, kv head) blocks, the heads sharing a kv head being one query
         # block) and values [B, Hkv, T, d]; for cpu_kernels.c the same in pages of CHUNK slots,
@@ -363,9 +272,9 @@ class FusedDecoder:
         for weights, decode_ops in zip(self._weights, self.layers, strict=True):
             layer = []
             for i, (t, op) in enumerate(zip(weights, decode_ops, strict=True)):  # weight, bias, weight, …
-                kind = None if i % 2 else matmul_kind(t, rows, once=True, panels=self.panels)
+                kind = None if i % 2 else matmul_kind(t, rows, once=True, panels=self.c_ready)
                 packed = isinstance(op, torch.Tensor) and op.is_mkldnn
-                same = (kind is None or packed or kind == matmul_kind(t, self.layout_rows, panels=self.panels)
+                same = (kind is None or packed or kind == matmul_kind(t, self.layout_rows, panels=self.c_ready)
                         or isinstance(op, Panels) and kind == "row_major")
                 layer.append(op if same else matmul_operand(t, kind, rows))
             layers.append(tuple(layer))

@@ -1,4 +1,4 @@
-"""The fused path's matmul kernels (fast_decode.matmul_kind): each kernel computes the linear, the
+"""The fused path's matmul kernels (matmul_kernels.matmul_kind): each kernel computes the linear, the
 rule picks them at the row counts where it changes, and generation with them gives the module
 path's tokens and log-probs, for a llama- and a qwen2-shaped model."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.runtime.engines import cpu_kernels, fast_decode
+from hybridflow.runtime.engines import cpu_kernels, fast_decode, matmul_kernels
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.model import model_preset
@@ -16,44 +16,44 @@ torch.set_num_threads(1)
 
 
 def test_kernel_rule_at_its_boundaries():
-    big = torch.empty(fast_decode.PACKED_MIN_SIZE // 128, 128)
+    big = torch.empty(matmul_kernels.PACKED_MIN_SIZE // 128, 128)
     small = torch.empty(big.shape[0] // 2, 128)
-    assert [fast_decode.matmul_kind(big, rows) for rows in (1, 2, 64)] == ["row_major", "packed", "packed"]
-    rows = (1, fast_decode.ROW_MAJOR_MAX_BATCH, fast_decode.ROW_MAJOR_MAX_BATCH + 1,
-            fast_decode.PACKED_MIN_ROWS - 1, fast_decode.PACKED_MIN_ROWS)
-    assert [fast_decode.matmul_kind(small, r) for r in rows] == ["row_major", "row_major", "view", "view", "packed"]
+    assert [matmul_kernels.matmul_kind(big, rows) for rows in (1, 2, 64)] == ["row_major", "packed", "packed"]
+    rows = (1, matmul_kernels.ROW_MAJOR_MAX_BATCH, matmul_kernels.ROW_MAJOR_MAX_BATCH + 1,
+            matmul_kernels.PACKED_MIN_ROWS - 1, matmul_kernels.PACKED_MIN_ROWS)
+    assert [matmul_kernels.matmul_kind(small, r) for r in rows] == ["row_major", "row_major", "view", "view", "packed"]
     # for a single matmul (a prefill) a weight is packed only from PACKED_MIN_ROWS rows
-    assert [fast_decode.matmul_kind(big, r, once=True) for r in (16, 64, fast_decode.PACKED_MIN_ROWS)] == \
+    assert [matmul_kernels.matmul_kind(big, r, once=True) for r in (16, 64, matmul_kernels.PACKED_MIN_ROWS)] == \
         ["row_major", "view", "packed"]
     # oneDNN only where it was measured: fp32 on CPU
-    assert fast_decode.matmul_kind(big.double(), 64) == "view"
+    assert matmul_kernels.matmul_kind(big.double(), 64) == "view"
     # the C kernel's panels where the caller allows them and the library builds: up to PANEL_MAX_ROWS
     # rows, and at any row count with its 8-row AVX-512 tile
-    if fast_decode.c_matmul_ready(big):
+    if matmul_kernels.c_matmul_ready(big):
         wide = cpu_kernels.kernels().panel_tile_rows() >= 8
-        assert [fast_decode.matmul_kind(small, r, panels=True) for r in (1, fast_decode.PANEL_MAX_ROWS)] == \
+        assert [matmul_kernels.matmul_kind(small, r, panels=True) for r in (1, matmul_kernels.PANEL_MAX_ROWS)] == \
             ["panel", "panel"]
-        assert fast_decode.matmul_kind(big, fast_decode.PANEL_MAX_ROWS + 1, panels=True) == \
+        assert matmul_kernels.matmul_kind(big, matmul_kernels.PANEL_MAX_ROWS + 1, panels=True) == \
             ("panel" if wide else "packed")
-        assert fast_decode.matmul_kind(small, fast_decode.PACKED_MIN_ROWS, once=True, panels=True) == \
+        assert matmul_kernels.matmul_kind(small, matmul_kernels.PACKED_MIN_ROWS, once=True, panels=True) == \
             ("panel" if wide else "packed")
 
 
-@pytest.mark.parametrize("kind", fast_decode.MATMUL_KINDS)
+@pytest.mark.parametrize("kind", matmul_kernels.MATMUL_KINDS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 def test_linear_equals_addmm_for_every_kernel(kind, rows):
     """`linear` over each kernel's operand gives x @ W.T + bias + residual, for any row count (a
     packed weight laid out for 8 rows runs on fewer or more; panels past their row group of 4)."""
-    if kind == "panel" and not fast_decode.c_matmul_ready(torch.empty(1)):
+    if kind == "panel" and not matmul_kernels.c_matmul_ready(torch.empty(1)):
         pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
     torch.manual_seed(rows)
     weight = torch.randn(100, 64)  # [out, in]; 100 outputs: the last panel partly filled
     x, bias, residual = torch.randn(rows, 64), torch.randn(100), torch.randn(rows, 100)
-    w = fast_decode.matmul_operand(weight, kind, 8)
+    w = matmul_kernels.matmul_operand(weight, kind, 8)
     want = x @ weight.t()
-    for got, ref in ((fast_decode.linear(x, w), want), (fast_decode.linear(x, w, bias), want + bias),
-                     (fast_decode.linear(x, w, None, residual), want + residual),
-                     (fast_decode.linear(x, w, bias, residual), want + bias + residual)):
+    for got, ref in ((matmul_kernels.linear(x, w), want), (matmul_kernels.linear(x, w, bias), want + bias),
+                     (matmul_kernels.linear(x, w, None, residual), want + residual),
+                     (matmul_kernels.linear(x, w, bias, residual), want + bias + residual)):
         assert got.shape == (rows, 100) and got.is_contiguous()
         assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
 
@@ -84,7 +84,8 @@ def test_fused_kernels_give_module_tokens(shape, rows, panels, monkeypatch):
     weights packed, the small ones still row-major; 64: small ones as [out, in] views, the 512-row
     prefill packed throughout."""
     if not panels:
-        monkeypatch.setattr(fast_decode, "c_matmul_ready", lambda w: False)
+        for module in (fast_decode, matmul_kernels):
+            monkeypatch.setattr(module, "c_matmul_ready", lambda w: False)
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, vocab_size=2048,
                                                **SHAPES[shape])
@@ -98,17 +99,17 @@ def test_fused_kernels_give_module_tokens(shape, rows, panels, monkeypatch):
     wqkv, _, wo, _, wgu, *_ = fused.layers[0]
     prefill_rows = rows * ids.shape[1]
     _, _, prefill_wo, _, prefill_wgu, *_ = fused._prefill_layers(prefill_rows)[0]
-    if fast_decode.matmul_kind(model.lm_head.weight, rows, panels=True) == "panel":
-        assert panels and all(isinstance(w, fast_decode.Panels) for w in (fused.lm_head, wqkv, wo, wgu))
+    if matmul_kernels.matmul_kind(model.lm_head.weight, rows, panels=True) == "panel":
+        assert panels and all(isinstance(w, matmul_kernels.Panels) for w in (fused.lm_head, wqkv, wo, wgu))
         # the prefill runs on them where they are its kernel too, or stand in for a row-major copy
         o_proj = model.model.layers[0].self_attn.o_proj.weight
-        reused = fast_decode.matmul_kind(o_proj, prefill_rows, once=True, panels=True) == "panel" or \
-            prefill_rows <= fast_decode.ROW_MAJOR_MAX_BATCH
+        reused = matmul_kernels.matmul_kind(o_proj, prefill_rows, once=True, panels=True) == "panel" or \
+            prefill_rows <= matmul_kernels.ROW_MAJOR_MAX_BATCH
         assert (prefill_wo is wo) == (prefill_wgu is wgu) == reused
     else:
         assert fused.lm_head.is_mkldnn == wgu.is_mkldnn == (rows > 1) and not wqkv.is_mkldnn
-        assert wo.is_contiguous() == (rows <= fast_decode.ROW_MAJOR_MAX_BATCH)
-        assert prefill_wo.is_mkldnn == (prefill_rows >= fast_decode.PACKED_MIN_ROWS)
+        assert wo.is_contiguous() == (rows <= matmul_kernels.ROW_MAJOR_MAX_BATCH)
+        assert prefill_wo.is_mkldnn == (prefill_rows >= matmul_kernels.PACKED_MIN_ROWS)
         assert prefill_wgu is wgu  # the decode steps' operand reused
     for params in (SamplingParams(max_new_tokens=6, greedy=True),
                    SamplingParams(max_new_tokens=6, temperature=0.9, top_k=50, eos_token_id=list(range(5, 2048, 5)))):

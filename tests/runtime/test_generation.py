@@ -9,7 +9,7 @@ import pytest
 import torch
 from dist_util import run_distributed
 
-from hybridflow.runtime.engines import fast_decode
+from hybridflow.runtime.engines import fast_decode, matmul_kernels
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.errors import HflowError
@@ -208,7 +208,7 @@ def test_fast_decode_step_equals_module_path(shape):
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
 
 
-# 18 rows: more than fast_decode.ROW_MAJOR_MAX_BATCH, so the weights stay [out, in] (transposed views)
+# 18 rows: more than matmul_kernels.ROW_MAJOR_MAX_BATCH, so the weights stay [out, in] (transposed views)
 @pytest.mark.parametrize("shape, copies", [(s, 1) for s in FUSED_SHAPES] + [(FUSED_SHAPES[1], 6)])
 def test_fused_logits_equal_module_logits(shape, copies):
     """Prefill and each decode step of `FusedDecoder` (fused q|k|v and gate|up, folded norms, paired
@@ -228,10 +228,10 @@ def test_fused_logits_equal_module_logits(shape, copies):
     key_mask = torch.cat([mask.bool(), torch.ones(b, r, dtype=torch.bool)], dim=1)
     positions = positions_from_mask(mask)
     fused = fast_decode.FusedDecoder(model, b, p + r)
-    panels = fast_decode.matmul_kind(model.lm_head.weight, b, panels=True) == "panel"
-    assert isinstance(fused.lm_head, fast_decode.Panels) == panels
+    panels = matmul_kernels.matmul_kind(model.lm_head.weight, b, panels=True) == "panel"
+    assert isinstance(fused.lm_head, matmul_kernels.Panels) == panels
     if not panels:
-        assert fused.lm_head.is_contiguous() == (b <= fast_decode.ROW_MAJOR_MAX_BATCH)
+        assert fused.lm_head.is_contiguous() == (b <= matmul_kernels.ROW_MAJOR_MAX_BATCH)
     neg = torch.finfo(torch.float32).min
     prefill_mask = torch.zeros(b, 1, p, p).masked_fill_(~attention_bias_mask(key_mask, p, 0), neg)
     step_mask = torch.zeros(b, 1, p + r).masked_fill_(~key_mask[:, None], neg)
@@ -339,13 +339,13 @@ def test_tensor_parallel_generation_matches_one_process():
 
 
 def test_fused_path_with_big_weights_equals_module_path():
-    """A gate|up weight big enough for oneDNN's packed linear from 2 rows (`fast_decode.matmul_kind`):
+    """A gate|up weight big enough for oneDNN's packed linear from 2 rows (`matmul_kernels.matmul_kind`):
     the same tokens and log-probs as the modules, greedy and sampled, with rows leaving the batch at
     EOS down to one (the packed layout kept for the last rows)."""
     torch.manual_seed(0)
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, intermediate_size=1024, mlp_bias=True)
     model = CausalLM(cfg).eval()
-    assert 2 * cfg.intermediate_size * cfg.hidden_size >= fast_decode.PACKED_MIN_SIZE
+    assert 2 * cfg.intermediate_size * cfg.hidden_size >= matmul_kernels.PACKED_MIN_SIZE
     ids, mask = left_pad(PROMPTS)
     for params in (SamplingParams(max_new_tokens=10, greedy=True),
                    SamplingParams(max_new_tokens=10, temperature=0.9, top_k=12, eos_token_id=[5, 9, 17])):

@@ -21,7 +21,7 @@ Where the ratio comes from: per decode step both sides do the same matmuls (fp32
 count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weights concatenated per
 generate() call), each through the kernel fastest for its weight and rows (on CPU oneDNN's
 prepacked linear for big weights, and where the C kernels build cpu_kernels.c's panel matmul,
-which at a few rows streams the weights at about the memory's speed: `fast_decode.matmul_kind`), and saves the rest of the per-step
+which at a few rows streams the weights at about the memory's speed: `matmul_kernels.matmul_kind`), and saves the rest of the per-step
 overhead — module calls, HF's cache concatenation, logits processors, mask rebuilding, separate
 RoPE/norm ops (runtime/engines/fast_decode.py); on CPU the step's attention (over a paged cache),
 norms, SiLU·up and the token pick run in C (runtime/engines/cpu_kernels.c), and the prefill's
@@ -33,7 +33,7 @@ prefill included) beside the step's matmul floor — every `nn.Linear` of the HF
 MLP, lm_head) on `batch` rows alone, back to back, the fastest of the kernels either side runs or
 could (each linear through HF's `x @ W.T`, through `(W @ x.T).T`, through a row-major [in, out]
 copy, through oneDNN's prepacked linear, or through the kernel our engine picks for it, the C
-panels where they build — fast_decode.py), with its achieved FLOP/s. The run's floor adds the prefill's
+panels where they build — matmul_kernels.py), with its achieved FLOP/s. The run's floor adds the prefill's
 matmuls (every prompt position, lm_head on the last). HF's run over its floor bounds the ratio any
 engine can reach doing the same fp32 matmuls with these kernels (attention and sampling not even
 counted): where it is under 2, the goal cannot be met at equal work, and the table says so.
@@ -80,10 +80,10 @@ def _timed(fn, device: str) -> tuple[float, object]:
 def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
     """Ways to run `linears` once each, in order, on rows xs[in_features]: every linear through one
     kernel either side runs or could — HF's `x @ W.T` (`F.linear`), `(W @ x.T).T`, the fused path's
-    row-major [in, out] copy or oneDNN's prepacked linear (fast_decode.MATMUL_KINDS) — or each through
-    the kernel the fused path picks for it (`fast_decode.matmul_kind`; the C kernel's panels where it
+    row-major [in, out] copy or oneDNN's prepacked linear (matmul_kernels.MATMUL_KINDS) — or each through
+    the kernel the fused path picks for it (`matmul_kernels.matmul_kind`; the C kernel's panels where it
     builds)."""
-    from hybridflow.runtime.engines import fast_decode
+    from hybridflow.runtime.engines import matmul_kernels
 
     def hf(m, x):
         return lambda: torch.nn.functional.linear(x, m.weight, m.bias)
@@ -94,13 +94,13 @@ def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
     def fused(kind):
         def make(m, x):
             w = m.weight.detach()
-            operand = fast_decode.matmul_operand(w, kind or fast_decode.matmul_kind(w, x.shape[0], panels=True),
+            operand = matmul_kernels.matmul_operand(w, kind or matmul_kernels.matmul_kind(w, x.shape[0], panels=True),
                                                  x.shape[0])
-            return lambda: fast_decode.linear(x, operand, m.bias)
+            return lambda: matmul_kernels.linear(x, operand, m.bias)
         return make
 
     makers = [hf, weight_first, fused("row_major"), fused(None)]
-    if all(fast_decode.packable(m.weight) for m in linears):
+    if all(matmul_kernels.packable(m.weight) for m in linears):
         makers.append(fused("packed"))
     steps = []
     for make in makers:

@@ -1,0 +1,109 @@
+"""The fused decode path's matmul kernels: which kernel each weight gets for the rows it multiplies
+(`matmul_kind`), the weight laid out for it (`matmul_operand`), and the call (`linear`: residual +
+x @ W.T + bias in one call, whatever the kernel). fast_decode.py lays out a model's weights with
+these once per generate() call; tools/bench/rollout_speed.py times them for its matmul floor."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hybridflow.runtime.engines import cpu_kernels
+
+# The kernel of each matmul, chosen per weight from the rows it multiplies (measured on this
+# project's AMD EPYC CPU, 1 thread, fp32): oneDNN's linear on a weight prepacked once (what torch
+# inductor's CPU "freezing" path uses) runs these shapes nearer the CPU's peak than MKL's sgemm
+# behind `x @ w`, but has a bigger fixed cost per call — so it wins on a big weight from 2 rows (a
+# few rows stream the packed weight instead of packing themselves) and on any weight from
+# PACKED_MIN_ROWS rows (a prefill); small weights at fewer rows go to MKL.
+PACKED_MIN_SIZE = 2 ** 18  # elements: 1 MB in fp32
+PACKED_MIN_ROWS = 512
+# Up to this many rows MKL reads a row-major [in, out] copy faster (in memory order); beyond, the
+# [out, in] weight's transposed view is as fast and costs no copy.
+ROW_MAJOR_MAX_BATCH = 16
+# cpu_kernels.c's panel_matmul, on a weight packed in panels, beats both at a few rows: a step of
+# a small batch is bound by streaming the weights from memory, which it does at about the memory's
+# speed (MKL's and oneDNN's kernels at about half of it on these shapes). Built with AVX-512 its
+# 8-row tile also keeps the FMA units busy: a third faster than oneDNN at 16 rows, even at 64 and
+# within a few percent at 512, so it takes every row count there; without, up to PANEL_MAX_ROWS.
+PANEL_MAX_ROWS = 4
+MATMUL_KINDS = ("packed", "row_major", "view", "panel")
+
+
+def packable(w: torch.Tensor) -> bool:
+    """Whether weight w may take the "packed" kernel: fp32 on CPU with oneDNN, the case measured."""
+    return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def c_matmul_ready(w: torch.Tensor) -> bool:
+    """Whether cpu_kernels.c's panel_matmul can run on weight w: fp32 on CPU, one torch thread (the
+    kernel is single-threaded), the library built."""
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.get_num_threads() == 1
+            and cpu_kernels.kernels() is not None)
+
+
+def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = False) -> str:
+    """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comments above). `once`:
+    the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
+    pays for itself there only from PACKED_MIN_ROWS rows. `panels`: the C kernels may be used."""
+    if panels and c_matmul_ready(w) and (rows <= PANEL_MAX_ROWS or cpu_kernels.kernels().panel_tile_rows() >= 8):
+        return "panel"
+    if packable(w) and rows > 1 and (rows >= PACKED_MIN_ROWS or (w.numel() >= PACKED_MIN_SIZE and not once)):
+        return "packed"
+    return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
+
+
+class Panels:
+    """A weight [out, in] packed for cpu_kernels.c's panel_matmul: [ceil(out / PANEL), in, PANEL],
+    the last panel's missing rows zero."""
+
+    def __init__(self, w: torch.Tensor):
+        self.out_features, self.in_features = w.shape
+        width = cpu_kernels.PANEL
+        padded = F.pad(w.detach(), (0, 0, 0, -self.out_features % width))
+        self.data = padded.view(-1, width, self.in_features).transpose(1, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if residual is not None and residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        cpu_kernels.kernels().panel_matmul(
+            x.data_ptr(), x.stride(0), x.shape[0], self.data.data_ptr(), self.out_features, self.in_features,
+            None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), y.data_ptr())
+        return y
+
+
+def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor | Panels:
+    """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
+    about `rows` rows; any row count runs on it), a row-major [in, out] copy, the [in, out] view, or
+    the C kernel's panels."""
+    if kind == "panel":
+        return Panels(w)
+    if kind == "packed":
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+    return w.t().contiguous() if kind == "row_major" else w.t()
+
+
+def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False) -> torch.Tensor | Panels:
+    """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows."""
+    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | Panels, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + x @ W.T + bias for rows x [M, in] and the operand w of weight W (`matmul_operand`),
+    in one call: panels through the C kernel, a packed weight through oneDNN (its binary form adds
+    the residual), else `addmm`."""
+    if isinstance(w, Panels):
+        return w(x, bias, residual)
+    if w.is_mkldnn:
+        if residual is None:
+            return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, bias, "add")
+    if residual is None:
+        return x @ w if bias is None else torch.addmm(bias, x, w)
+    return torch.addmm(residual if bias is None else residual + bias, x, w)
