@@ -21,13 +21,13 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   attention (RoPE, cache write and the attention itself over a paged cache), the norms and
   SiLU·up in cpu_kernels.c, one call each instead of several ops;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
-- each matmul's kernel chosen per weight from its rows (matmul_kernels.py, `matmul_kind`): on CPU in fp32 with one
-  thread, cpu_kernels.c's panel matmul (the weight packed in panels of output features: a small
-  batch's step streams every weight once, at about the memory's speed; with AVX-512 at every row
-  count, else up to PANEL_MAX_ROWS rows); otherwise big weights (and every weight in a long
-  prefill) prepacked for oneDNN's linear, the others through MKL, stored [in, out] row-major at up
-  to 16 rows. The decode steps' choice is made once
-  per call for its batch; the prefill reuses their operands where it can.
+- each matmul's kernel chosen per weight from its rows (matmul_kernels.py, `matmul_kind`): on CPU
+  in fp32 with one thread, cpu_kernels.c's panel matmul (the weight packed in panels of output
+  features: a small batch's step streams every weight once, at about the memory's speed; with
+  AVX-512 at every row count, else up to PANEL_MAX_ROWS rows); otherwise big weights (and every
+  weight in a long prefill) prepacked for oneDNN's linear, the others through MKL, stored
+  [in, out] row-major at up to 16 rows. The decode steps' choice is made once per call for its
+  batch; the prefill reuses their operands where it can.
 
 Prefill and decode both go through here, so the KV cache (permuted k layout; paged for the C
 kernels) is written by this path only. In fp32 the logits equal the module path to float
@@ -285,7 +285,11 @@ class FusedDecoder:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
         [B·Hkv, 1, ≥ length+1] over the cache slots or None (all visible) -> logits [B, V]."""
         x = F.embedding(tokens, self.embed)  # [B, hidden]
-        attend = self._attend if self.c is None else self._attend_c
+        attend = self._attend
+        if self.c is not None:  # the C kernel's operands, once per step for every layer
+            attend = self._attend_c
+            rotation = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
+            mask = None if mask is None else mask.contiguous()
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             qkv = linear(self._norm(x), wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
             x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
@@ -305,13 +309,12 @@ class FusedDecoder:
         scores = torch.bmm(q, keys) if mask is None else torch.baddbmm(mask.narrow(2, 0, end), q, keys)
         return torch.bmm(scores.softmax(-1), self.values[layer].view(b * hkv, -1, d).narrow(1, 0, end)).view(b, h * d)
 
-    def _attend_c(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """`_attend` in one call of cpu_kernels.c's decode_attention (RoPE, cache write, attention)."""
+    def _attend_c(self, qkv: torch.Tensor, layer: int, rot: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`_attend` in one call of cpu_kernels.c's decode_attention (RoPE, cache write, attention);
+        `rot` the rotation as contiguous (cos, sin) pairs [B, 1, d/2, 2], `mask` contiguous."""
         b, h, hkv, d = qkv.shape[0], self.heads, self.kv_heads, self.head_dim
         if self.qk_norms[layer] is not None:
             qkv[:, :h + hkv] = self._qk(qkv, layer)
-        rot = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
-        mask = None if mask is None else mask.contiguous()
         out = torch.empty(b, h * d)
         self.c.decode_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0),
                                 self.keys[layer].data_ptr(), self.values[layer].data_ptr(), self.length,
