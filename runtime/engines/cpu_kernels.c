@@ -34,7 +34,7 @@ void silu_mul(const float *gu, int64_t gu_stride, int64_t rows, int64_t n, float
         const float *g = gu + r * gu_stride, *u = g + n;
         float *o = out + r * n;
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + expf(fminf(-g[i], 88.f))) * u[i];  /* finite: -ffast-math has no inf */
     }
 }
 
@@ -136,35 +136,160 @@ static inline void rope(const float *x, const float *cs, int64_t half, float *ou
     }
 }
 
+/* Attention's vectors: 16 floats where the CPU has AVX-512, else 8 (a page row of CHUNK slots is
+ * CHUNK / VW of them). */
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW LANES
+#endif
+typedef float vw __attribute__((vector_size(4 * VW), aligned(4)));
+#define GROUP 4  /* query heads of one kv head that go over a cache block together */
+
+/* exp(x), but exactly 0 where x < -87 (a masked slot, or the first page's rescale): expf's
+ * underflow path is a slow scalar call, and exp(-87) is below float rounding of any sum with a 1.
+ * The call unconditional, then a select: in `omp simd` loops the compiler calls the vector expf. */
+static inline float exp_or_zero(float x) {
+    const float e = expf(fmaxf(x, -87.f));
+    return x > -87.f ? e : 0.f;
+}
+
+/* G query heads q [G, d] (those of one kv head) over one page's block of that kv head: keys K
+ * [d, CHUNK], values V [CHUNK, d], n live slots, additive mask m (or NULL); the online softmax's
+ * running max top[G] and sum sum[G], and out [G, d] (unnormalised), updated. `ahead`: how many
+ * floats on to touch for the prefetcher (below). Inlined with G a constant: every accumulator a
+ * register. */
+static inline __attribute__((always_inline)) void attend_block(
+    const int G, const float *K, const float *V, const float *m, int64_t n, const float *q, int64_t d,
+    int64_t ahead, float *top, float *sum, float *out) {
+    enum { NV = CHUNK / VW };
+    /* scores: d vector updates per head; even and odd e in separate accumulators, so that 2·G·NV
+     * chains of FMAs are in flight (a chain of d dependent FMAs would wait on each one's latency) */
+    vw a[GROUP][2][NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < G; ++j)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) a[j][0][v] = a[j][1][v] = (vw){0};
+    for (int64_t e = 0; e < d; e += 2) {
+        const float *ke = K + e * CHUNK;
+        /* The next blocks' lines into L2 while this one computes: the cache is read from memory
+         * (it outgrows the CPU's caches at large batches), and without this the loads wait, the
+         * hardware prefetcher restarting at every 4 KB page. */
+        for (int u = 0; u < 2 * CHUNK; u += 64 / sizeof(float)) __builtin_prefetch(ke + ahead + u, 0, 2);
+        vw k0[NV], k1[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            k0[v] = *(const vw *)(ke + v * VW);
+            k1[v] = *(const vw *)(ke + CHUNK + v * VW);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < G; ++j) {
+            const float q0 = q[j * d + e], q1 = q[j * d + e + 1];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+                a[j][0][v] += q0 * k0[v];
+                a[j][1][v] += q1 * k1[v];
+            }
+        }
+    }
+    float p[GROUP][CHUNK], scale[GROUP];  /* per head: the slots' weights, the rescale of out */
+    for (int j = 0; j < G; ++j) {
+        float *pj = p[j], best = top[j], total = 0.f;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) *(vw *)(pj + v * VW) = a[j][0][v] + a[j][1][v];
+        if (m)
+            for (int64_t l = 0; l < n; ++l) pj[l] += m[l];
+        for (int64_t l = n; l < CHUNK; ++l) pj[l] = -FLT_MAX;  /* dead slots: weight 0 below */
+        /* over the whole page (a constant count: whole vectors, no scalar remainder) */
+#pragma omp simd reduction(max:best)
+        for (int l = 0; l < CHUNK; ++l) best = pj[l] > best ? pj[l] : best;
+#pragma omp simd reduction(+:total)
+        for (int l = 0; l < CHUNK; ++l) {
+            pj[l] = exp_or_zero(pj[l] - best);
+            total += pj[l];
+        }
+        scale[j] = exp_or_zero(top[j] - best);
+        top[j] = best;
+        sum[j] = sum[j] * scale[j] + total;
+    }
+    /* out = out * scale + p · V, a row of V (2·CHUNK floats of it, then a CHUNK tail) per slot */
+    for (int64_t e = 0; e < d; e += 2 * CHUNK) {
+        const int wide = d - e >= 2 * CHUNK;
+        vw o[GROUP][2 * NV];
+#pragma GCC unroll 4
+        for (int j = 0; j < G; ++j)
+#pragma GCC unroll 8
+            for (int u = 0; u < 2 * NV; ++u) o[j][u] = u < NV || wide ? *(vw *)(out + j * d + e + u * VW) * scale[j] : (vw){0};
+        if (wide)
+            for (int64_t l = 0; l < n; ++l) {
+                const float *vl = V + l * d + e;
+                for (int u = 0; u < 2 * CHUNK; u += 64 / sizeof(float)) __builtin_prefetch(vl + ahead + u, 0, 2);
+                vw x[2 * NV];
+#pragma GCC unroll 8
+                for (int u = 0; u < 2 * NV; ++u) x[u] = *(const vw *)(vl + u * VW);
+#pragma GCC unroll 4
+                for (int j = 0; j < G; ++j)
+#pragma GCC unroll 8
+                    for (int u = 0; u < 2 * NV; ++u) o[j][u] += p[j][l] * x[u];
+            }
+        else
+            for (int64_t l = 0; l < n; ++l) {
+                const float *vl = V + l * d + e;
+                for (int u = 0; u < CHUNK; u += 64 / sizeof(float)) __builtin_prefetch(vl + ahead + u, 0, 2);
+                vw x[NV];
+#pragma GCC unroll 4
+                for (int u = 0; u < NV; ++u) x[u] = *(const vw *)(vl + u * VW);
+#pragma GCC unroll 4
+                for (int j = 0; j < G; ++j)
+#pragma GCC unroll 4
+                    for (int u = 0; u < NV; ++u) o[j][u] += p[j][l] * x[u];
+            }
+#pragma GCC unroll 4
+        for (int j = 0; j < G; ++j)
+#pragma GCC unroll 8
+            for (int u = 0; u < 2 * NV; ++u)
+                if (u < NV || wide) *(vw *)(out + j * d + e + u * VW) = o[j][u];
+    }
+}
+
+/* attend_block for the g query heads of one kv head, GROUP at a time. */
+static void attend_heads(int64_t g, const float *K, const float *V, const float *m, int64_t n, const float *q,
+                         int64_t d, int64_t ahead, float *top, float *sum, float *out) {
+    for (int64_t j = 0; j < g; j += GROUP) {
+        const float *qj = q + j * d;
+        float *oj = out + j * d;
+        switch (g - j < GROUP ? g - j : GROUP) {
+        case 1: attend_block(1, K, V, m, n, qj, d, ahead, top + j, sum + j, oj); break;
+        case 2: attend_block(2, K, V, m, n, qj, d, ahead, top + j, sum + j, oj); break;
+        case 3: attend_block(3, K, V, m, n, qj, d, ahead, top + j, sum + j, oj); break;
+        default: attend_block(4, K, V, m, n, qj, d, ahead, top + j, sum + j, oj); break;
+        }
+    }
+}
+
 /* One decode step's attention for rows b < B: rotate the step's q and k heads, write k and v
  * into cache slot `slot`, attend every query head over slots 0..slot (its kv head's, grouped-query:
  * H / Hkv query heads per kv head) with the additive mask row mask + (b * Hkv + kv) * mask_stride
  * (NULL: every slot visible) -> out [B, H * d]. q carries attention's 1 / sqrt(d); d is a
- * multiple of 4 * LANES.
+ * multiple of CHUNK. scratch: B * H * (d + 2) floats.
  *
  * The cache is paged by CHUNK slots, every (row, kv head) of a chunk together:
  *   keys [chunks, B, Hkv, d, CHUNK] (a page's keys transposed: its scores are d vector updates),
  *   values [chunks, B, Hkv, CHUNK, d],
- * so a step reads each page as one contiguous stream. Per (row, kv head) blocks of a few KB,
- * each in its own place, would restart the CPU's prefetcher every block: at large batches the
- * cache is bigger than the CPU's caches and the loop would wait on memory. The softmax is the
- * online one (a running max and sum per query head, the partial output rescaled when the max
- * grows), so each page is read once, keys and values together. Slots past `slot` are never read
- * into the result (their memory may hold anything). */
+ * so a step reads the keys and the values each as one contiguous stream, page after page (the
+ * next block's lines are prefetched the same distance on in either). Per (row, kv head) blocks
+ * each in its own place would restart the CPU's prefetcher every block. The softmax is the online
+ * one (a running max and sum per query head, the partial output rescaled when the max grows), so
+ * each page is read once, keys and values together. The step's k and v go into the last page just
+ * before its block is read (in cache then). Slots past `slot` are never read into the result
+ * (their memory may hold anything). */
 void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
                       float *keys, float *values, int64_t slot, const float *mask, int64_t mask_stride,
                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
-    const int64_t g = H / Hkv, L = slot + 1, half = d / 2, page = B * Hkv * d * CHUNK;
+    const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block, last = slot / CHUNK;
     float *q = scratch, *top = scratch + B * H * d, *sum = top + B * H;  /* rotated q; running max, sum */
-    for (int64_t b = 0; b < B; ++b) {  /* rotate q and k; write k and v into the slot */
+    for (int64_t b = 0; b < B; ++b) {
         const float *row = qkv + b * qkv_stride, *cs = rot + b * rot_stride;
-        for (int64_t kv = 0; kv < Hkv; ++kv) {
-            float *K = keys + (slot / CHUNK) * page + (b * Hkv + kv) * d * CHUNK + slot % CHUNK;
-            float *V = values + (slot / CHUNK) * page + ((b * Hkv + kv) * CHUNK + slot % CHUNK) * d;
-            const float *v = row + (H + Hkv + kv) * d;
-            rope(row + (H + kv) * d, cs, half, K, CHUNK);  /* the page's keys are transposed */
-            for (int64_t e = 0; e < d; ++e) V[e] = v[e];
-        }
         for (int64_t h = 0; h < H; ++h) {
             rope(row + h * d, cs, half, q + (b * H + h) * d, 1);
             top[b * H + h] = -FLT_MAX;
@@ -172,60 +297,18 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
         }
     }
     for (int64_t i = 0; i < B * H * d; ++i) out[i] = 0.f;
-    for (int64_t c = 0; c * CHUNK < L; ++c) {
-        const int64_t n = L - c * CHUNK < CHUNK ? L - c * CHUNK : CHUNK;  /* live slots of this page */
-        for (int64_t r = 0; r < B * Hkv; ++r) {
-            const float *K = keys + c * page + r * d * CHUNK, *V = values + c * page + r * CHUNK * d;
-            const float *m = mask ? mask + r * mask_stride + c * CHUNK : 0;
-            for (int64_t j = 0; j < g; ++j) {
-                const int64_t head = r * g + j;  /* = b * H + kv * g + j */
-                const float *qr = q + head * d;
-                v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};  /* the page's CHUNK = 4 * LANES scores */
-                for (int64_t e = 0; e < d; ++e) {
-                    const float *ke = K + e * CHUNK;
-                    const float qe = qr[e];
-                    a0 += qe * *(const v8 *)ke;
-                    a1 += qe * *(const v8 *)(ke + LANES);
-                    a2 += qe * *(const v8 *)(ke + 2 * LANES);
-                    a3 += qe * *(const v8 *)(ke + 3 * LANES);
-                }
-                float sc[CHUNK];
-                *(v8 *)sc = a0;
-                *(v8 *)(sc + LANES) = a1;
-                *(v8 *)(sc + 2 * LANES) = a2;
-                *(v8 *)(sc + 3 * LANES) = a3;
-                float best = top[head];
-                for (int64_t l = 0; l < n; ++l) {
-                    if (m) sc[l] += m[l];
-                    best = sc[l] > best ? sc[l] : best;
-                }
-                const float scale = expf(top[head] - best);
-                float total = 0.f;
-#pragma omp simd reduction(+:total)
-                for (int64_t l = 0; l < n; ++l) {
-                    sc[l] = expf(sc[l] - best);
-                    total += sc[l];
-                }
-                top[head] = best;
-                sum[head] = sum[head] * scale + total;
-                float *o = out + head * d;
-                for (int64_t e = 0; e < d; e += 4 * LANES) {  /* o = o * scale + p . V, four vectors at a time */
-                    v8 o0 = *(v8 *)(o + e) * scale, o1 = *(v8 *)(o + e + LANES) * scale;
-                    v8 o2 = *(v8 *)(o + e + 2 * LANES) * scale, o3 = *(v8 *)(o + e + 3 * LANES) * scale;
-                    for (int64_t l = 0; l < n; ++l) {
-                        const float *vl = V + l * d + e;
-                        const float p = sc[l];
-                        o0 += p * *(const v8 *)vl;
-                        o1 += p * *(const v8 *)(vl + LANES);
-                        o2 += p * *(const v8 *)(vl + 2 * LANES);
-                        o3 += p * *(const v8 *)(vl + 3 * LANES);
-                    }
-                    *(v8 *)(o + e) = o0;
-                    *(v8 *)(o + e + LANES) = o1;
-                    *(v8 *)(o + e + 2 * LANES) = o2;
-                    *(v8 *)(o + e + 3 * LANES) = o3;
-                }
+    for (int64_t c = 0; c <= last; ++c) {
+        const int64_t n = c < last ? CHUNK : slot % CHUNK + 1;  /* live slots of this page */
+        for (int64_t r = 0; r < B * Hkv; ++r) {  /* r = b * Hkv + kv */
+            float *K = keys + c * page + r * block, *V = values + c * page + r * block;
+            if (c == last) {
+                const float *row = qkv + (r / Hkv) * qkv_stride, *cs = rot + (r / Hkv) * rot_stride;
+                const float *v = row + (H + Hkv + r % Hkv) * d;
+                rope(row + (H + r % Hkv) * d, cs, half, K + slot % CHUNK, CHUNK);  /* transposed */
+                for (int64_t e = 0; e < d; ++e) V[(slot % CHUNK) * d + e] = v[e];
             }
+            const float *m = mask ? mask + r * mask_stride + c * CHUNK : 0;
+            attend_heads(g, K, V, m, n, q + r * g * d, d, 2 * block, top + r * g, sum + r * g, out + r * g * d);
         }
     }
     for (int64_t head = 0; head < B * H; ++head) {
@@ -243,77 +326,110 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
  * row without AVX-512, four at a time (sixteen 8-float accumulators). A decode step of a few rows
  * is bound by streaming the weights from memory, which this loop does at about the memory's speed;
  * at many rows it is compute-bound (matmul_kernels.matmul_kind says where it is used).
+ *
+ * Two steps around a matmul fused into it (each a separate pass over the rows otherwise, and at a
+ * decode step's few rows a separate call costing more than its arithmetic):
+ * - norm_eps >= 0: x's rows RMS-normalised first, x / sqrt(sum(x^2) + norm_eps) (rms_norm), applied
+ *   to the row's outputs ((x / s) @ W.T = (x @ W.T) / s);
+ * - gated: W is gate | up, packed as the gate's panels then the up's (each [ceil(O / PANEL), I,
+ *   PANEL]; bias [2 * O] likewise), and y = silu(gate) * up [rows, O] (silu_mul); no residual.
  * bias, residual: NULL when absent. */
 #define PANEL (4 * LANES)
+#define TILE_MAX 8
 
-/* out[k] = res[k] + (acc[k] + bias[k]) for the `width` live features of one panel row. */
-static inline void panel_store(const float *acc, int64_t width, const float *bias, const float *res, float *out) {
-    for (int64_t k = 0; k < width; ++k) out[k] = (res ? res[k] : 0.f) + (acc[k] + (bias ? bias[k] : 0.f));
+/* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]. */
+static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const float *w, int64_t I, float *acc) {
+#ifdef __AVX512F__
+    typedef float v16 __attribute__((vector_size(64), aligned(4)));
+    if (R == 8) {
+        v16 a[8][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
+        for (int64_t i = 0; i < I; ++i) {
+            const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; ++r) {
+                const float xi = x[r * x_stride + i];
+                a[r][0] += xi * w0;
+                a[r][1] += xi * w1;
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+            *(v16 *)(acc + r * PANEL) = a[r][0];
+            *(v16 *)(acc + r * PANEL + 16) = a[r][1];
+        }
+        return;
+    }
+#endif
+    v8 a[4][4] = {{{0}}};
+    for (int64_t i = 0; i < I; ++i) {
+        const float *wi = w + i * PANEL;
+        const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
+        const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
+        for (int64_t r = 0; r < R; ++r) {
+            const float xi = x[r * x_stride + i];
+            a[r][0] += xi * w0;
+            a[r][1] += xi * w1;
+            a[r][2] += xi * w2;
+            a[r][3] += xi * w3;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r)
+        for (int v = 0; v < 4; ++v) *(v8 *)(acc + r * PANEL + v * LANES) = a[r][v];
 }
 
 int64_t panel_tile_rows(void) {
 #ifdef __AVX512F__
-    return 8;
+    return TILE_MAX;
 #else
     return 4;
 #endif
 }
 
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
-                  const float *bias, const float *residual, int64_t res_stride, float *y) {
-    for (int64_t p = 0; p * PANEL < O; ++p) {
-        const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
-        const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
-        int64_t r0 = 0;
-#ifdef __AVX512F__
-        typedef float v16 __attribute__((vector_size(64), aligned(4)));
-        for (; r0 + 8 <= rows; r0 += 8) {
-            const float *xr = x + r0 * x_stride;
-            v16 a[8][2];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
-            for (int64_t i = 0; i < I; ++i) {
-                const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
-#pragma GCC unroll 8
-                for (int r = 0; r < 8; ++r) {
-                    const float xi = xr[r * x_stride + i];
-                    a[r][0] += xi * w0;
-                    a[r][1] += xi * w1;
-                }
+                  const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
+                  int64_t gated) {
+    enum { BLOCK = 256 };  /* rows per pass over the panels: their norms fit on the stack */
+    const int64_t panels = (O + PANEL - 1) / PANEL;
+    float inv[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
+    for (int64_t r1 = 0; r1 < rows; r1 += BLOCK) {
+        const int64_t end = rows - r1 < BLOCK ? rows : r1 + BLOCK;
+        for (int64_t r = r1; r < end; ++r) {  /* the rows' 1 / RMS, or 1 */
+            const float *xr = x + r * x_stride;
+            float ss = 0.f;
+            if (norm_eps >= 0.f) {
+#pragma omp simd reduction(+:ss)
+                for (int64_t i = 0; i < I; ++i) ss += xr[i] * xr[i];
             }
-            for (int r = 0; r < 8; ++r) {
-                float acc[PANEL];
-                *(v16 *)acc = a[r][0];
-                *(v16 *)(acc + 16) = a[r][1];
-                panel_store(acc, width, b, residual ? residual + (r0 + r) * res_stride + p * PANEL : 0,
-                            y + (r0 + r) * O + p * PANEL);
-            }
+            inv[r - r1] = norm_eps >= 0.f ? 1.f / sqrtf(ss + norm_eps) : 1.f;
         }
-#endif
-        for (; r0 < rows; r0 += 4) {
-            const int64_t R = rows - r0 < 4 ? rows - r0 : 4;
-            const float *xr = x + r0 * x_stride;
-            v8 a[4][4] = {{{0}}};
-            for (int64_t i = 0; i < I; ++i) {
-                const float *wi = w + i * PANEL;
-                const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
-                const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
+        for (int64_t p = 0; p < panels; ++p) {
+            const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
+            const float *bu = gated && bias ? bias + O + p * PANEL : 0;
+            const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
+            for (int64_t r0 = r1; r0 < end;) {
+                const int64_t R = end - r0 >= 8 && panel_tile_rows() == 8 ? 8 : end - r0 < 4 ? end - r0 : 4;
+                const float *xr = x + r0 * x_stride;
+                panel_tile(xr, x_stride, R, w, I, acc);
+                if (gated)
+                    panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up);
                 for (int64_t r = 0; r < R; ++r) {
-                    const float xi = xr[r * x_stride + i];
-                    a[r][0] += xi * w0;
-                    a[r][1] += xi * w1;
-                    a[r][2] += xi * w2;
-                    a[r][3] += xi * w3;
+                    float *out = y + (r0 + r) * O + p * PANEL;
+                    const float *a = acc + r * PANEL, *u = up + r * PANEL, s = inv[r0 + r - r1];
+                    if (gated) {
+#pragma omp simd
+                        for (int64_t k = 0; k < width; ++k) {
+                            const float g = a[k] * s + (b ? b[k] : 0.f), h = u[k] * s + (bu ? bu[k] : 0.f);
+                            out[k] = g / (1.f + expf(fminf(-g, 88.f))) * h;  /* finite: -ffast-math has no inf */
+                        }
+                    } else {
+                        const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : 0;
+#pragma omp simd
+                        for (int64_t k = 0; k < width; ++k) out[k] = (res ? res[k] : 0.f) + (a[k] * s + (b ? b[k] : 0.f));
+                    }
                 }
-            }
-            for (int64_t r = 0; r < R; ++r) {
-                float acc[PANEL];
-                *(v8 *)acc = a[r][0];
-                *(v8 *)(acc + LANES) = a[r][1];
-                *(v8 *)(acc + 2 * LANES) = a[r][2];
-                *(v8 *)(acc + 3 * LANES) = a[r][3];
-                panel_store(acc, width, b, residual ? residual + (r0 + r) * res_stride + p * PANEL : 0,
-                            y + (r0 + r) * O + p * PANEL);
+                r0 += R;
             }
         }
     }

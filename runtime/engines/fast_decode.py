@@ -19,7 +19,8 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
   rows skip the matmuls);
 - on CPU in fp32 with one torch thread (the rollout workers' setting), the decode step's
   attention (RoPE, cache write and the attention itself over a paged cache), the norms and
-  SiLU·up in cpu_kernels.c, one call each instead of several ops;
+  SiLU·up in cpu_kernels.c, one call each instead of several ops — and with the panel matmuls
+  (below) no call at all: each norm inside the matmul that reads it, SiLU·up inside gate|up's;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
 - each matmul's kernel chosen per weight from its rows (matmul_kernels.py, `matmul_kind`): on CPU
   in fp32 with one thread, cpu_kernels.c's panel matmul (the weight packed in panels of output
@@ -75,6 +76,9 @@ def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     half = head_dim // 2
     order = torch.arange(head_dim, device=w.device).view(2, half).t().reshape(-1)
     return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+GATE_UP = 4  # the gate|up weight's index in a layer's operands (q|k|v, its bias, o, its bias, gate|up, …)
 
 
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
@@ -139,8 +143,8 @@ class FusedDecoder:
                                   mlp.down_proj.weight, mlp.down_proj.bias))
         # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
         self.layout_rows = batch
-        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready) for i, t in enumerate(weights))
-                       for weights in self._weights]
+        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready, gated=i == GATE_UP)
+                             for i, t in enumerate(weights)) for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
         self.c = cpu_kernels.kernels() if self.c_ready and d % cpu_kernels.CHUNK == 0 else None
         # The cache per layer. For torch's ops keys [B, Hkv, d, T] (transposed: a step's scores are one
@@ -214,10 +218,19 @@ class FusedDecoder:
         gate, up = gu.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)
 
+    def _normed(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """RMSNorm(x) @ W.T + bias (the norm's weight folded into W): inside the panel kernel where w
+        is panels (one call, no normalised copy), else the norm first."""
+        if isinstance(w, Panels):
+            return w(x, bias, None, self.norm_eps)
+        return linear(self._norm(x), w, bias)
+
     def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
         """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
         x = linear(attn, wo, bo, x)
-        return linear(self._silu_mul(linear(self._norm(x), wgu, bgu)), wd, bd, x)
+        if isinstance(wgu, Panels):  # gate|up panels: norm, matmul and silu(gate)·up in one call
+            return linear(wgu(x, bgu, None, self.norm_eps), wd, bd, x)
+        return linear(self._silu_mul(self._normed(x, wgu, bgu)), wd, bd, x)
 
     def _qk(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
         """The q and k heads of qkv [..., H + 2·Hkv, d]: [..., H + Hkv, d], each head RMS-normalised
@@ -247,7 +260,7 @@ class FusedDecoder:
         flat = tokens.reshape(-1)
         x = F.embedding(flat if real is None else flat[real], self.embed)  # [N, hidden], N real tokens
         for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(x.shape[0])):
-            qkv = linear(self._norm(x), wqkv, bqkv)
+            qkv = self._normed(x, wqkv, bqkv)
             if real is not None:
                 qkv = qkv.new_zeros(b * s, qkv.shape[1]).index_copy_(0, real, qkv)
             qkv = qkv.view(b, s, h + 2 * hkv, d)
@@ -261,7 +274,7 @@ class FusedDecoder:
         self.length = s
         # Left padding: each prompt's last token is the last of its row's real ones.
         last = x.view(b, s, -1)[:, -1] if real is None else x[torch.bincount(real // s, minlength=b).cumsum(0) - 1]
-        return linear(self._norm(last), self.lm_head)
+        return self._normed(last, self.lm_head)
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
@@ -276,7 +289,7 @@ class FusedDecoder:
                 packed = isinstance(op, torch.Tensor) and op.is_mkldnn
                 same = (kind is None or packed or kind == matmul_kind(t, self.layout_rows, panels=self.c_ready)
                         or isinstance(op, Panels) and kind == "row_major")
-                layer.append(op if same else matmul_operand(t, kind, rows))
+                layer.append(op if same else matmul_operand(t, kind, rows, gated=i == GATE_UP))
             layers.append(tuple(layer))
         self._weights = None
         return layers
@@ -291,10 +304,10 @@ class FusedDecoder:
             rotation = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
             mask = None if mask is None else mask.contiguous()
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
-            qkv = linear(self._norm(x), wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+            qkv = self._normed(x, wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
             x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
         self.length += 1
-        return linear(self._norm(x), self.lm_head)
+        return self._normed(x, self.lm_head)
 
     def _attend(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The step's attention [B, H·d] from its q|k|v heads [B, H + 2·Hkv, d], in torch ops: its k and

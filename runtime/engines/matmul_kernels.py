@@ -55,15 +55,25 @@ def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = F
 
 class Panels:
     """A weight [out, in] packed for cpu_kernels.c's panel_matmul: [ceil(out / PANEL), in, PANEL],
-    the last panel's missing rows zero."""
+    the last panel's missing rows zero. `gated`: the weight is gate | up [2·F, in], packed as the
+    gate's panels then the up's, and a call returns silu(gate)·up [rows, F]."""
 
-    def __init__(self, w: torch.Tensor):
-        self.out_features, self.in_features = w.shape
+    def __init__(self, w: torch.Tensor, gated: bool = False):
+        self.gated = gated
+        halves = w.detach().chunk(2) if gated else (w.detach(),)
+        self.out_features, self.in_features = halves[0].shape
+        self.data = torch.cat([self._pack(h) for h in halves]) if gated else self._pack(halves[0])
+
+    @staticmethod
+    def _pack(w: torch.Tensor) -> torch.Tensor:
         width = cpu_kernels.PANEL
-        padded = F.pad(w.detach(), (0, 0, 0, -self.out_features % width))
-        self.data = padded.view(-1, width, self.in_features).transpose(1, 2).contiguous()
+        padded = F.pad(w, (0, 0, 0, -w.shape[0] % width))
+        return padded.view(-1, width, w.shape[1]).transpose(1, 2).contiguous()
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                 norm_eps: float | None = None) -> torch.Tensor:
+        """residual + norm(x) @ W.T + bias (or silu·up of it, gated), norm(x) = x / sqrt(sum(x²) +
+        norm_eps) per row, or x where norm_eps is None."""
         if x.stride(-1) != 1:
             x = x.contiguous()
         if residual is not None and residual.stride(-1) != 1:
@@ -73,24 +83,26 @@ class Panels:
         cpu_kernels.kernels().panel_matmul(
             x.data_ptr(), x.stride(0), x.shape[0], self.data.data_ptr(), self.out_features, self.in_features,
             None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0), y.data_ptr())
+            0 if residual is None else residual.stride(0), y.data_ptr(), -1.0 if norm_eps is None else norm_eps,
+            self.gated)
         return y
 
 
-def matmul_operand(w: torch.Tensor, kind: str, rows: int) -> torch.Tensor | Panels:
+def matmul_operand(w: torch.Tensor, kind: str, rows: int, gated: bool = False) -> torch.Tensor | Panels:
     """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
     about `rows` rows; any row count runs on it), a row-major [in, out] copy, the [in, out] view, or
-    the C kernel's panels."""
+    the C kernel's panels (`gated`: of a gate | up weight, computing silu(gate)·up)."""
     if kind == "panel":
-        return Panels(w)
+        return Panels(w, gated)
     if kind == "packed":
         return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
     return w.t().contiguous() if kind == "row_major" else w.t()
 
 
-def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False) -> torch.Tensor | Panels:
-    """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows."""
-    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows)
+def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False, gated: bool = False) -> torch.Tensor | Panels:
+    """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows
+    (`gated`: panels of a gate | up weight, as in matmul_operand)."""
+    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows, gated)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | Panels, bias: torch.Tensor | None = None,

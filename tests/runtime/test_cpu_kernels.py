@@ -117,7 +117,11 @@ def _model(seed=0, **shape) -> CausalLM:
 
 
 @pytest.mark.parametrize("shape", [dict(), dict(num_key_value_heads=2), dict(num_key_value_heads=1, qkv_bias=True),
-                                   dict(family="qwen3", qk_norm=True, num_key_value_heads=2)])
+                                   dict(family="qwen3", qk_norm=True, num_key_value_heads=2),
+                                   # head_dim 64 (whole double pages of V), 96 (one and a tail); 6 query
+                                   # heads per kv head (attended four, then two, together)
+                                   dict(hidden_size=256, num_key_value_heads=2), dict(hidden_size=384, num_key_value_heads=1),
+                                   dict(hidden_size=192, num_attention_heads=6, num_key_value_heads=1)])
 def test_c_path_equals_torch_path_across_pages(shape):
     """Prefill, then decode steps to 75 cache slots (three pages of CHUNK), rows leaving half way:
     the C path's logits equal the torch path's to 1e-5 at every step."""

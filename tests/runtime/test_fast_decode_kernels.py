@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels, fast_decode, matmul_kernels
 from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
@@ -56,6 +57,30 @@ def test_linear_equals_addmm_for_every_kernel(kind, rows):
                      (matmul_kernels.linear(x, w, bias, residual), want + bias + residual)):
         assert got.shape == (rows, 100) and got.is_contiguous()
         assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 12, 300])
+def test_panels_fuse_the_norm_before_and_silu_up_after(rows):
+    """The panel kernel's fused steps equal them done apart: each row RMS-normalised before the
+    matmul (x / sqrt(sum(x²) + n·eps)), and a gate|up weight's silu(gate)·up after it (bias halves
+    included; 100 features per half: a partly filled last panel in each). 300 rows: two passes of
+    the kernel's row block."""
+    if not matmul_kernels.c_matmul_ready(torch.empty(1)):
+        pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
+    torch.manual_seed(rows)
+    eps = 64 * 1e-6
+    x, weight, bias = 3 * torch.randn(rows, 64), torch.randn(200, 64), torch.randn(200)
+    normed = x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+    residual = torch.randn(rows, 200)
+    plain = matmul_kernels.Panels(weight)
+    assert torch.allclose(plain(x, bias, residual, eps), residual + normed @ weight.t() + bias, atol=1e-5, rtol=1e-5)
+    gated = matmul_kernels.Panels(weight, gated=True)
+    gate, up = (normed @ weight.t() + bias).chunk(2, dim=-1)
+    small = x / 8  # no norm: gates of a few units, and some past exp's range (silu -> 0, not NaN)
+    small[0, :8] = 40.0
+    for got, want in ((gated(x, bias, None, eps), F.silu(gate) * up),
+                      (gated(small, None, None), F.silu(small @ weight[:100].t()) * (small @ weight[100:].t()))):
+        assert got.shape == (rows, 100) and torch.allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
 # A tiny model whose gate|up and lm_head are big enough to be packed from 2 rows
