@@ -337,8 +337,10 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
 #define PANEL (4 * LANES)
 #define TILE_MAX 8
 
-/* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]. */
-static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const float *w, int64_t I, float *acc) {
+/* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]; meanwhile rows 0..ahead-1 of
+ * the panel at pf (NULL: none) fetched into L2, one per input feature. */
+static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const float *w, int64_t I, float *acc,
+                              const float *pf, int64_t ahead) {
 #ifdef __AVX512F__
     typedef float v16 __attribute__((vector_size(64), aligned(4)));
     if (R == 8) {
@@ -346,6 +348,10 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
         for (int64_t i = 0; i < I; ++i) {
+            if (i < ahead) {
+                __builtin_prefetch(pf + i * PANEL, 0, 2);
+                __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
+            }
             const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
 #pragma GCC unroll 8
             for (int r = 0; r < 8; ++r) {
@@ -364,6 +370,10 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
 #endif
     v8 a[4][4] = {{{0}}};
     for (int64_t i = 0; i < I; ++i) {
+        if (i < ahead) {
+            __builtin_prefetch(pf + i * PANEL, 0, 2);
+            __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
+        }
         const float *wi = w + i * PANEL;
         const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
         const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
@@ -408,12 +418,18 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
             const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
             const float *bu = gated && bias ? bias + O + p * PANEL : 0;
             const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
-            for (int64_t r0 = r1; r0 < end;) {
+            /* The next panel comes from memory (a step's weights outgrow the CPU's caches) while this
+             * one computes, each row tile fetching its share of it: otherwise the first tile over
+             * each panel waits on memory. */
+            const int64_t ahead = p + 1 < panels ? (I + (end - r1 + 7) / 8 - 1) / ((end - r1 + 7) / 8) : 0;
+            for (int64_t r0 = r1, k = 0; r0 < end; ++k) {
                 const int64_t R = end - r0 >= 8 && panel_tile_rows() == 8 ? 8 : end - r0 < 4 ? end - r0 : 4;
+                const int64_t from = k * ahead < I ? k * ahead : I, count = I - from < ahead ? I - from : ahead;
                 const float *xr = x + r0 * x_stride;
-                panel_tile(xr, x_stride, R, w, I, acc);
+                panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count);
                 if (gated)
-                    panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up);
+                    panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up,
+                               wp + (panels + p + 1) * I * PANEL + from * PANEL, count);
                 for (int64_t r = 0; r < R; ++r) {
                     float *out = y + (r0 + r) * O + p * PANEL;
                     const float *a = acc + r * PANEL, *u = up + r * PANEL, s = inv[r0 + r - r1];
