@@ -336,6 +336,9 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
  * bias, residual: NULL when absent. */
 #define PANEL (4 * LANES)
 #define TILE_MAX 8
+#ifndef PREFETCH_MIN_TILES
+#define PREFETCH_MIN_TILES 2
+#endif
 
 /* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]; meanwhile rows 0..ahead-1 of
  * the panel at pf (NULL: none) fetched into L2, one per input feature. */
@@ -418,10 +421,12 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
             const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
             const float *bu = gated && bias ? bias + O + p * PANEL : 0;
             const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
-            /* The next panel comes from memory (a step's weights outgrow the CPU's caches) while this
-             * one computes, each row tile fetching its share of it: otherwise the first tile over
-             * each panel waits on memory. */
-            const int64_t ahead = p + 1 < panels ? (I + (end - r1 + 7) / 8 - 1) / ((end - r1 + 7) / 8) : 0;
+            /* Where several row tiles pass over a panel (compute-bound), the next panel comes from
+             * memory (a step's weights outgrow the CPU's caches) while this one computes, each tile
+             * fetching its share: otherwise the first tile over each panel waits on memory. A single
+             * tile streams the panels as fast as the CPU's own prefetcher brings them. */
+            const int64_t tiles = (end - r1 + 7) / 8;
+            const int64_t ahead = p + 1 < panels && tiles >= PREFETCH_MIN_TILES ? (I + tiles - 1) / tiles : 0;
             for (int64_t r0 = r1, k = 0; r0 < end; ++k) {
                 const int64_t R = end - r0 >= 8 && panel_tile_rows() == 8 ? 8 : end - r0 < 4 ? end - r0 : 4;
                 const int64_t from = k * ahead < I ? k * ahead : I, count = I - from < ahead ? I - from : ahead;
