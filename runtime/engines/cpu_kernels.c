@@ -199,7 +199,9 @@ static inline __attribute__((always_inline)) void attend_block(
         for (int v = 0; v < NV; ++v) *(vw *)(pj + v * VW) = a[j][0][v] + a[j][1][v];
         if (m)
             for (int64_t l = 0; l < n; ++l) pj[l] += m[l];
-        for (int64_t l = n; l < CHUNK; ++l) pj[l] = -FLT_MAX;  /* dead slots: weight 0 below */
+        /* dead slots (only on the last page, which holds the step's own slot, never masked, so
+         * best is a real score): weight exactly 0 below */
+        for (int64_t l = n; l < CHUNK; ++l) pj[l] = -FLT_MAX;
         /* over the whole page (a constant count: whole vectors, no scalar remainder) */
 #pragma omp simd reduction(max:best)
         for (int l = 0; l < CHUNK; ++l) best = pj[l] > best ? pj[l] : best;
