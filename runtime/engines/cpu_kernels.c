@@ -13,15 +13,25 @@
 #include <math.h>
 #include <stdint.h>
 
-/* out[r] = x[r] / sqrt(sum(x[r]^2) + n_eps), rows of n floats (the sqrt(n) of RMSNorm and its
- * weight are folded into the next matmul's weight: fast_decode.py). */
+/* 1 / sqrt(sum(x^2) + n_eps) over a row x of n floats: RMSNorm's scale (its sqrt(n) and weight
+ * are folded into the next matmul's weight: fast_decode.py). */
+static inline float inv_rms(const float *x, int64_t n, float n_eps) {
+    float s = 0.f;
+#pragma omp simd reduction(+:s)
+    for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+    return 1.f / sqrtf(s + n_eps);
+}
+
+/* silu(g) = g / (1 + exp(-g)), kept finite where exp(-g) would overflow (-ffast-math has no inf). */
+static inline float silu(float g) {
+    return g / (1.f + expf(fminf(-g, 88.f)));
+}
+
+/* out[r] = x[r] / sqrt(sum(x[r]^2) + n_eps), rows of n floats. */
 void rms_norm(const float *x, int64_t x_stride, int64_t rows, int64_t n, float n_eps, float *out) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * x_stride;
-        float s = 0.f;
-#pragma omp simd reduction(+:s)
-        for (int64_t i = 0; i < n; ++i) s += xr[i] * xr[i];
-        const float inv = 1.f / sqrtf(s + n_eps);
+        const float inv = inv_rms(xr, n, n_eps);
         float *o = out + r * n;
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv;
@@ -34,7 +44,7 @@ void silu_mul(const float *gu, int64_t gu_stride, int64_t rows, int64_t n, float
         const float *g = gu + r * gu_stride, *u = g + n;
         float *o = out + r * n;
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + expf(fminf(-g[i], 88.f))) * u[i];  /* finite: -ffast-math has no inf */
+        for (int64_t i = 0; i < n; ++i) o[i] = silu(g[i]) * u[i];
     }
 }
 
@@ -406,19 +416,12 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
                   int64_t gated) {
     enum { BLOCK = 256 };  /* rows per pass over the panels: their norms fit on the stack */
-    const int64_t panels = (O + PANEL - 1) / PANEL;
+    const int64_t panels = (O + PANEL - 1) / PANEL, tile = panel_tile_rows();  /* rows per tile: 8 or 4 */
     float inv[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
     for (int64_t r1 = 0; r1 < rows; r1 += BLOCK) {
         const int64_t end = rows - r1 < BLOCK ? rows : r1 + BLOCK;
-        for (int64_t r = r1; r < end; ++r) {  /* the rows' 1 / RMS, or 1 */
-            const float *xr = x + r * x_stride;
-            float ss = 0.f;
-            if (norm_eps >= 0.f) {
-#pragma omp simd reduction(+:ss)
-                for (int64_t i = 0; i < I; ++i) ss += xr[i] * xr[i];
-            }
-            inv[r - r1] = norm_eps >= 0.f ? 1.f / sqrtf(ss + norm_eps) : 1.f;
-        }
+        for (int64_t r = r1; r < end; ++r)  /* the rows' 1 / RMS, or 1 */
+            inv[r - r1] = norm_eps >= 0.f ? inv_rms(x + r * x_stride, I, norm_eps) : 1.f;
         for (int64_t p = 0; p < panels; ++p) {
             const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
             const float *bu = gated && bias ? bias + O + p * PANEL : 0;
@@ -427,11 +430,11 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
              * memory (a step's weights outgrow the CPU's caches) while this one computes, each tile
              * fetching its share: otherwise the first tile over each panel waits on memory. A single
              * tile streams the panels as fast as the CPU's own prefetcher brings them. */
-            const int64_t tiles = (end - r1 + 7) / 8;
+            const int64_t tiles = (end - r1 + tile - 1) / tile;
             const int64_t ahead = p + 1 < panels && tiles >= PREFETCH_MIN_TILES ? (I + tiles - 1) / tiles : 0;
-            for (int64_t r0 = r1, k = 0; r0 < end; ++k) {
-                const int64_t R = end - r0 >= 8 && panel_tile_rows() == 8 ? 8 : end - r0 < 4 ? end - r0 : 4;
-                const int64_t from = k * ahead < I ? k * ahead : I, count = I - from < ahead ? I - from : ahead;
+            for (int64_t r0 = r1, t = 0; r0 < end; ++t) {
+                const int64_t R = end - r0 >= tile ? tile : end - r0 < 4 ? end - r0 : 4;
+                const int64_t from = t * ahead < I ? t * ahead : I, count = I - from < ahead ? I - from : ahead;
                 const float *xr = x + r0 * x_stride;
                 panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count);
                 if (gated)
@@ -444,7 +447,7 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
 #pragma omp simd
                         for (int64_t k = 0; k < width; ++k) {
                             const float g = a[k] * s + (b ? b[k] : 0.f), h = u[k] * s + (bu ? bu[k] : 0.f);
-                            out[k] = g / (1.f + expf(fminf(-g, 88.f))) * h;  /* finite: -ffast-math has no inf */
+                            out[k] = silu(g) * h;
                         }
                     } else {
                         const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : 0;
