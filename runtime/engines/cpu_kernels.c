@@ -329,6 +329,50 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
     }
 }
 
+/* The prompts' attention (a prefill) on their tokens' rows only: sequence b's tokens are rows
+ * first[b] .. first[b+1]-1 of qkv (left padding has no rows) and take its last cache slots,
+ * S - n .. S-1 (n of them); rot [rows, d/2, 2] per row. Writes each sequence's k and v into its
+ * slots and zeros into the padding slots before them (decode steps read those under a mask: they
+ * must be finite), and each token's attention over its sequence's tokens up to itself -> out
+ * [rows, H * d]. The same cache layout and per-page online softmax as decode_attention (one query
+ * at a time: a prompt is a page or two). scratch: (H / Hkv) * (d + 2) floats. */
+void prefill_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
+                       const int64_t *first, int64_t S, float *keys, float *values,
+                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
+    const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block;
+    float *q = scratch, *top = scratch + g * d, *sum = top + g, pad[CHUNK];
+    for (int64_t r = 0; r < B * Hkv; ++r) {  /* r = b * Hkv + kv */
+        const int64_t b = r / Hkv, kv = r % Hkv, start = S - (first[b + 1] - first[b]);
+        for (int64_t t = 0; t < S; ++t) {
+            float *K = keys + (t / CHUNK) * page + r * block + t % CHUNK;  /* transposed: stride CHUNK */
+            float *V = values + (t / CHUNK) * page + r * block + (t % CHUNK) * d;
+            const int64_t i = first[b] + t - start;
+            if (t < start) {
+                for (int64_t e = 0; e < d; ++e) K[e * CHUNK] = V[e] = 0.f;
+                continue;
+            }
+            rope(qkv + i * qkv_stride + (H + kv) * d, rot + i * rot_stride, half, K, CHUNK);
+            for (int64_t e = 0; e < d; ++e) V[e] = qkv[i * qkv_stride + (H + Hkv + kv) * d + e];
+        }
+        for (int l = 0; l < CHUNK; ++l) pad[l] = l < start % CHUNK ? -FLT_MAX : 0.f;
+        for (int64_t t = start; t < S; ++t) {
+            const int64_t i = first[b] + t - start;
+            float *o = out + i * H * d + kv * g * d;
+            for (int64_t j = 0; j < g; ++j) {
+                rope(qkv + i * qkv_stride + (kv * g + j) * d, rot + i * rot_stride, half, q + j * d, 1);
+                top[j] = -FLT_MAX;
+                sum[j] = 0.f;
+            }
+            for (int64_t e = 0; e < g * d; ++e) o[e] = 0.f;
+            for (int64_t c = start / CHUNK; c <= t / CHUNK; ++c)
+                attend_heads(g, keys + c * page + r * block, values + c * page + r * block,
+                             c == start / CHUNK ? pad : 0, c < t / CHUNK ? CHUNK : t % CHUNK + 1, q, d, 0, top, sum, o);
+            for (int64_t j = 0; j < g; ++j)
+                for (int64_t e = 0; e < d; ++e) o[j * d + e] /= sum[j];
+        }
+    }
+}
+
 /* y [rows, O] = x [rows, I] @ W.T (+ bias [O]) (+ residual, rows of res_stride floats). W comes
  * packed in panels of PANEL output features, wp [ceil(O / PANEL), I, PANEL] (the last panel's
  * missing features zero): a panel is one contiguous stream, and each input feature i updates a

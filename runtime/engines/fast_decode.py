@@ -16,9 +16,10 @@ actor's weights as they are now; a few MB of copies, less than one decode step):
 - decode attention as two batched matmuls over (batch, kv head) rows — the heads that share a kv
   head are the rows of one query block (grouped-query without copying the cache), cheaper than
   SDPA with a mask for one query; prefill uses SDPA, on the prompts' real tokens only (padding's
-  rows skip the matmuls);
-- on CPU in fp32 with one torch thread (the rollout workers' setting), the decode step's
-  attention (RoPE, cache write and the attention itself over a paged cache), the norms and
+  rows skip the matmuls; with the C kernels the prefill's attention too, so no activation is ever
+  copied into a padded layout);
+- on CPU in fp32 with one torch thread (the rollout workers' setting), the decode step's and the
+  prefill's attention (RoPE, cache write and the attention itself over a paged cache), the norms and
   SiLU·up in cpu_kernels.c, one call each instead of several ops — and with the panel matmuls
   (below) no call at all: each norm inside the matmul that reads it, SiLU·up inside gate|up's;
 - the residual add inside the o_proj / down_proj matmul; no module calls;
@@ -165,7 +166,8 @@ class FusedDecoder:
         self.length = 0
 
     def _store_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The prompt's keys and values [B, Hkv, S, d] into cache slots 0..S-1."""
+        """The prompt's keys and values [B, Hkv, S, d] into cache slots 0..S-1 (the C kernels'
+        prefill_attention writes them itself)."""
         s = k.shape[2]
         if self.c is None:
             self.keys[layer].transpose(2, 3)[:, :, :s] = k
@@ -253,12 +255,15 @@ class FusedDecoder:
         """The prompt tokens [B, S] at positions with `rotations` [B, S, 1, head_dim/2]; additive mask
         [B, 1, S, S] or None (causal) -> logits [B, V] of the last position. Fills cache slots 0..S-1.
         `real`: the indices of the prompts' real (not padding) tokens in the flattened [B·S], in
-        order; only their rows go through the matmuls (padding's rows are zero for the attention,
-        which the mask hides); None: every position is real."""
+        order, each row's real tokens its last ones (left padding); only their rows go through the
+        matmuls (padding's rows are zero for the attention, which the mask hides), and with the C
+        kernels through the attention too (the mask unused); None: every position is real."""
         b, s = tokens.shape
         d, h, hkv = self.head_dim, self.heads, self.kv_heads
         flat = tokens.reshape(-1)
         x = F.embedding(flat if real is None else flat[real], self.embed)  # [N, hidden], N real tokens
+        if self.c is not None and (real is not None or mask is None):  # else the mask may hide any key
+            return self._prefill_c(x, rotations, real, b, s)
         for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(x.shape[0])):
             qkv = self._normed(x, wqkv, bqkv)
             if real is not None:
@@ -275,6 +280,29 @@ class FusedDecoder:
         # Left padding: each prompt's last token is the last of its row's real ones.
         last = x.view(b, s, -1)[:, -1] if real is None else x[torch.bincount(real // s, minlength=b).cumsum(0) - 1]
         return self._normed(last, self.lm_head)
+
+    def _prefill_c(self, x: torch.Tensor, rotations: torch.Tensor, real: torch.Tensor | None, b: int,
+                   s: int) -> torch.Tensor:
+        """`prefill` with cpu_kernels.c's prefill_attention, on the real tokens' rows x [N, hidden]
+        alone from the first matmul to the last (no padded copy of any activation). The prompts are
+        left-padded (generate() checks it): each row's real tokens are its last ones."""
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        counts = torch.full((b,), s) if real is None else torch.bincount(real // s, minlength=b)
+        first = F.pad(counts.cumsum(0), (1, 0))  # sequence i's rows: first[i] .. first[i+1]-1
+        rot = torch.view_as_real(rotations.reshape(b * s, d // 2))  # [B·S, d/2, 2]: cos, sin
+        rot = (rot if real is None else rot[real]).contiguous()
+        for i, (wqkv, bqkv, *rest) in enumerate(self._prefill_layers(x.shape[0])):
+            qkv = self._normed(x, wqkv, bqkv)
+            if self.qk_norms[i] is not None:
+                heads = qkv.view(-1, h + 2 * hkv, d)
+                heads[:, :h + hkv] = self._qk(heads, i)
+            attn = torch.empty(x.shape[0], h * d)
+            self.c.prefill_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0), first.data_ptr(), s,
+                                     self.keys[i].data_ptr(), self.values[i].data_ptr(), b, h, hkv, d,
+                                     attn.data_ptr(), self._scratch.data_ptr())
+            x = self._mlp(x, *rest[:2], attn, *rest[2:])
+        self.length = s
+        return self._normed(x[first[1:] - 1], self.lm_head)
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are

@@ -123,10 +123,10 @@ def _model(seed=0, **shape) -> CausalLM:
                                    dict(hidden_size=256, num_key_value_heads=2), dict(hidden_size=384, num_key_value_heads=1),
                                    dict(hidden_size=192, num_attention_heads=6, num_key_value_heads=1)])
 def test_c_path_equals_torch_path_across_pages(shape):
-    """Prefill, then decode steps to 75 cache slots (three pages of CHUNK), rows leaving half way:
-    the C path's logits equal the torch path's to 1e-5 at every step."""
+    """Prefill (prompts over two pages of CHUNK, starting mid-page), then decode steps to 75 cache slots
+    (three pages), rows leaving half way: the C path's logits equal the torch path's to 1e-5 at every step."""
     model = _model(**shape)
-    prompts = [[5, 9, 2, 33, 7, 1] * 5, [4, 8], [60, 3, 3, 11] * 3, [17], [8, 8, 8, 2, 40] * 6, [1, 2, 3]]
+    prompts = [[5, 9, 2, 33, 7, 1] * 5, [4, 8], [60, 3, 3, 11] * 3, [17], [8, 8, 8, 2, 40] * 9, [1, 2, 3]]
     ids, mask = left_pad(prompts)
     b, p, r = ids.shape[0], ids.shape[1], 75 - ids.shape[1]
     neg = torch.finfo(torch.float32).min
