@@ -60,18 +60,45 @@ static inline float max_and_sum(const float *x, int64_t V, float scale, float *s
     return top;
 }
 
+/* The first index of the largest of x[0..V-1] (torch.argmax's choice; x is assumed free of NaN),
+ * in one vector pass: each of 16 lanes keeps its largest value and where it first saw it (a
+ * strictly larger value replaces it), then the lanes holding the overall largest give their
+ * smallest index. */
+static inline int64_t first_argmax(const float *x, int64_t V) {
+    typedef float f16 __attribute__((vector_size(64), aligned(4)));
+    typedef int32_t i16 __attribute__((vector_size(64)));
+    int64_t best = 0, i = 0;
+    if (V >= 16) {
+        f16 top = *(const f16 *)x;
+        i16 at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, here = at;
+        for (i = 16; i + 16 <= V; i += 16) {
+            const f16 v = *(const f16 *)(x + i);
+            here += 16;
+            const i16 more = v > top;
+            top = (f16)(((i16)v & more) | ((i16)top & ~more));
+            at = (here & more) | (at & ~more);
+        }
+        best = at[0];
+        for (int l = 1; l < 16; ++l)
+            if (top[l] > x[best] || (top[l] == x[best] && at[l] < best)) best = at[l];
+    }
+    for (; i < V; ++i)  /* the tail (or a row shorter than a vector), after every earlier index */
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 /* Greedy decoding's pick from logits rows [rows, V]: the first index of each row's largest logit
- * (torch.argmax's choice; rows are assumed free of NaN) and its log-probability,
- * -log(sum(exp(x - max))). */
+ * and its log-probability, -log(sum(exp(x - max))). */
 void greedy_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, int64_t *tokens, float *logp) {
     for (int64_t r = 0; r < rows; ++r) {
         const float *x = logits + r * stride;
-        float sum;
-        const float top = max_and_sum(x, V, 1.f, &sum);
-        int64_t first = 0;
-        while (x[first] != top) ++first;
+        const int64_t first = first_argmax(x, V);
+        const float top = x[first];
+        float total = 0.f;
+#pragma omp simd reduction(+:total)
+        for (int64_t i = 0; i < V; ++i) total += expf(x[i] - top);
         tokens[r] = first;
-        logp[r] = -logf(sum);
+        logp[r] = -logf(total);
     }
 }
 
@@ -446,6 +473,27 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
     }
     for (int64_t r = 0; r < R; ++r)
         for (int v = 0; v < 4; ++v) *(v8 *)(acc + r * PANEL + v * LANES) = a[r][v];
+}
+
+/* panel_matmul's operand wp [ceil(O / PANEL), I, PANEL] from a weight given row by row: output
+ * feature o is the I floats at address rows[o] (0: zeros, as the last panel's missing features)
+ * times scale[o], and input feature i also times col[i] (col NULL: 1). One pass over the weight,
+ * wherever its rows are (fast_decode.py packs q|k|v and gate|up from the separate projections,
+ * their rows permuted and scaled, with the norm's weight folded in, without concatenating them). */
+void pack_panels(const int64_t *rows, const float *scale, const float *col, int64_t O, int64_t I, float *wp) {
+    for (int64_t p = 0; p < (O + PANEL - 1) / PANEL; ++p) {
+        float *w = wp + p * I * PANEL;
+        for (int64_t j = 0; j < PANEL; ++j) {
+            const int64_t o = p * PANEL + j;
+            const float *src = o < O ? (const float *)rows[o] : 0;
+            const float *next = o + PANEL < O ? (const float *)rows[o + PANEL] : 0;
+            if (next)
+                for (int64_t i = 0; i < I; i += 16) __builtin_prefetch(next + i, 0, 1);
+            const float s = src ? scale[o] : 0.f;
+            for (int64_t i = 0; i < I; ++i)
+                w[i * PANEL + j] = src ? src[i] * s * (col ? col[i] : 1.f) : 0.f;
+        }
+    }
 }
 
 int64_t panel_tile_rows(void) {

@@ -3,9 +3,11 @@
 Generation of a small model is bound by per-op overhead more than by its matmuls: each dispatched
 op costs microseconds whatever its size. So `FusedDecoder` runs the same math as `decoder.py` with
 fewer ops, on weights rearranged ONCE per `generate()` call from the live parameters (so the
-actor's weights as they are now; a few MB of copies, less than one decode step):
+actor's weights as they are now; one pass over them, into memory the engine keeps from call to
+call — kept_memory.py):
 
-- one q|k|v matmul and one gate|up matmul per layer (weights concatenated);
+- one q|k|v matmul and one gate|up matmul per layer (weights concatenated; for the C kernels'
+  panels, packed straight from the separate projections: matmul_kernels.RowBlocks);
 - each RMSNorm's weight (and its sqrt(hidden)) folded into the matmul that reads it, so a norm is
   x / hypot(‖x‖, sqrt(hidden·eps)): three ops; attention's 1/sqrt(head_dim) folded into q (into
   q_norm's weight where the family normalises each q and k head: Qwen3);
@@ -46,8 +48,10 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels
+from hybridflow.runtime.engines.kept_memory import KeptMemory
 from hybridflow.runtime.engines.matmul_kernels import (
     Panels,
+    RowBlocks,
     c_matmul_ready,
     linear,
     matmul_kind,
@@ -72,11 +76,17 @@ def supports(model: torch.nn.Module, max_len: int) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Rows of a q/k projection [heads*head_dim, ...] reordered per head to (0, d/2, 1, d/2+1, …)."""
+def _paired_order(rows: int, head_dim: int) -> torch.Tensor:
+    """The rows of a q/k projection [rows = heads·head_dim, ...] reordered per head to (0, d/2, 1,
+    d/2+1, …): the pairs RoPE rotates side by side."""
     half = head_dim // 2
-    order = torch.arange(head_dim, device=w.device).view(2, half).t().reshape(-1)
-    return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+    within = torch.arange(head_dim).view(2, half).t().reshape(-1)
+    return (torch.arange(0, rows, head_dim)[:, None] + within).reshape(-1)
+
+
+def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """w's rows (a q/k norm's weight over one head) in `_paired_order`."""
+    return w[_paired_order(w.shape[0], head_dim).to(w.device)]
 
 
 GATE_UP = 4  # the gate|up weight's index in a layer's operands (q|k|v, its bias, o, its bias, gate|up, …)
@@ -86,28 +96,13 @@ def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
     return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
 
 
-class CachePool:
-    """Memory for the C kernels' KV cache, kept from one `generate()` call to the next by the engine
-    that owns it: a large CPU allocation is fresh pages every time (a page fault and zeroing per
-    4 KB), a kept one is not. It holds the largest cache asked for so far (CPU memory only)."""
-
-    def __init__(self):
-        self._flat: torch.Tensor | None = None
-
-    def take(self, numel: int) -> torch.Tensor:
-        if self._flat is None or self._flat.numel() < numel:
-            self._flat = None  # the old block goes before the new one is allocated
-            self._flat = torch.empty(numel)
-        return self._flat[:numel]
-
-
 class FusedDecoder:
     """The fused weights of one model and a KV cache for one `generate()` call."""
 
     def __init__(self, model: CausalLM, batch: int, max_len: int, c_kernels: bool = True,
-                 pool: CachePool | None = None):
-        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere); `pool`:
-        where the C kernels' cache comes from (None: allocated for this call)."""
+                 memory: KeptMemory | None = None):
+        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere); `memory`:
+        where the C kernels' cache and packed weights go (None: allocated for this call)."""
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -119,32 +114,37 @@ class FusedDecoder:
         # over them and the single-threaded kernels would not): the panel matmuls (`matmul_kind`
         # says at which rows), and the attention, norms and SiLU·up where head_dim is whole pages.
         self.c_ready = c_kernels and c_matmul_ready(self.embed)
-        self.lm_head = matmul_layout(model.lm_head.weight * (body.norm.weight * root_n), batch, self.c_ready)
+        if memory is not None:
+            memory.restart()
+        empty = torch.empty if memory is None else memory.empty  # for the packed weights
+        self.lm_head = matmul_layout(RowBlocks([(model.lm_head.weight, None, 1.0)], body.norm.weight * root_n),
+                                     batch, self.c_ready, empty=empty)
         self.qk_eps = cfg.rms_norm_eps
         # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
         # a scale in the q weights, so with one the scale goes into the norm's weight instead.
         q_scale = 1.0 if cfg.qk_norm else d ** -0.5
-        # Per layer the fused weights [out, in], each followed by its bias (or None): q|k|v, o, gate|up, down.
+        # Per layer the fused weights [out, in] (RowBlocks: not concatenated until a kernel needs
+        # it), each followed by its bias (or None): q|k|v, o, gate|up, down.
         self._weights, self.qk_norms = [], []
         for layer in body.layers:
             att, mlp = layer.self_attn, layer.mlp
-            n1 = layer.input_layernorm.weight * root_n
-            n2 = layer.post_attention_layernorm.weight * root_n
-            wqkv = torch.cat([_pair_rows(att.q_proj.weight, d) * q_scale, _pair_rows(att.k_proj.weight, d),
-                              att.v_proj.weight])
+            paired = [_paired_order(att.q_proj.weight.shape[0], d), _paired_order(att.k_proj.weight.shape[0], d)]
+            wqkv = RowBlocks([(att.q_proj.weight, paired[0], q_scale), (att.k_proj.weight, paired[1], 1.0),
+                              (att.v_proj.weight, None, 1.0)], layer.input_layernorm.weight * root_n)
             bqkv = None if att.q_proj.bias is None else torch.cat(
-                [_pair_rows(att.q_proj.bias, d) * q_scale, _pair_rows(att.k_proj.bias, d), att.v_proj.bias])
-            wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+                [att.q_proj.bias[paired[0]] * q_scale, att.k_proj.bias[paired[1]], att.v_proj.bias])
+            wgu = RowBlocks([(mlp.gate_proj.weight, None, 1.0), (mlp.up_proj.weight, None, 1.0)],
+                            layer.post_attention_layernorm.weight * root_n)
             # Per-head norm weights [H + Hkv, d] in the paired order, q's scaled by 1/sqrt(head_dim).
             self.qk_norms.append(None if att.q_norm is None else torch.cat([
                 (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
                 _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
-            self._weights.append((wqkv * n1, bqkv, att.o_proj.weight, att.o_proj.bias, wgu * n2,
+            self._weights.append((wqkv, bqkv, att.o_proj.weight, att.o_proj.bias, wgu,
                                   _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
                                   mlp.down_proj.weight, mlp.down_proj.bias))
         # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
         self.layout_rows = batch
-        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready, gated=i == GATE_UP)
+        self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready, gated=i == GATE_UP, empty=empty)
                              for i, t in enumerate(weights)) for weights in self._weights]
         dtype, device = self.embed.dtype, self.embed.device
         self.c = cpu_kernels.kernels() if self.c_ready and d % cpu_kernels.CHUNK == 0 else None
@@ -158,7 +158,8 @@ class FusedDecoder:
         else:
             pages, chunk = cpu_kernels.pages(max_len), cpu_kernels.CHUNK
             size = pages * batch * self.kv_heads * d * chunk
-            flat = (pool or CachePool()).take(2 * len(self.layers) * size).view(2, len(self.layers), size)
+            flat = (torch.empty if memory is None else memory.cache)(2 * len(self.layers) * size)
+            flat = flat.view(2, len(self.layers), size)
             self.keys = [t.view(pages, batch, self.kv_heads, d, chunk) for t in flat[0]]
             self.values = [t.view(pages, batch, self.kv_heads, chunk, d) for t in flat[1]]
             self._scratch = torch.empty(batch * self.heads * (d + 2))

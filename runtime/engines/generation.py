@@ -23,7 +23,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 from hybridflow.runtime.engines import cpu_kernels
-from hybridflow.runtime.engines.fast_decode import CachePool, FusedDecoder, supports
+from hybridflow.runtime.engines.fast_decode import FusedDecoder, supports
+from hybridflow.runtime.engines.kept_memory import KeptMemory
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
@@ -205,7 +206,7 @@ class GenerationEngine:
         self.last_batch_sizes: list[int] = []  # rows computed at each decode step of the last call
         # seconds and work by phase (fuse_weights, prefill, decode, sample) for the step breakdown; off by default
         self.clock = PhaseClock()
-        self.cache_pool = CachePool()  # the C kernels' KV cache memory, reused from call to call
+        self.memory = KeptMemory()  # the C kernels' KV cache and packed weights, reused from call to call
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -227,7 +228,7 @@ class GenerationEngine:
         fused = self.fast_decode and supports(self.model, p + r)
         compact = fused and self.drop_finished
         args = (self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
-        step = _fused_steps(*args, self.cache_pool) if fused else _module_steps(*args)
+        step = _fused_steps(*args, self.memory) if fused else _module_steps(*args)
         logits = next(step)
         self.last_batch_sizes = []
 
@@ -297,12 +298,12 @@ def _module_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock):
         next_pos = next_pos + 1
 
 
-def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, pool: CachePool):
+def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, memory: KeptMemory):
     """The same as `_module_steps` through `FusedDecoder` (fast_decode.py): weights fused from the
     model as it is now, RoPE of every position of the run computed once, masks built once."""
     b, p = prompt_ids.shape
     with clock.span("fuse_weights"):  # with the cache allocation, masks and RoPE tables: once per call
-        fused = FusedDecoder(model, b, p + r, pool=pool)
+        fused = FusedDecoder(model, b, p + r, memory=memory)
         dtype, device = fused.embed.dtype, prompt_ids.device
         prefill_mask = step_mask = None
         if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)

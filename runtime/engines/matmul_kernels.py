@@ -5,6 +5,8 @@ these once per generate() call; tools/bench/rollout_speed.py times them for its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -30,19 +32,19 @@ PANEL_MAX_ROWS = 4
 MATMUL_KINDS = ("packed", "row_major", "view", "panel")
 
 
-def packable(w: torch.Tensor) -> bool:
+def packable(w: torch.Tensor | RowBlocks) -> bool:
     """Whether weight w may take the "packed" kernel: fp32 on CPU with oneDNN, the case measured."""
     return w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def c_matmul_ready(w: torch.Tensor) -> bool:
+def c_matmul_ready(w: torch.Tensor | RowBlocks) -> bool:
     """Whether cpu_kernels.c's panel_matmul can run on weight w: fp32 on CPU, one torch thread (the
     kernel is single-threaded), the library built."""
     return (w.device.type == "cpu" and w.dtype == torch.float32 and torch.get_num_threads() == 1
             and cpu_kernels.kernels() is not None)
 
 
-def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = False) -> str:
+def matmul_kind(w: torch.Tensor | RowBlocks, rows: int, once: bool = False, panels: bool = False) -> str:
     """The kernel for weight w [out, in] on `rows` rows (one of MATMUL_KINDS; comments above). `once`:
     the operand serves a single matmul (a prefill), and packing, about a pass over the weight,
     pays for itself there only from PACKED_MIN_ROWS rows. `panels`: the C kernels may be used."""
@@ -53,22 +55,64 @@ def matmul_kind(w: torch.Tensor, rows: int, once: bool = False, panels: bool = F
     return "row_major" if rows <= ROW_MAJOR_MAX_BATCH else "view"
 
 
+class RowBlocks:
+    """A weight [out, in] not yet concatenated: its row blocks one after another, each a weight
+    [o, in] with its rows in `order` (None: as they are) times `scale`, and every input feature
+    times `col` (None: 1) — a fused q|k|v or gate|up with its norm's weight folded in. The C kernels
+    pack panels straight from the blocks (one pass over the weights); `tensor()` builds the
+    concatenation for the others."""
+
+    def __init__(self, blocks: list[tuple[torch.Tensor, torch.Tensor | None, float]], col: torch.Tensor | None = None):
+        self.blocks = [(w.detach(), order, scale) for w, order, scale in blocks]
+        self.col = None if col is None else col.detach()
+        first = self.blocks[0][0]
+        rows = sum(w.shape[0] if order is None else len(order) for w, order, _ in self.blocks)
+        self.shape, self.device, self.dtype = torch.Size((rows, first.shape[1])), first.device, first.dtype
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def tensor(self) -> torch.Tensor:
+        w = torch.cat([(w if order is None else w[order]) * scale for w, order, scale in self.blocks])
+        return w if self.col is None else w * self.col
+
+    def row_addresses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's address (int64) and scale, in order, for cpu_kernels.c's pack_panels."""
+        addresses, scales = [], []
+        for w, order, scale in self.blocks:
+            w = w if w.stride(1) == 1 else w.contiguous()
+            rows = torch.arange(w.shape[0]) if order is None else order
+            addresses.append(w.data_ptr() + rows * (w.stride(0) * w.element_size()))
+            scales.append(torch.full((len(rows),), scale))
+        return torch.cat(addresses), torch.cat(scales)
+
+
+def weight_tensor(w: torch.Tensor | RowBlocks) -> torch.Tensor:
+    return w.tensor() if isinstance(w, RowBlocks) else w.detach()
+
+
 class Panels:
     """A weight [out, in] packed for cpu_kernels.c's panel_matmul: [ceil(out / PANEL), in, PANEL],
     the last panel's missing rows zero. `gated`: the weight is gate | up [2·F, in], packed as the
-    gate's panels then the up's, and a call returns silu(gate)·up [rows, F]."""
+    gate's panels then the up's, and a call returns silu(gate)·up [rows, F]. `empty(*shape)`: where
+    the panels go (kept_memory.KeptMemory.empty: memory kept from call to call)."""
 
-    def __init__(self, w: torch.Tensor, gated: bool = False):
+    def __init__(self, w: torch.Tensor | RowBlocks, gated: bool = False, empty: Callable = torch.empty):
+        blocks = w if isinstance(w, RowBlocks) else RowBlocks([(w, None, 1.0)])
         self.gated = gated
-        halves = w.detach().chunk(2) if gated else (w.detach(),)
-        self.out_features, self.in_features = halves[0].shape
-        self.data = torch.cat([self._pack(h) for h in halves]) if gated else self._pack(halves[0])
-
-    @staticmethod
-    def _pack(w: torch.Tensor) -> torch.Tensor:
+        self.out_features = blocks.shape[0] // 2 if gated else blocks.shape[0]
+        self.in_features = blocks.shape[1]
+        addresses, scales = blocks.row_addresses()
+        col = None if blocks.col is None else blocks.col.contiguous()
         width = cpu_kernels.PANEL
-        padded = F.pad(w, (0, 0, 0, -w.shape[0] % width))
-        return padded.view(-1, width, w.shape[1]).transpose(1, 2).contiguous()
+        pad = -self.out_features % width  # each half of gate | up in whole panels
+        halves = addresses.chunk(2) if gated else (addresses,)
+        addresses = torch.cat([F.pad(a, (0, pad)) for a in halves])
+        scales = torch.cat([F.pad(c, (0, pad)) for c in (scales.chunk(2) if gated else (scales,))])
+        self.data = empty(len(addresses) // width, self.in_features, width)
+        cpu_kernels.kernels().pack_panels(addresses.data_ptr(), scales.data_ptr(),
+                                          None if col is None else col.data_ptr(),
+                                          len(addresses), self.in_features, self.data.data_ptr())
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                  norm_eps: float | None = None) -> torch.Tensor:
@@ -88,21 +132,24 @@ class Panels:
         return y
 
 
-def matmul_operand(w: torch.Tensor, kind: str, rows: int, gated: bool = False) -> torch.Tensor | Panels:
+def matmul_operand(w: torch.Tensor | RowBlocks, kind: str, rows: int, gated: bool = False,
+                   empty: Callable = torch.empty) -> torch.Tensor | Panels:
     """Weight [out, in] as `linear`'s right operand for `kind`: oneDNN's packed tensor (laid out for
     about `rows` rows; any row count runs on it), a row-major [in, out] copy, the [in, out] view, or
     the C kernel's panels (`gated`: of a gate | up weight, computing silu(gate)·up)."""
     if kind == "panel":
-        return Panels(w, gated)
+        return Panels(w, gated, empty)
+    w = weight_tensor(w)
     if kind == "packed":
-        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+        return torch.ops.mkldnn._reorder_linear_weight(w, rows)
     return w.t().contiguous() if kind == "row_major" else w.t()
 
 
-def matmul_layout(w: torch.Tensor, rows: int, panels: bool = False, gated: bool = False) -> torch.Tensor | Panels:
+def matmul_layout(w: torch.Tensor | RowBlocks, rows: int, panels: bool = False, gated: bool = False,
+                  empty: Callable = torch.empty) -> torch.Tensor | Panels:
     """Weight [out, in] as the right operand of the kernel `matmul_kind` picks for `rows` rows
     (`gated`: panels of a gate | up weight, as in matmul_operand)."""
-    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows, gated)
+    return matmul_operand(w, matmul_kind(w, rows, panels=panels), rows, gated, empty)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | Panels, bias: torch.Tensor | None = None,

@@ -73,12 +73,16 @@ def test_rms_norm_and_silu_mul_equal_torch(rows, n):
     assert torch.allclose(out, torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("vocab", [7, 64, 8192])
+@pytest.mark.parametrize("vocab", [7, 64, 8192, 8199])
 def test_greedy_pick_is_argmax_and_its_log_prob(vocab):
     logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 5
-    logits[2, vocab // 2] = logits[2, -1] = logits[2].max() + 1  # a tie: the first index wins, as in torch
+    # ties: the first index wins, as in torch — in another vector lane than the later one (row 2), in
+    # the same lane (row 3), in the tail past the whole vectors (row 4)
+    logits[2, vocab // 2] = logits[2, -1] = logits[2].max() + 1
+    logits[3, 3] = logits[3, 3 + 16 * (vocab // 32)] = logits[3].max() + 1
+    logits[4, -1] = logits[4, -2] = logits[4].max() + 1
     tokens, logp = sample_tokens(logits, SamplingParams(greedy=True))
-    assert torch.equal(tokens, logits.argmax(-1)) and tokens[2] == vocab // 2
+    assert torch.equal(tokens, logits.argmax(-1)) and tokens[2] == vocab // 2 and tokens[3] == 3
     assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1), atol=1e-6)
 
 
@@ -171,16 +175,22 @@ def test_generate_through_c_kernels_equals_module_path():
         assert torch.allclose(fast.response_logprobs, slow.response_logprobs, atol=1e-5)
 
 
-def test_the_cache_memory_is_kept_from_call_to_call():
-    """The engine's C-path KV cache comes from its pool: the same memory on the next call (no fresh
-    pages), grown for a bigger batch, with the same outputs every time."""
+def test_the_cache_and_weights_memory_is_kept_from_call_to_call():
+    """The engine's C-path KV cache and packed weights come from its KeptMemory: the same memory on
+    the next calls (no fresh pages; the weights' block from the second call on, sized by the first),
+    the cache grown for a bigger batch, with the same outputs every time."""
     model = _model(num_key_value_heads=2)
     engine = GenerationEngine(model)
     ids, mask = left_pad([[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]])
     params = SamplingParams(max_new_tokens=40, greedy=True)
     first = engine.generate(ids, mask, params).response
-    block, size = engine.cache_pool._flat.data_ptr(), engine.cache_pool._flat.numel()
+    memory = engine.memory
+    assert memory._weights is None and memory._asked > 0  # the first call's panels apart, their size noted
+    cache, size = memory._cache.data_ptr(), memory._cache.numel()
     assert torch.equal(engine.generate(ids, mask, params).response, first)
-    assert engine.cache_pool._flat.data_ptr() == block
+    weights = memory._weights.data_ptr()
+    assert memory._offset == memory._asked == memory._weights.numel()  # every panel in the block
+    assert torch.equal(engine.generate(ids, mask, params).response, first)
+    assert memory._weights.data_ptr() == weights and memory._cache.data_ptr() == cache
     bigger = engine.generate(*left_pad([[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]] * 3), params).response
-    assert torch.equal(bigger[:3], first) and engine.cache_pool._flat.numel() > size
+    assert torch.equal(bigger[:3], first) and memory._cache.numel() > size

@@ -83,6 +83,24 @@ def test_panels_fuse_the_norm_before_and_silu_up_after(rows):
         assert got.shape == (rows, 100) and torch.allclose(got, want, atol=1e-4, rtol=1e-5)
 
 
+def test_panels_packed_from_row_blocks_equal_the_concatenated_weight():
+    """Panels packed straight from row blocks (rows reordered and scaled per block, every input
+    feature scaled) compute x @ W.T for W = RowBlocks.tensor(), the blocks concatenated; gated, each
+    half of the 100 rows (split inside a block) in whole panels of its own."""
+    if not matmul_kernels.c_matmul_ready(torch.empty(1)):
+        pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
+    torch.manual_seed(0)
+    a, b, col, x = torch.randn(40, 64), torch.randn(60, 64), torch.rand(64) + 0.5, torch.randn(5, 64)
+    order = torch.randperm(40)
+    blocks = matmul_kernels.RowBlocks([(a, order, 0.5), (b, None, 2.0)], col)
+    weight = blocks.tensor()
+    assert torch.equal(weight, torch.cat([a[order] * 0.5, b * 2.0]) * col)
+    assert torch.allclose(matmul_kernels.Panels(blocks)(x, None, None), x @ weight.t(), atol=1e-5, rtol=1e-5)
+    gate, up = weight[:50], weight[50:]
+    assert torch.allclose(matmul_kernels.Panels(blocks, gated=True)(x, None, None),
+                          F.silu(x @ gate.t()) * (x @ up.t()), atol=1e-5, rtol=1e-5)
+
+
 # A tiny model whose gate|up and lm_head are big enough to be packed from 2 rows
 # (2·1024·128 = 2048·128 = PACKED_MIN_SIZE elements); q|k|v, o and down stay small.
 SHAPES = {"llama": dict(num_key_value_heads=2),
