@@ -12,6 +12,34 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+/* exp(x) to a few float ulps for x in [-86.9, 88] (clamped there, so 2.3e-38 below: no subnormal
+ * results, which cost an assist each; nothing reads it as more than 0 — attention's values are
+ * read up to the live slots only): 2^n · p(r), x = n·ln2 + r, p Cephes expf's polynomial, 2^n
+ * built in the float's exponent bits. Inline and free of selects, so `omp simd` loops compute it
+ * in vectors in place, a third faster than glibc's vector expf (a call per vector); gcc turns a
+ * select in or around it into control flow, and the loop then stays scalar. For the decode
+ * path's exps: attention's softmax, SiLU, the greedy pick's normaliser; sampling keeps expf. */
+static inline float exp_fast(float x) {
+    x = fminf(fmaxf(x, -86.9f), 88.f);
+    const float t = x * 1.44269504f;
+    const int32_t n = (int32_t)(t + copysignf(0.5f, t));  /* rounded */
+    /* x - n·ln2 with ln2 in two parts, as fmas: -ffast-math may merge the parts of a plain
+     * expression into one constant, which loses float precision of r as n grows */
+    const float r = fmaf((float)n, -1.42860677e-6f, fmaf((float)n, -0.693145752f, x));
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    const int32_t bits = (n + 127) << 23;  /* 2^n */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
 
 /* 1 / sqrt(sum(x^2) + n_eps) over a row x of n floats: RMSNorm's scale (its sqrt(n) and weight
  * are folded into the next matmul's weight: fast_decode.py). */
@@ -22,9 +50,9 @@ static inline float inv_rms(const float *x, int64_t n, float n_eps) {
     return 1.f / sqrtf(s + n_eps);
 }
 
-/* silu(g) = g / (1 + exp(-g)), kept finite where exp(-g) would overflow (-ffast-math has no inf). */
+/* silu(g) = g / (1 + exp(-g)), finite where exp(-g) would overflow (exp_fast clamps; -ffast-math has no inf). */
 static inline float silu(float g) {
-    return g / (1.f + expf(fminf(-g, 88.f)));
+    return g / (1.f + exp_fast(-g));
 }
 
 /* out[r] = x[r] / sqrt(sum(x[r]^2) + n_eps), rows of n floats. */
@@ -96,7 +124,7 @@ void greedy_pick(const float *logits, int64_t stride, int64_t rows, int64_t V, i
         const float top = x[first];
         float total = 0.f;
 #pragma omp simd reduction(+:total)
-        for (int64_t i = 0; i < V; ++i) total += expf(x[i] - top);
+        for (int64_t i = 0; i < V; ++i) total += exp_fast(x[i] - top);
         tokens[r] = first;
         logp[r] = -logf(total);
     }
@@ -183,14 +211,6 @@ static inline void rope(const float *x, const float *cs, int64_t half, float *ou
 typedef float vw __attribute__((vector_size(4 * VW), aligned(4)));
 #define GROUP 4  /* query heads of one kv head that go over a cache block together */
 
-/* exp(x), but exactly 0 where x < -87 (a masked slot, or the first page's rescale): expf's
- * underflow path is a slow scalar call, and exp(-87) is below float rounding of any sum with a 1.
- * The call unconditional, then a select: in `omp simd` loops the compiler calls the vector expf. */
-static inline float exp_or_zero(float x) {
-    const float e = expf(fmaxf(x, -87.f));
-    return x > -87.f ? e : 0.f;
-}
-
 /* G query heads q [G, d] (those of one kv head) over one page's block of that kv head: keys K
  * [d, CHUNK], values V [CHUNK, d], n live slots, additive mask m (or NULL); the online softmax's
  * running max top[G] and sum sum[G], and out [G, d] (unnormalised), updated. `ahead`: how many
@@ -237,17 +257,18 @@ static inline __attribute__((always_inline)) void attend_block(
         if (m)
             for (int64_t l = 0; l < n; ++l) pj[l] += m[l];
         /* dead slots (only on the last page, which holds the step's own slot, never masked, so
-         * best is a real score): weight exactly 0 below */
+         * best is a real score): weight exp_fast's floor, below float rounding of the sum, and the
+         * values loop stops at the live slots (a dead one's memory may hold anything) */
         for (int64_t l = n; l < CHUNK; ++l) pj[l] = -FLT_MAX;
         /* over the whole page (a constant count: whole vectors, no scalar remainder) */
 #pragma omp simd reduction(max:best)
         for (int l = 0; l < CHUNK; ++l) best = pj[l] > best ? pj[l] : best;
 #pragma omp simd reduction(+:total)
         for (int l = 0; l < CHUNK; ++l) {
-            pj[l] = exp_or_zero(pj[l] - best);
+            pj[l] = exp_fast(pj[l] - best);
             total += pj[l];
         }
-        scale[j] = exp_or_zero(top[j] - best);
+        scale[j] = exp_fast(top[j] - best);
         top[j] = best;
         sum[j] = sum[j] * scale[j] + total;
     }
@@ -515,8 +536,11 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
         for (int64_t r = r1; r < end; ++r)  /* the rows' 1 / RMS, or 1 */
             inv[r - r1] = norm_eps >= 0.f ? inv_rms(x + r * x_stride, I, norm_eps) : 1.f;
         for (int64_t p = 0; p < panels; ++p) {
-            const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : 0;
-            const float *bu = gated && bias ? bias + O + p * PANEL : 0;
+            /* An absent bias or residual reads as zeros: a select per element instead becomes a
+             * masked load from NULL, which AMD CPUs run as a slow fault-suppressing assist. */
+            static const float zeros[PANEL];
+            const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : zeros;
+            const float *bu = gated && bias ? bias + O + p * PANEL : zeros;
             const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
             /* Where several row tiles pass over a panel (compute-bound), the next panel comes from
              * memory (a step's weights outgrow the CPU's caches) while this one computes, each tile
@@ -538,13 +562,13 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                     if (gated) {
 #pragma omp simd
                         for (int64_t k = 0; k < width; ++k) {
-                            const float g = a[k] * s + (b ? b[k] : 0.f), h = u[k] * s + (bu ? bu[k] : 0.f);
+                            const float g = a[k] * s + b[k], h = u[k] * s + bu[k];
                             out[k] = silu(g) * h;
                         }
                     } else {
-                        const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : 0;
+                        const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : zeros;
 #pragma omp simd
-                        for (int64_t k = 0; k < width; ++k) out[k] = (res ? res[k] : 0.f) + (a[k] * s + (b ? b[k] : 0.f));
+                        for (int64_t k = 0; k < width; ++k) out[k] = res[k] + (a[k] * s + b[k]);
                     }
                 }
                 r0 += R;
