@@ -1,6 +1,7 @@
-"""cpu_kernels.c, built once per machine and loaded with ctypes: the fused decode path's attention,
-RMSNorm, SiLU·up and matmuls (fast_decode.py, matmul_kernels.py) and the pick of the next tokens, greedy or
-sampled, with their log-probs (generation.py), on CPU in fp32.
+"""The C kernels (cpu_kernels.h and the cpu_*.c files it lists), built once per machine into one
+library and loaded with ctypes: the fused decode path's attention, RMSNorm, SiLU·up and matmuls
+(fast_decode.py, matmul_kernels.py) and the pick of the next tokens, greedy or sampled, with their
+log-probs (generation.py), on CPU in fp32.
 
 Why C: a decode step's non-matmul work is many small torch ops, and its attention is one tiny
 matrix product per (row, kv head) — per-call overhead, not arithmetic. One pass in C over the
@@ -9,8 +10,8 @@ A step of a few rows is a matrix-vector product bound by reading the weights; th
 read them at about half the memory's speed here, a panel-packed loop at about its full speed (and,
 with AVX-512, it keeps up with oneDNN at many rows).
 
-The source is compiled with the system's C compiler (`cc`, or $CC) into a cache folder
-($HFLOW_KERNEL_CACHE, default ~/.cache/hybridflow/kernels), named by a hash of the source, the
+The sources are compiled with the system's C compiler (`cc`, or $CC) into a cache folder
+($HFLOW_KERNEL_CACHE, default ~/.cache/hybridflow/kernels), named by a hash of the sources, the
 flags and this CPU, so each machine builds once (well under a second) and reuses the library;
 it is written under a temporary name and renamed, so concurrent workers never load a half-written
 file. Without a compiler, or with HFLOW_CPU_KERNELS=0, `kernels()` is None and fast_decode.py runs
@@ -30,7 +31,8 @@ import warnings
 from functools import cache
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+HEADER = Path(__file__).with_name("cpu_kernels.h")
+SOURCES = tuple(Path(__file__).with_name(f"cpu_{name}.c") for name in ("kernels", "attention", "matmul", "decode"))
 # -ffast-math lets the compiler vectorise the sums and expf (glibc's vector expf): results differ
 # from torch's by float rounding, as torch's own kernels differ between CPUs. It is given to the
 # compile step only: linked with it, gcc adds startup code that turns on flush-to-zero for the
@@ -57,6 +59,7 @@ _SIGNATURES = {
     "decode_attention": [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, _P, _P],
     "prefill_attention": [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _P, _P],
     "pack_panels": [_P, _P, _P, _I, _I, _P],
+    "decode_layers": [_I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P, _P, _P, _P],
     "panel_matmul": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _F, _I],
 }
 
@@ -74,7 +77,8 @@ def _cpu_id() -> str:
 def library_path(cache_dir: str | os.PathLike | None = None) -> Path:
     cache_dir = Path(cache_dir or os.environ.get("HFLOW_KERNEL_CACHE") or
                      Path.home() / ".cache" / "hybridflow" / "kernels")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_id().encode()
+    text = b"".join(source.read_bytes() for source in (HEADER, *SOURCES))
+    key = hashlib.sha256(text + " ".join(FLAGS).encode() + _cpu_id().encode()
                          + platform.machine().encode()).hexdigest()[:16]
     return cache_dir / f"cpu_kernels-{key}.so"
 
@@ -91,13 +95,14 @@ def build(cache_dir: str | os.PathLike | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    obj = tmp[:-3] + ".o"
+    objects = [f"{tmp[:-3]}-{source.stem}.o" for source in SOURCES]
+    steps = [[*FLAGS, "-c", "-o", obj, str(source)] for obj, source in zip(objects, SOURCES, strict=True)]
     try:
-        for step in ([*FLAGS, "-c", "-o", obj, str(SOURCE)], ["-shared", "-o", tmp, obj, "-lm"]):
+        for step in [*steps, ["-shared", "-o", tmp, *objects, "-lm"]]:
             subprocess.run([compiler, *step], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)  # atomic: a concurrent builder's identical file may win, either is fine
     finally:
-        for leftover in (tmp, obj):
+        for leftover in (tmp, *objects):
             if os.path.exists(leftover):
                 os.unlink(leftover)
     return target

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels
 from hybridflow.runtime.engines.kept_memory import KeptMemory
+from hybridflow.runtime.engines.layer_loop import GATE_UP, LayerLoop
 from hybridflow.runtime.engines.matmul_kernels import (
     Panels,
     RowBlocks,
@@ -87,9 +88,6 @@ def _paired_order(rows: int, head_dim: int) -> torch.Tensor:
 def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     """w's rows (a q/k norm's weight over one head) in `_paired_order`."""
     return w[_paired_order(w.shape[0], head_dim).to(w.device)]
-
-
-GATE_UP = 4  # the gate|up weight's index in a layer's operands (q|k|v, its bias, o, its bias, gate|up, …)
 
 
 def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
@@ -163,6 +161,10 @@ class FusedDecoder:
             self.keys = [t.view(pages, batch, self.kv_heads, d, chunk) for t in flat[0]]
             self.values = [t.view(pages, batch, self.kv_heads, chunk, d) for t in flat[1]]
             self._scratch = torch.empty(batch * self.heads * (d + 2))
+        # A decode step in one C call where every layer is panels and the C attention.
+        self._loop = None
+        if self.c is not None and LayerLoop.applies(self.layers, self.qk_norms):
+            self._loop = LayerLoop(self.layers, self.keys, self.values, batch, self.heads, self.kv_heads, d, self.norm_eps)
         self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
         self.length = 0
 
@@ -195,6 +197,8 @@ class FusedDecoder:
                 self.keys[i][:pages] = keys[:pages, rows]
                 self.values[i] = values.new_empty((values.shape[0], len(rows), *values.shape[2:]))
                 self.values[i][:pages] = values[:pages, rows]
+        if self._loop is not None:
+            self._loop.retarget(self.keys, self.values)
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
         """RoPE of integer positions [..., S] as unit complex numbers [..., S, 1, head_dim/2]
@@ -332,6 +336,10 @@ class FusedDecoder:
             attend = self._attend_c
             rotation = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
             mask = None if mask is None else mask.contiguous()
+        if self._loop is not None:
+            self._loop(x, rotation, mask, self.length)
+            self.length += 1
+            return self._normed(x, self.lm_head)
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             qkv = self._normed(x, wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
             x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])

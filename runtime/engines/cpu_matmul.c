@@ -1,0 +1,157 @@
+/* The panel matmul and its weights' packing (cpu_kernels.h: the set of files). */
+#include "cpu_kernels.h"
+
+/* y [rows, O] = x [rows, I] @ W.T (+ bias [O]) (+ residual, rows of res_stride floats). W comes
+ * packed in panels of PANEL output features, wp [ceil(O / PANEL), I, PANEL] (the last panel's
+ * missing features zero): a panel is one contiguous stream, and each input feature i updates a
+ * panel's PANEL outputs for several rows with vector FMAs (x[r, i] broadcast), no horizontal sums.
+ * With AVX-512, rows go eight at a time (sixteen 16-float accumulators: the FMA units kept busy
+ * from L1, where the panel's rows stay while the eight rows pass over them); the rest, and every
+ * row without AVX-512, four at a time (sixteen 8-float accumulators). A decode step of a few rows
+ * is bound by streaming the weights from memory, which this loop does at about the memory's speed;
+ * at many rows it is compute-bound (matmul_kernels.matmul_kind says where it is used).
+ *
+ * Two steps around a matmul fused into it (each a separate pass over the rows otherwise, and at a
+ * decode step's few rows a separate call costing more than its arithmetic):
+ * - norm_eps >= 0: x's rows RMS-normalised first, x / sqrt(sum(x^2) + norm_eps) (rms_norm), applied
+ *   to the row's outputs ((x / s) @ W.T = (x @ W.T) / s);
+ * - gated: W is gate | up, packed as the gate's panels then the up's (each [ceil(O / PANEL), I,
+ *   PANEL]; bias [2 * O] likewise), and y = silu(gate) * up [rows, O] (silu_mul); no residual.
+ * bias, residual: NULL when absent. */
+#define TILE_MAX 8
+#ifndef PREFETCH_MIN_TILES
+#define PREFETCH_MIN_TILES 2
+#endif
+
+/* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]; meanwhile rows 0..ahead-1 of
+ * the panel at pf (NULL: none) fetched into L2, one per input feature. */
+static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const float *w, int64_t I, float *acc,
+                              const float *pf, int64_t ahead) {
+#ifdef __AVX512F__
+    typedef float v16 __attribute__((vector_size(64), aligned(4)));
+    if (R == 8) {
+        v16 a[8][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
+        for (int64_t i = 0; i < I; ++i) {
+            if (i < ahead) {
+                __builtin_prefetch(pf + i * PANEL, 0, 2);
+                __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
+            }
+            const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; ++r) {
+                const float xi = x[r * x_stride + i];
+                a[r][0] += xi * w0;
+                a[r][1] += xi * w1;
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+            *(v16 *)(acc + r * PANEL) = a[r][0];
+            *(v16 *)(acc + r * PANEL + 16) = a[r][1];
+        }
+        return;
+    }
+#endif
+    v8 a[4][4] = {{{0}}};
+    for (int64_t i = 0; i < I; ++i) {
+        if (i < ahead) {
+            __builtin_prefetch(pf + i * PANEL, 0, 2);
+            __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
+        }
+        const float *wi = w + i * PANEL;
+        const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
+        const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
+        for (int64_t r = 0; r < R; ++r) {
+            const float xi = x[r * x_stride + i];
+            a[r][0] += xi * w0;
+            a[r][1] += xi * w1;
+            a[r][2] += xi * w2;
+            a[r][3] += xi * w3;
+        }
+    }
+    for (int64_t r = 0; r < R; ++r)
+        for (int v = 0; v < 4; ++v) *(v8 *)(acc + r * PANEL + v * LANES) = a[r][v];
+}
+
+/* panel_matmul's operand wp [ceil(O / PANEL), I, PANEL] from a weight given row by row: output
+ * feature o is the I floats at address rows[o] (0: zeros, as the last panel's missing features)
+ * times scale[o], and input feature i also times col[i] (col NULL: 1). One pass over the weight,
+ * wherever its rows are (fast_decode.py packs q|k|v and gate|up from the separate projections,
+ * their rows permuted and scaled, with the norm's weight folded in, without concatenating them). */
+void pack_panels(const int64_t *rows, const float *scale, const float *col, int64_t O, int64_t I, float *wp) {
+    for (int64_t p = 0; p < (O + PANEL - 1) / PANEL; ++p) {
+        float *w = wp + p * I * PANEL;
+        for (int64_t j = 0; j < PANEL; ++j) {
+            const int64_t o = p * PANEL + j;
+            const float *src = o < O ? (const float *)rows[o] : 0;
+            const float *next = o + PANEL < O ? (const float *)rows[o + PANEL] : 0;
+            if (next)
+                for (int64_t i = 0; i < I; i += 16) __builtin_prefetch(next + i, 0, 1);
+            const float s = src ? scale[o] : 0.f;
+            for (int64_t i = 0; i < I; ++i)
+                w[i * PANEL + j] = src ? src[i] * s * (col ? col[i] : 1.f) : 0.f;
+        }
+    }
+}
+
+int64_t panel_tile_rows(void) {
+#ifdef __AVX512F__
+    return TILE_MAX;
+#else
+    return 4;
+#endif
+}
+
+void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
+                  const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
+                  int64_t gated) {
+    enum { BLOCK = 256 };  /* rows per pass over the panels: their norms fit on the stack */
+    const int64_t panels = (O + PANEL - 1) / PANEL, tile = panel_tile_rows();  /* rows per tile: 8 or 4 */
+    float inv[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
+    for (int64_t r1 = 0; r1 < rows; r1 += BLOCK) {
+        const int64_t end = rows - r1 < BLOCK ? rows : r1 + BLOCK;
+        for (int64_t r = r1; r < end; ++r)  /* the rows' 1 / RMS, or 1 */
+            inv[r - r1] = norm_eps >= 0.f ? inv_rms(x + r * x_stride, I, norm_eps) : 1.f;
+        for (int64_t p = 0; p < panels; ++p) {
+            /* An absent bias or residual reads as zeros: a select per element instead becomes a
+             * masked load from NULL, which AMD CPUs run as a slow fault-suppressing assist. */
+            static const float zeros[PANEL];
+            const float *w = wp + p * I * PANEL, *b = bias ? bias + p * PANEL : zeros;
+            const float *bu = gated && bias ? bias + O + p * PANEL : zeros;
+            const int64_t width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
+            /* Where several row tiles pass over a panel (compute-bound), the next panel comes from
+             * memory (a step's weights outgrow the CPU's caches) while this one computes, each tile
+             * fetching its share: otherwise the first tile over each panel waits on memory. A single
+             * tile streams the panels as fast as the CPU's own prefetcher brings them. */
+            const int64_t tiles = (end - r1 + tile - 1) / tile;
+            const int64_t ahead = p + 1 < panels && tiles >= PREFETCH_MIN_TILES ? (I + tiles - 1) / tiles : 0;
+            for (int64_t r0 = r1, t = 0; r0 < end; ++t) {
+                const int64_t R = end - r0 >= tile ? tile : end - r0 < 4 ? end - r0 : 4;
+                const int64_t from = t * ahead < I ? t * ahead : I, count = I - from < ahead ? I - from : ahead;
+                const float *xr = x + r0 * x_stride;
+                panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count);
+                if (gated)
+                    panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up,
+                               wp + (panels + p + 1) * I * PANEL + from * PANEL, count);
+                for (int64_t r = 0; r < R; ++r) {
+                    float *out = y + (r0 + r) * O + p * PANEL;
+                    const float *a = acc + r * PANEL, *u = up + r * PANEL, s = inv[r0 + r - r1];
+                    if (gated) {
+#pragma omp simd
+                        for (int64_t k = 0; k < width; ++k) {
+                            const float g = a[k] * s + b[k], h = u[k] * s + bu[k];
+                            out[k] = silu(g) * h;
+                        }
+                    } else {
+                        const float *res = residual ? residual + (r0 + r) * res_stride + p * PANEL : zeros;
+#pragma omp simd
+                        for (int64_t k = 0; k < width; ++k) out[k] = res[k] + (a[k] * s + b[k]);
+                    }
+                }
+                r0 += R;
+            }
+        }
+    }
+}
