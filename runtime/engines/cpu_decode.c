@@ -19,12 +19,12 @@ void decode_layers(int64_t L, const int64_t *layers, float *x, int64_t B, int64_
     for (int64_t l = 0; l < L; ++l) {
         const int64_t *w = layers + l * FIELDS;
 #define AT(field) ((const float *)w[field])
-        panel_matmul(x, hidden, B, AT(QKV), width, hidden, AT(QKV_BIAS), 0, 0, qkv, norm_eps, 0);
+        panel_matmul(x, hidden, B, AT(QKV), width, hidden, AT(QKV_BIAS), 0, 0, qkv, norm_eps, 0, 0, 0);
         decode_attention(qkv, width, rot, rot_stride, (float *)w[KEYS], (float *)w[VALUES], slot, mask, mask_stride,
                          B, H, Hkv, d, attn, scratch);
-        panel_matmul(attn, H * d, B, AT(O), hidden, H * d, AT(O_BIAS), x, hidden, mid, -1.f, 0);
-        panel_matmul(mid, hidden, B, AT(GATE_UP), F, hidden, AT(GATE_UP_BIAS), 0, 0, mlp, norm_eps, 1);
-        panel_matmul(mlp, F, B, AT(DOWN), hidden, F, AT(DOWN_BIAS), mid, hidden, x, -1.f, 0);
+        panel_matmul(attn, H * d, B, AT(O), hidden, H * d, AT(O_BIAS), x, hidden, mid, -1.f, 0, 0, 0);
+        panel_matmul(mid, hidden, B, AT(GATE_UP), F, hidden, AT(GATE_UP_BIAS), 0, 0, mlp, norm_eps, 1, 0, 0);
+        panel_matmul(mlp, F, B, AT(DOWN), hidden, F, AT(DOWN_BIAS), mid, hidden, x, -1.f, 0, 0, 0);
 #undef AT
     }
 }

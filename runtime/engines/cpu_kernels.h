@@ -74,6 +74,6 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch);
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
-                  int64_t gated);
+                  int64_t gated, int64_t *pick, float *pick_logp);
 
 #endif

@@ -60,7 +60,7 @@ _SIGNATURES = {
     "prefill_attention": [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _P, _P],
     "pack_panels": [_P, _P, _P, _I, _I, _P],
     "decode_layers": [_I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P, _P, _P, _P],
-    "panel_matmul": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _F, _I],
+    "panel_matmul": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _F, _I, _P, _P],
 }
 
 

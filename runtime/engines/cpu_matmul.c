@@ -17,6 +17,10 @@
  *   to the row's outputs ((x / s) @ W.T = (x @ W.T) / s);
  * - gated: W is gate | up, packed as the gate's panels then the up's (each [ceil(O / PANEL), I,
  *   PANEL]; bias [2 * O] likewise), and y = silu(gate) * up [rows, O] (silu_mul); no residual.
+ * - pick (not NULL): the outputs are logits, and instead of writing them (y unused) each row's
+ *   greedy pick is taken from them as they are made — the first index of the largest, pick[r],
+ *   and its log-probability, pick_logp[r] (greedy_pick's result, its sum of exps kept online:
+ *   rescaled when a panel holds a larger logit), so a batch's logits never go to memory.
  * bias, residual: NULL when absent. */
 #define TILE_MAX 8
 #ifndef PREFETCH_MIN_TILES
@@ -104,16 +108,42 @@ int64_t panel_tile_rows(void) {
 #endif
 }
 
+/* One row's logits of one panel, a[k] * s + b[k] for k < width (features from `first`), into its
+ * running greedy pick: *top the largest so far, *at its first index, *total the sum of exp(logit -
+ * *top), rescaled when this panel holds a larger one (a tie keeps the earlier index, as argmax). */
+static inline void pick_panel(const float *a, float s, const float *b, int64_t width, int64_t first, int64_t *at,
+                              float *top, float *total) {
+    float l[PANEL], best = -FLT_MAX, part = 0.f;
+#pragma omp simd
+    for (int64_t k = 0; k < width; ++k) l[k] = a[k] * s + b[k];
+#pragma omp simd reduction(max:best)
+    for (int64_t k = 0; k < width; ++k) best = l[k] > best ? l[k] : best;
+    if (best > *top) {
+        int64_t k = 0;
+        while (l[k] != best) ++k;
+        *at = first + k;
+        *total *= exp_fast(*top - best);
+        *top = best;
+    }
+    const float m = *top;
+#pragma omp simd reduction(+:part)
+    for (int64_t k = 0; k < width; ++k) part += exp_fast(l[k] - m);
+    *total += part;
+}
+
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
-                  int64_t gated) {
-    enum { BLOCK = 256 };  /* rows per pass over the panels: their norms fit on the stack */
+                  int64_t gated, int64_t *pick, float *pick_logp) {
+    enum { BLOCK = 256 };  /* rows per pass over the panels: their norms and picks fit on the stack */
     const int64_t panels = (O + PANEL - 1) / PANEL, tile = panel_tile_rows();  /* rows per tile: 8 or 4 */
-    float inv[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
+    float inv[BLOCK], top[BLOCK], total[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
     for (int64_t r1 = 0; r1 < rows; r1 += BLOCK) {
         const int64_t end = rows - r1 < BLOCK ? rows : r1 + BLOCK;
-        for (int64_t r = r1; r < end; ++r)  /* the rows' 1 / RMS, or 1 */
+        for (int64_t r = r1; r < end; ++r) {  /* the rows' 1 / RMS (or 1); their picks' start */
             inv[r - r1] = norm_eps >= 0.f ? inv_rms(x + r * x_stride, I, norm_eps) : 1.f;
+            top[r - r1] = -FLT_MAX;
+            total[r - r1] = 0.f;
+        }
         for (int64_t p = 0; p < panels; ++p) {
             /* An absent bias or residual reads as zeros: a select per element instead becomes a
              * masked load from NULL, which AMD CPUs run as a slow fault-suppressing assist. */
@@ -136,8 +166,12 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                     panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up,
                                wp + (panels + p + 1) * I * PANEL + from * PANEL, count);
                 for (int64_t r = 0; r < R; ++r) {
-                    float *out = y + (r0 + r) * O + p * PANEL;
                     const float *a = acc + r * PANEL, *u = up + r * PANEL, s = inv[r0 + r - r1];
+                    if (pick) {
+                        pick_panel(a, s, b, width, p * PANEL, pick + r0 + r, top + r0 + r - r1, total + r0 + r - r1);
+                        continue;
+                    }
+                    float *out = y + (r0 + r) * O + p * PANEL;
                     if (gated) {
 #pragma omp simd
                         for (int64_t k = 0; k < width; ++k) {
@@ -153,5 +187,7 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                 r0 += R;
             }
         }
+        if (pick)
+            for (int64_t r = r1; r < end; ++r) pick_logp[r] = -logf(total[r - r1]);
     }
 }

@@ -44,6 +44,8 @@ subclass — goes through the modules, which is always correct; `supports` decid
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -94,13 +96,24 @@ def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
     return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
 
 
+class Picked(NamedTuple):
+    """Each row's next token [B] and its log-probability [B], picked greedily as the logits were
+    made (`FusedDecoder`'s `greedy`)."""
+
+    tokens: torch.Tensor
+    logp: torch.Tensor
+
+
 class FusedDecoder:
     """The fused weights of one model and a KV cache for one `generate()` call."""
 
     def __init__(self, model: CausalLM, batch: int, max_len: int, c_kernels: bool = True,
-                 memory: KeptMemory | None = None):
-        """`c_kernels`: use cpu_kernels.c where it applies (False: torch's ops everywhere); `memory`:
-        where the C kernels' cache and packed weights go (None: allocated for this call)."""
+                 memory: KeptMemory | None = None, greedy: bool = False):
+        """`c_kernels`: use the C kernels where they apply (False: torch's ops everywhere); `memory`:
+        where their cache and packed weights go (None: allocated for this call); `greedy`: the caller
+        picks greedily — where the lm_head is panels, prefill and decode return that pick (`Picked`)
+        instead of logits, the logits never written."""
+        self.greedy = greedy
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -232,6 +245,13 @@ class FusedDecoder:
             return w(x, bias, None, self.norm_eps)
         return linear(self._norm(x), w, bias)
 
+    def _head(self, x: torch.Tensor) -> torch.Tensor | Picked:
+        """Logits [B, V] of the final hidden states x (the final norm folded into the lm_head), or
+        the greedy pick from them where the caller asked for it and the lm_head is panels."""
+        if self.greedy and isinstance(self.lm_head, Panels):
+            return Picked(*self.lm_head(x, None, None, self.norm_eps, pick=True))
+        return self._normed(x, self.lm_head)
+
     def _mlp(self, x, wo, bo, attn, wgu, bgu, wd, bd) -> torch.Tensor:
         """Residual + o_proj(attn), then residual + SwiGLU MLP, on rows [N, hidden]."""
         x = linear(attn, wo, bo, x)
@@ -256,9 +276,10 @@ class FusedDecoder:
         return torch.view_as_real(torch.view_as_complex(qk.unflatten(-1, (-1, 2))) * rotations).flatten(-2)
 
     def prefill(self, tokens: torch.Tensor, rotations: torch.Tensor, mask: torch.Tensor | None,
-                real: torch.Tensor | None = None) -> torch.Tensor:
+                real: torch.Tensor | None = None) -> torch.Tensor | Picked:
         """The prompt tokens [B, S] at positions with `rotations` [B, S, 1, head_dim/2]; additive mask
-        [B, 1, S, S] or None (causal) -> logits [B, V] of the last position. Fills cache slots 0..S-1.
+        [B, 1, S, S] or None (causal) -> logits [B, V] of the last position (or their `Picked`).
+        Fills cache slots 0..S-1.
         `real`: the indices of the prompts' real (not padding) tokens in the flattened [B·S], in
         order, each row's real tokens its last ones (left padding); only their rows go through the
         matmuls (padding's rows are zero for the attention, which the mask hides), and with the C
@@ -284,7 +305,7 @@ class FusedDecoder:
         self.length = s
         # Left padding: each prompt's last token is the last of its row's real ones.
         last = x.view(b, s, -1)[:, -1] if real is None else x[torch.bincount(real // s, minlength=b).cumsum(0) - 1]
-        return self._normed(last, self.lm_head)
+        return self._head(last)
 
     def _prefill_c(self, x: torch.Tensor, rotations: torch.Tensor, real: torch.Tensor | None, b: int,
                    s: int) -> torch.Tensor:
@@ -307,7 +328,7 @@ class FusedDecoder:
                                      attn.data_ptr(), self._scratch.data_ptr())
             x = self._mlp(x, *rest[:2], attn, *rest[2:])
         self.length = s
-        return self._normed(x[first[1:] - 1], self.lm_head)
+        return self._head(x[first[1:] - 1])
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
         """The layers' operands for the prefill's `rows` rows: the decode steps' own where they are
@@ -327,9 +348,10 @@ class FusedDecoder:
         self._weights = None
         return layers
 
-    def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | Picked:
         """One token per row [B] at the next position (`rotation` [B, 1, head_dim/2]); additive mask
-        [B·Hkv, 1, ≥ length+1] over the cache slots or None (all visible) -> logits [B, V]."""
+        [B·Hkv, 1, ≥ length+1] over the cache slots or None (all visible) -> logits [B, V] (or
+        their `Picked`)."""
         x = F.embedding(tokens, self.embed)  # [B, hidden]
         attend = self._attend
         if self.c is not None:  # the C kernel's operands, once per step for every layer
@@ -339,12 +361,12 @@ class FusedDecoder:
         if self._loop is not None:
             self._loop(x, rotation, mask, self.length)
             self.length += 1
-            return self._normed(x, self.lm_head)
+            return self._head(x)
         for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
             qkv = self._normed(x, wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
             x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
         self.length += 1
-        return self._normed(x, self.lm_head)
+        return self._head(x)
 
     def _attend(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The step's attention [B, H·d] from its q|k|v heads [B, H + 2·Hkv, d], in torch ops: its k and

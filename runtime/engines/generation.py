@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
 from hybridflow.runtime.engines import cpu_kernels
-from hybridflow.runtime.engines.fast_decode import FusedDecoder, supports
+from hybridflow.runtime.engines.fast_decode import FusedDecoder, Picked, supports
 from hybridflow.runtime.engines.kept_memory import KeptMemory
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
@@ -228,7 +228,7 @@ class GenerationEngine:
         fused = self.fast_decode and supports(self.model, p + r)
         compact = fused and self.drop_finished
         args = (self.model, prompt_ids, key_mask if padded else None, positions, r, self.clock)
-        step = _fused_steps(*args, self.memory) if fused else _module_steps(*args)
+        step = _fused_steps(*args, self.memory, params.is_greedy) if fused else _module_steps(*args)
         logits = next(step)
         self.last_batch_sizes = []
 
@@ -241,7 +241,8 @@ class GenerationEngine:
         alive = None  # the rows still in the batch (their original indices); None: all of them
         for t in range(r):
             with self.clock.span("sample"):
-                tokens, logp = sample_tokens(logits.float(), params, generator, alive, b)
+                tokens, logp = logits if isinstance(logits, Picked) else \
+                    sample_tokens(logits.float(), params, generator, alive, b)
                 rows = slice(None) if alive is None else alive
                 response[rows, t] = tokens
                 logprobs[rows, t] = logp
@@ -259,7 +260,7 @@ class GenerationEngine:
                 break
             if t + 1 < r:
                 logits = step.send((tokens, keep))
-                self.last_batch_sizes.append(logits.shape[0])
+                self.last_batch_sizes.append(len(logits.tokens) if isinstance(logits, Picked) else logits.shape[0])
         step.close()
         if eos.numel():
             response.masked_fill_(resp_mask == 0, params.pad_token_id)
@@ -298,12 +299,13 @@ def _module_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock):
         next_pos = next_pos + 1
 
 
-def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, memory: KeptMemory):
+def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, memory: KeptMemory, greedy: bool):
     """The same as `_module_steps` through `FusedDecoder` (fast_decode.py): weights fused from the
-    model as it is now, RoPE of every position of the run computed once, masks built once."""
+    model as it is now, RoPE of every position of the run computed once, masks built once; `greedy`:
+    where the decoder can, it yields each step's greedy pick (`Picked`) instead of its logits."""
     b, p = prompt_ids.shape
     with clock.span("fuse_weights"):  # with the cache allocation, masks and RoPE tables: once per call
-        fused = FusedDecoder(model, b, p + r, memory=memory)
+        fused = FusedDecoder(model, b, p + r, memory=memory, greedy=greedy)
         dtype, device = fused.embed.dtype, prompt_ids.device
         prefill_mask = step_mask = None
         if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)

@@ -115,21 +115,26 @@ class Panels:
                                           len(addresses), self.in_features, self.data.data_ptr())
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                 norm_eps: float | None = None) -> torch.Tensor:
+                 norm_eps: float | None = None, pick: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """residual + norm(x) @ W.T + bias (or silu·up of it, gated), norm(x) = x / sqrt(sum(x²) +
-        norm_eps) per row, or x where norm_eps is None."""
+        norm_eps) per row, or x where norm_eps is None. `pick`: the outputs are logits, and what
+        comes back is each row's greedy pick from them, (tokens [rows], log-probs [rows]), the
+        logits never written (cpu_matmul.c)."""
         if x.stride(-1) != 1:
             x = x.contiguous()
         if residual is not None and residual.stride(-1) != 1:
             residual = residual.contiguous()
         bias = None if bias is None else bias.contiguous()
-        y = torch.empty(x.shape[0], self.out_features)
+        rows = x.shape[0]
+        y = None if pick else torch.empty(rows, self.out_features)
+        tokens, logp = (torch.empty(rows, dtype=torch.long), torch.empty(rows)) if pick else (None, None)
         cpu_kernels.kernels().panel_matmul(
-            x.data_ptr(), x.stride(0), x.shape[0], self.data.data_ptr(), self.out_features, self.in_features,
+            x.data_ptr(), x.stride(0), rows, self.data.data_ptr(), self.out_features, self.in_features,
             None if bias is None else bias.data_ptr(), None if residual is None else residual.data_ptr(),
-            0 if residual is None else residual.stride(0), y.data_ptr(), -1.0 if norm_eps is None else norm_eps,
-            self.gated)
-        return y
+            0 if residual is None else residual.stride(0), None if pick else y.data_ptr(),
+            -1.0 if norm_eps is None else norm_eps, self.gated,
+            None if tokens is None else tokens.data_ptr(), None if logp is None else logp.data_ptr())
+        return (tokens, logp) if pick else y
 
 
 def matmul_operand(w: torch.Tensor | RowBlocks, kind: str, rows: int, gated: bool = False,

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels, fast_decode, matmul_kernels
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
+from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.model import model_preset
 
@@ -99,6 +99,28 @@ def test_panels_packed_from_row_blocks_equal_the_concatenated_weight():
     gate, up = weight[:50], weight[50:]
     assert torch.allclose(matmul_kernels.Panels(blocks, gated=True)(x, None, None),
                           F.silu(x @ gate.t()) * (x @ up.t()), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_panels_pick_greedily_what_the_logits_give(rows):
+    """A pick through the panels (the logits never written) gives what the greedy pick from the
+    written logits gives: the first index of each row's largest (ties planted in one panel and
+    across panels; 100 features: a partly filled last panel) and its log-probability. 300 rows:
+    two row blocks."""
+    if not matmul_kernels.c_matmul_ready(torch.empty(1)):
+        pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
+    torch.manual_seed(rows)
+    eps = 64 * 1e-6
+    x, weight, bias = torch.randn(rows, 64), torch.randn(100, 64), torch.randn(100)
+    weight[7] = weight[70] = weight[90] = weight[5] = 4 * torch.randn(64)  # the same logit at 5, 7, 70 and 90 (if bias allows)
+    bias[5] = bias[7] = bias[70] = bias[90] = 30.0  # ... and the largest: the first, 5, wins
+    panels = matmul_kernels.Panels(weight)
+    logits = panels(x, bias, None, eps)
+    tokens, logp = panels(x, bias, None, eps, pick=True)
+    want = sample_tokens(logits, SamplingParams(greedy=True))
+    assert torch.equal(tokens, want[0]) and torch.equal(tokens, logits.argmax(-1))
+    assert (tokens == 5).float().mean() > 0.5  # the planted tie decides most rows
+    assert torch.allclose(logp, want[1], atol=1e-6, rtol=0)
 
 
 # A tiny model whose gate|up and lm_head are big enough to be packed from 2 rows
