@@ -138,10 +138,13 @@ static void attend_heads(int64_t g, const float *K, const float *V, const float 
 }
 
 /* One decode step's attention for rows b < B: rotate the step's q and k heads, write k and v
- * into cache slot `slot`, attend every query head over slots 0..slot (its kv head's, grouped-query:
- * H / Hkv query heads per kv head) with the additive mask row mask + (b * Hkv + kv) * mask_stride
- * (NULL: every slot visible) -> out [B, H * d]. q carries attention's 1 / sqrt(d); d is a
- * multiple of CHUNK. scratch: B * H * (d + 2) floats.
+ * into the row's cache slot slots[b], attend every query head over its slots 0..slots[b] (its kv
+ * head's, grouped-query: H / Hkv query heads per kv head) with the additive mask row mask + (b *
+ * Hkv + kv) * mask_stride (NULL: every slot visible) -> out [B, H * d]. q carries attention's
+ * 1 / sqrt(d); d is a multiple of CHUNK. scratch: B * H * (d + 2) floats. Rows' slots differ where
+ * the cache holds each row's own tokens from slot 0 (prefill_attention's layout: a left-padded
+ * prompt's padding never stored, so never read); a cache with the padding in it has one slot for
+ * every row and a mask hiding the padding.
  *
  * The cache is paged by CHUNK slots, every (row, kv head) of a chunk together:
  *   keys [chunks, B, Hkv, d, CHUNK] (a page's keys transposed: its scores are d vector updates),
@@ -150,14 +153,15 @@ static void attend_heads(int64_t g, const float *K, const float *V, const float 
  * next block's lines are prefetched the same distance on in either). Per (row, kv head) blocks
  * each in its own place would restart the CPU's prefetcher every block. The softmax is the online
  * one (a running max and sum per query head, the partial output rescaled when the max grows), so
- * each page is read once, keys and values together. The step's k and v go into the last page just
- * before its block is read (in cache then). Slots past `slot` are never read into the result
- * (their memory may hold anything). */
+ * each page is read once, keys and values together. The step's k and v go into the row's last
+ * page just before its block is read (in cache then). Slots past a row's slot are never read into
+ * the result (their memory may hold anything). */
 void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
-                      float *keys, float *values, int64_t slot, const float *mask, int64_t mask_stride,
+                      float *keys, float *values, const int64_t *slots, const float *mask, int64_t mask_stride,
                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
-    const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block, last = slot / CHUNK;
+    const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block;
     float *q = scratch, *top = scratch + B * H * d, *sum = top + B * H;  /* rotated q; running max, sum */
+    int64_t pages = 0;
     for (int64_t b = 0; b < B; ++b) {
         const float *row = qkv + b * qkv_stride, *cs = rot + b * rot_stride;
         for (int64_t h = 0; h < H; ++h) {
@@ -165,11 +169,14 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
             top[b * H + h] = -FLT_MAX;
             sum[b * H + h] = 0.f;
         }
+        pages = slots[b] / CHUNK + 1 > pages ? slots[b] / CHUNK + 1 : pages;
     }
     for (int64_t i = 0; i < B * H * d; ++i) out[i] = 0.f;
-    for (int64_t c = 0; c <= last; ++c) {
-        const int64_t n = c < last ? CHUNK : slot % CHUNK + 1;  /* live slots of this page */
+    for (int64_t c = 0; c < pages; ++c)
         for (int64_t r = 0; r < B * Hkv; ++r) {  /* r = b * Hkv + kv */
+            const int64_t slot = slots[r / Hkv], last = slot / CHUNK;
+            if (c > last)
+                continue;
             float *K = keys + c * page + r * block, *V = values + c * page + r * block;
             if (c == last) {
                 const float *row = qkv + (r / Hkv) * qkv_stride, *cs = rot + (r / Hkv) * rot_stride;
@@ -178,9 +185,9 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
                 for (int64_t e = 0; e < d; ++e) V[(slot % CHUNK) * d + e] = v[e];
             }
             const float *m = mask ? mask + r * mask_stride + c * CHUNK : 0;
-            attend_heads(g, K, V, m, n, q + r * g * d, d, 2 * block, top + r * g, sum + r * g, out + r * g * d);
+            attend_heads(g, K, V, m, c < last ? CHUNK : slot % CHUNK + 1, q + r * g * d, d, 2 * block, top + r * g,
+                         sum + r * g, out + r * g * d);
         }
-    }
     for (int64_t head = 0; head < B * H; ++head) {
         const float inv = 1.f / sum[head];
         for (int64_t e = 0; e < d; ++e) out[head * d + e] *= inv;
@@ -188,33 +195,28 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
 }
 
 /* The prompts' attention (a prefill) on their tokens' rows only: sequence b's tokens are rows
- * first[b] .. first[b+1]-1 of qkv (left padding has no rows) and take its last cache slots,
- * S - n .. S-1 (n of them); rot [rows, d/2, 2] per row. Writes each sequence's k and v into its
- * slots and zeros into the padding slots before them (decode steps read those under a mask: they
- * must be finite), and each token's attention over its sequence's tokens up to itself -> out
- * [rows, H * d]. The same cache layout and per-page online softmax as decode_attention (one query
- * at a time: a prompt is a page or two). scratch: (H / Hkv) * (d + 2) floats. */
+ * first[b] .. first[b+1]-1 of qkv (a left-padded prompt's padding has no rows) and take its cache
+ * slots from 0 (decode_attention's per-row slots go on from there); rot [rows, d/2, 2] per row.
+ * Writes each sequence's k and v into its slots, and each token's attention over its sequence's
+ * tokens up to itself -> out [rows, H * d]. The same cache layout and per-page online softmax as
+ * decode_attention (one query at a time: a prompt is a page or a few). scratch: (H / Hkv) * (d +
+ * 2) floats. */
 void prefill_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
-                       const int64_t *first, int64_t S, float *keys, float *values,
+                       const int64_t *first, float *keys, float *values,
                        int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
     const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block;
-    float *q = scratch, *top = scratch + g * d, *sum = top + g, pad[CHUNK];
+    float *q = scratch, *top = scratch + g * d, *sum = top + g;
     for (int64_t r = 0; r < B * Hkv; ++r) {  /* r = b * Hkv + kv */
-        const int64_t b = r / Hkv, kv = r % Hkv, start = S - (first[b + 1] - first[b]);
-        for (int64_t t = 0; t < S; ++t) {
+        const int64_t b = r / Hkv, kv = r % Hkv, n = first[b + 1] - first[b];
+        for (int64_t t = 0; t < n; ++t) {
+            const float *row = qkv + (first[b] + t) * qkv_stride;
             float *K = keys + (t / CHUNK) * page + r * block + t % CHUNK;  /* transposed: stride CHUNK */
             float *V = values + (t / CHUNK) * page + r * block + (t % CHUNK) * d;
-            const int64_t i = first[b] + t - start;
-            if (t < start) {
-                for (int64_t e = 0; e < d; ++e) K[e * CHUNK] = V[e] = 0.f;
-                continue;
-            }
-            rope(qkv + i * qkv_stride + (H + kv) * d, rot + i * rot_stride, half, K, CHUNK);
-            for (int64_t e = 0; e < d; ++e) V[e] = qkv[i * qkv_stride + (H + Hkv + kv) * d + e];
+            rope(row + (H + kv) * d, rot + (first[b] + t) * rot_stride, half, K, CHUNK);
+            for (int64_t e = 0; e < d; ++e) V[e] = row[(H + Hkv + kv) * d + e];
         }
-        for (int l = 0; l < CHUNK; ++l) pad[l] = l < start % CHUNK ? -FLT_MAX : 0.f;
-        for (int64_t t = start; t < S; ++t) {
-            const int64_t i = first[b] + t - start;
+        for (int64_t t = 0; t < n; ++t) {
+            const int64_t i = first[b] + t;
             float *o = out + i * H * d + kv * g * d;
             for (int64_t j = 0; j < g; ++j) {
                 rope(qkv + i * qkv_stride + (kv * g + j) * d, rot + i * rot_stride, half, q + j * d, 1);
@@ -222,9 +224,9 @@ void prefill_attention(const float *qkv, int64_t qkv_stride, const float *rot, i
                 sum[j] = 0.f;
             }
             for (int64_t e = 0; e < g * d; ++e) o[e] = 0.f;
-            for (int64_t c = start / CHUNK; c <= t / CHUNK; ++c)
-                attend_heads(g, keys + c * page + r * block, values + c * page + r * block,
-                             c == start / CHUNK ? pad : 0, c < t / CHUNK ? CHUNK : t % CHUNK + 1, q, d, 0, top, sum, o);
+            for (int64_t c = 0; c <= t / CHUNK; ++c)
+                attend_heads(g, keys + c * page + r * block, values + c * page + r * block, 0,
+                             c < t / CHUNK ? CHUNK : t % CHUNK + 1, q, d, 0, top, sum, o);
             for (int64_t j = 0; j < g; ++j)
                 for (int64_t e = 0; e < d; ++e) o[j * d + e] /= sum[j];
         }

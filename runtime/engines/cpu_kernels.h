@@ -70,7 +70,7 @@ static inline float silu(float g) {
 }
 
 void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, int64_t rot_stride,
-                      float *keys, float *values, int64_t slot, const float *mask, int64_t mask_stride,
+                      float *keys, float *values, const int64_t *slots, const float *mask, int64_t mask_stride,
                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch);
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,

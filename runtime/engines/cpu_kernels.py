@@ -56,10 +56,10 @@ _SIGNATURES = {
     "silu_mul": [_P, _I, _I, _I, _P],
     "greedy_pick": [_P, _I, _I, _I, _P, _P],
     "sample_pick": [_P, _I, _I, _I, _F, _I, _F, _P, _P, _P, _P, _P],
-    "decode_attention": [_P, _I, _P, _I, _P, _P, _I, _P, _I, _I, _I, _I, _I, _P, _P],
-    "prefill_attention": [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _P, _P],
+    "decode_attention": [_P, _I, _P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P],
+    "prefill_attention": [_P, _I, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _P],
     "pack_panels": [_P, _P, _P, _I, _I, _P],
-    "decode_layers": [_I, _P, _P, _I, _I, _I, _P, _I, _I, _P, _I, _I, _I, _I, _F, _P, _P, _P, _P, _P],
+    "decode_layers": [_I, _P, _P, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _P, _P, _P, _P],
     "panel_matmul": [_P, _I, _I, _P, _I, _I, _P, _P, _I, _P, _F, _I, _P, _P],
 }
 

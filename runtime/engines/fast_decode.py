@@ -179,7 +179,11 @@ class FusedDecoder:
         if self.c is not None and LayerLoop.applies(self.layers, self.qk_norms):
             self._loop = LayerLoop(self.layers, self.keys, self.values, batch, self.heads, self.kv_heads, d, self.norm_eps)
         self.norm_root_eps = torch.tensor(self.norm_eps, dtype=torch.float32, device=device).sqrt()
-        self.length = 0
+        self.length = 0  # cache slots filled, padding included (torch's cache, or the C one after a padded prefill)
+        # The C kernels' cache: each row's next slot, and whether rows hold their own tokens from slot
+        # 0 (prefill_attention's layout) rather than the prompts' padding too.
+        self.slots: torch.Tensor | None = None
+        self.compact = False
 
     def _store_prompt(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The prompt's keys and values [B, Hkv, S, d] into cache slots 0..S-1 (the C kernels'
@@ -210,6 +214,8 @@ class FusedDecoder:
                 self.keys[i][:pages] = keys[:pages, rows]
                 self.values[i] = values.new_empty((values.shape[0], len(rows), *values.shape[2:]))
                 self.values[i][:pages] = values[:pages, rows]
+        if self.slots is not None:
+            self.slots = self.slots[rows]
         if self._loop is not None:
             self._loop.retarget(self.keys, self.values)
 
@@ -303,15 +309,17 @@ class FusedDecoder:
                                                   enable_gqa=h != hkv, scale=1.0).transpose(1, 2).reshape(b * s, h * d)
             x = self._mlp(x, *rest[:2], attn if real is None else attn[real], *rest[2:])
         self.length = s
+        self.slots = torch.full((b,), s)  # the padding in the cache: every row's next slot is s
         # Left padding: each prompt's last token is the last of its row's real ones.
         last = x.view(b, s, -1)[:, -1] if real is None else x[torch.bincount(real // s, minlength=b).cumsum(0) - 1]
         return self._head(last)
 
     def _prefill_c(self, x: torch.Tensor, rotations: torch.Tensor, real: torch.Tensor | None, b: int,
                    s: int) -> torch.Tensor:
-        """`prefill` with cpu_kernels.c's prefill_attention, on the real tokens' rows x [N, hidden]
-        alone from the first matmul to the last (no padded copy of any activation). The prompts are
-        left-padded (generate() checks it): each row's real tokens are its last ones."""
+        """`prefill` with the C kernels' prefill_attention, on the real tokens' rows x [N, hidden]
+        alone from the first matmul to the last (no padded copy of any activation), into a cache
+        that holds each row's tokens from slot 0 (so decode steps read no padding and need no mask).
+        The prompts are left-padded (generate() checks it): each row's real tokens are its last ones."""
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
         counts = torch.full((b,), s) if real is None else torch.bincount(real // s, minlength=b)
         first = F.pad(counts.cumsum(0), (1, 0))  # sequence i's rows: first[i] .. first[i+1]-1
@@ -323,11 +331,12 @@ class FusedDecoder:
                 heads = qkv.view(-1, h + 2 * hkv, d)
                 heads[:, :h + hkv] = self._qk(heads, i)
             attn = torch.empty(x.shape[0], h * d)
-            self.c.prefill_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0), first.data_ptr(), s,
+            self.c.prefill_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0), first.data_ptr(),
                                      self.keys[i].data_ptr(), self.values[i].data_ptr(), b, h, hkv, d,
                                      attn.data_ptr(), self._scratch.data_ptr())
             x = self._mlp(x, *rest[:2], attn, *rest[2:])
         self.length = s
+        self.slots, self.compact = counts.clone(), True  # each row's tokens from slot 0: no padding stored
         return self._head(x[first[1:] - 1])
 
     def _prefill_layers(self, rows: int) -> list[tuple]:
@@ -357,15 +366,16 @@ class FusedDecoder:
         if self.c is not None:  # the C kernel's operands, once per step for every layer
             attend = self._attend_c
             rotation = torch.view_as_real(rotation.contiguous())  # [B, 1, d/2, 2]: cos, sin
-            mask = None if mask is None else mask.contiguous()
+            mask = None if mask is None or self.compact else mask.contiguous()  # compact: no padding to hide
         if self._loop is not None:
-            self._loop(x, rotation, mask, self.length)
-            self.length += 1
-            return self._head(x)
-        for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
-            qkv = self._normed(x, wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
-            x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
+            self._loop(x, rotation, mask, self.slots)
+        else:
+            for i, (wqkv, bqkv, *rest) in enumerate(self.layers):
+                qkv = self._normed(x, wqkv, bqkv).view(x.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+                x = self._mlp(x, *rest[:2], attend(qkv, i, rotation, mask), *rest[2:])
         self.length += 1
+        if self.slots is not None:
+            self.slots += 1
         return self._head(x)
 
     def _attend(self, qkv: torch.Tensor, layer: int, rotation: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -389,7 +399,7 @@ class FusedDecoder:
             qkv[:, :h + hkv] = self._qk(qkv, layer)
         out = torch.empty(b, h * d)
         self.c.decode_attention(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), rot.stride(0),
-                                self.keys[layer].data_ptr(), self.values[layer].data_ptr(), self.length,
+                                self.keys[layer].data_ptr(), self.values[layer].data_ptr(), self.slots.data_ptr(),
                                 0 if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
                                 b, h, hkv, d, out.data_ptr(), self._scratch.data_ptr())
         return out

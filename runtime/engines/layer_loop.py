@@ -42,14 +42,16 @@ class LayerLoop:
         self._table[:, -2] = torch.tensor([k.data_ptr() for k in keys])
         self._table[:, -1] = torch.tensor([v.data_ptr() for v in values])
 
-    def __call__(self, x: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None, slot: int) -> None:
+    def __call__(self, x: torch.Tensor, rotation: torch.Tensor, mask: torch.Tensor | None, slots: torch.Tensor) -> None:
         """x [B, hidden] (contiguous) through every layer, in place; rotation [B, 1, d/2, 2] (cos, sin)
-        and mask [B·Hkv, 1, ≥ slot+1] (or None) contiguous; the step's k, v into cache slot `slot`."""
+        and mask [B·Hkv, 1, ≥ slots+1] (or None) contiguous; the step's k, v into each row's cache
+        slot slots[b] (int64)."""
         buffers = [t.data_ptr() for t in self._buffers]
         cpu_kernels.kernels().decode_layers(
             len(self._table), self._table.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1], self.mlp_features,
-            rotation.data_ptr(), rotation.stride(0), slot, _address(mask), 0 if mask is None else mask.stride(0),
-            self.heads, self.kv_heads, self.head_dim, self.norm_eps, *buffers, self._scratch.data_ptr())
+            rotation.data_ptr(), rotation.stride(0), slots.data_ptr(), _address(mask),
+            0 if mask is None else mask.stride(0), self.heads, self.kv_heads, self.head_dim, self.norm_eps, *buffers,
+            self._scratch.data_ptr())
 
 
 def _address(t: torch.Tensor | None) -> int:
