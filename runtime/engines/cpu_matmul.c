@@ -137,8 +137,11 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
     enum { BLOCK = 256 };  /* rows per pass over the panels: their norms and picks fit on the stack */
     const int64_t panels = (O + PANEL - 1) / PANEL, tile = panel_tile_rows();  /* rows per tile: 8 or 4 */
     float inv[BLOCK], top[BLOCK], total[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
-    for (int64_t r1 = 0; r1 < rows; r1 += BLOCK) {
-        const int64_t end = rows - r1 < BLOCK ? rows : r1 + BLOCK;
+    /* the rows in blocks of about equal size, whole tiles (1540 rows: seven of at most 224, not six
+     * of 256 and then a pass over every panel for the last four) */
+    const int64_t blocks = rows > 0 ? (rows + BLOCK - 1) / BLOCK : 1, step = ((rows + blocks - 1) / blocks + 7) / 8 * 8;
+    for (int64_t r1 = 0; r1 < rows; r1 += step) {
+        const int64_t end = rows - r1 < step ? rows : r1 + step;
         for (int64_t r = r1; r < end; ++r) {  /* the rows' 1 / RMS (or 1); their picks' start */
             inv[r - r1] = norm_eps >= 0.f ? inv_rms(x + r * x_stride, I, norm_eps) : 1.f;
             top[r - r1] = -FLT_MAX;
