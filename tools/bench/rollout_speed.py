@@ -20,11 +20,11 @@ token by token as a correctness check. Goal: ours ≥ 2×. Three modes per batch
 Where the ratio comes from: per decode step both sides do the same matmuls (fp32, same thread
 count); ours runs them fused (one q|k|v and one gate|up matmul per layer, weights concatenated per
 generate() call), each through the kernel fastest for its weight and rows (on CPU oneDNN's
-prepacked linear for big weights, and where the C kernels build cpu_kernels.c's panel matmul,
+prepacked linear for big weights, and where the C kernels build cpu_matmul.c's panel matmul,
 which at a few rows streams the weights at about the memory's speed: `matmul_kernels.matmul_kind`), and saves the rest of the per-step
 overhead — module calls, HF's cache concatenation, logits processors, mask rebuilding, separate
 RoPE/norm ops (runtime/engines/fast_decode.py); on CPU the step's attention (over a paged cache),
-norms, SiLU·up and the token pick run in C (runtime/engines/cpu_kernels.c), and the prefill's
+norms, SiLU·up and the token pick run in C (runtime/engines/cpu_*.c), and the prefill's
 matmuls skip the prompts' padding. So the ratio is largest where a step is overhead-bound (small batch, tiny model)
 and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
 
