@@ -63,7 +63,9 @@ class RowBlocks:
     concatenation for the others."""
 
     def __init__(self, blocks: list[tuple[torch.Tensor, torch.Tensor | None, float]], col: torch.Tensor | None = None):
-        self.blocks = [(w.detach(), order, scale) for w, order, scale in blocks]
+        # rows contiguous (a copy where they are not, kept here: row_addresses points into it)
+        self.blocks = [(w.detach() if w.stride(-1) == 1 else w.detach().contiguous(), order, scale)
+                       for w, order, scale in blocks]
         self.col = None if col is None else col.detach()
         first = self.blocks[0][0]
         rows = sum(w.shape[0] if order is None else len(order) for w, order, _ in self.blocks)
@@ -80,7 +82,6 @@ class RowBlocks:
         """Each row's address (int64) and scale, in order, for cpu_kernels.c's pack_panels."""
         addresses, scales = [], []
         for w, order, scale in self.blocks:
-            w = w if w.stride(1) == 1 else w.contiguous()
             rows = torch.arange(w.shape[0]) if order is None else order
             addresses.append(w.data_ptr() + rows * (w.stride(0) * w.element_size()))
             scales.append(torch.full((len(rows),), scale))

@@ -90,7 +90,8 @@ def test_panels_packed_from_row_blocks_equal_the_concatenated_weight():
     if not matmul_kernels.c_matmul_ready(torch.empty(1)):
         pytest.skip("the C kernels are not built here (no compiler, or HFLOW_CPU_KERNELS=0)")
     torch.manual_seed(0)
-    a, b, col, x = torch.randn(40, 64), torch.randn(60, 64), torch.rand(64) + 0.5, torch.randn(5, 64)
+    # b a transposed view (rows not contiguous: packed from a copy the blocks keep)
+    a, b, col, x = torch.randn(40, 64), torch.randn(64, 60).t(), torch.rand(64) + 0.5, torch.randn(5, 64)
     order = torch.randperm(40)
     blocks = matmul_kernels.RowBlocks([(a, order, 0.5), (b, None, 2.0)], col)
     weight = blocks.tensor()
