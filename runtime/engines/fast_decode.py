@@ -50,11 +50,11 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.engines import cpu_kernels
+from hybridflow.runtime.engines.fused_weights import GATE_UP, fused_weights
 from hybridflow.runtime.engines.kept_memory import KeptMemory
-from hybridflow.runtime.engines.layer_loop import GATE_UP, LayerLoop
+from hybridflow.runtime.engines.layer_loop import LayerLoop
 from hybridflow.runtime.engines.matmul_kernels import (
     Panels,
-    RowBlocks,
     c_matmul_ready,
     linear,
     matmul_kind,
@@ -79,23 +79,6 @@ def supports(model: torch.nn.Module, max_len: int) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def _paired_order(rows: int, head_dim: int) -> torch.Tensor:
-    """The rows of a q/k projection [rows = heads·head_dim, ...] reordered per head to (0, d/2, 1,
-    d/2+1, …): the pairs RoPE rotates side by side."""
-    half = head_dim // 2
-    within = torch.arange(head_dim).view(2, half).t().reshape(-1)
-    return (torch.arange(0, rows, head_dim)[:, None] + within).reshape(-1)
-
-
-def _pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """w's rows (a q/k norm's weight over one head) in `_paired_order`."""
-    return w[_paired_order(w.shape[0], head_dim).to(w.device)]
-
-
-def _cat_bias(*biases: torch.Tensor | None) -> torch.Tensor | None:
-    return None if biases[0] is None else torch.cat(biases)  # all or none (one config flag)
-
-
 class Picked(NamedTuple):
     """Each row's next token [B] and its log-probability [B], picked greedily as the logits were
     made (`FusedDecoder`'s `greedy`)."""
@@ -117,42 +100,19 @@ class FusedDecoder:
         body, cfg = model.model, model.config
         d = cfg.dim_head
         self.head_dim, self.heads, self.kv_heads = d, cfg.num_attention_heads, cfg.num_key_value_heads
-        # rsqrt(sum(x²) + n·eps) · sqrt(n) = rsqrt(mean(x²) + eps): the sqrt(n) goes into the weights.
+        # rsqrt(sum(x²) + n·eps) · sqrt(n) = rsqrt(mean(x²) + eps): the sqrt(n) is in the weights.
         self.norm_eps = cfg.hidden_size * cfg.rms_norm_eps
-        root_n = cfg.hidden_size ** 0.5
         self.embed, self.inv_freq = body.embed_tokens.weight, body.inv_freq
-        # cpu_kernels.c where it runs (fp32 on CPU, one torch thread: with more, torch's ops spread
+        # The C kernels where they run (fp32 on CPU, one torch thread: with more, torch's ops spread
         # over them and the single-threaded kernels would not): the panel matmuls (`matmul_kind`
         # says at which rows), and the attention, norms and SiLU·up where head_dim is whole pages.
         self.c_ready = c_kernels and c_matmul_ready(self.embed)
         if memory is not None:
             memory.restart()
         empty = torch.empty if memory is None else memory.empty  # for the packed weights
-        self.lm_head = matmul_layout(RowBlocks([(model.lm_head.weight, None, 1.0)], body.norm.weight * root_n),
-                                     batch, self.c_ready, empty=empty)
+        lm_head, self._weights, self.qk_norms = fused_weights(model)
+        self.lm_head = matmul_layout(lm_head, batch, self.c_ready, empty=empty)
         self.qk_eps = cfg.rms_norm_eps
-        # q carries attention's 1/sqrt(head_dim), so the scores need no scaling; a q norm would undo
-        # a scale in the q weights, so with one the scale goes into the norm's weight instead.
-        q_scale = 1.0 if cfg.qk_norm else d ** -0.5
-        # Per layer the fused weights [out, in] (RowBlocks: not concatenated until a kernel needs
-        # it), each followed by its bias (or None): q|k|v, o, gate|up, down.
-        self._weights, self.qk_norms = [], []
-        for layer in body.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            paired = [_paired_order(att.q_proj.weight.shape[0], d), _paired_order(att.k_proj.weight.shape[0], d)]
-            wqkv = RowBlocks([(att.q_proj.weight, paired[0], q_scale), (att.k_proj.weight, paired[1], 1.0),
-                              (att.v_proj.weight, None, 1.0)], layer.input_layernorm.weight * root_n)
-            bqkv = None if att.q_proj.bias is None else torch.cat(
-                [att.q_proj.bias[paired[0]] * q_scale, att.k_proj.bias[paired[1]], att.v_proj.bias])
-            wgu = RowBlocks([(mlp.gate_proj.weight, None, 1.0), (mlp.up_proj.weight, None, 1.0)],
-                            layer.post_attention_layernorm.weight * root_n)
-            # Per-head norm weights [H + Hkv, d] in the paired order, q's scaled by 1/sqrt(head_dim).
-            self.qk_norms.append(None if att.q_norm is None else torch.cat([
-                (_pair_rows(att.q_norm.weight, d) * d ** -0.5).expand(self.heads, d),
-                _pair_rows(att.k_norm.weight, d).expand(self.kv_heads, d)]))
-            self._weights.append((wqkv, bqkv, att.o_proj.weight, att.o_proj.bias, wgu,
-                                  _cat_bias(mlp.gate_proj.bias, mlp.up_proj.bias),
-                                  mlp.down_proj.weight, mlp.down_proj.bias))
         # The decode steps' operands, laid out for `batch` rows (fewer once rows finish: same operands).
         self.layout_rows = batch
         self.layers = [tuple(t if i % 2 else matmul_layout(t, batch, self.c_ready, gated=i == GATE_UP, empty=empty)

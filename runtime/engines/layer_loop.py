@@ -8,9 +8,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.runtime.engines import cpu_kernels
+from hybridflow.runtime.engines.fused_weights import GATE_UP
 from hybridflow.runtime.engines.matmul_kernels import Panels
-
-GATE_UP = 4  # the gate|up weight's index in a layer's operands (q|k|v, its bias, o, its bias, gate|up, …)
 
 
 class LayerLoop:
