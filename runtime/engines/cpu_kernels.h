@@ -75,5 +75,8 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
                   int64_t gated, int64_t *pick, float *pick_logp);
+void panel_matmul_fetching(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
+                           const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
+                           int64_t gated, int64_t *pick, float *pick_logp, const void *bg, int64_t bg_bytes);
 
 #endif

@@ -23,33 +23,50 @@
  *   rescaled when a panel holds a larger logit), so a batch's logits never go to memory.
  * bias, residual: NULL when absent. */
 #define TILE_MAX 8
+#ifndef BG_LOCALITY
+#define BG_LOCALITY 1
+#endif
 #ifndef PREFETCH_MIN_TILES
 #define PREFETCH_MIN_TILES 2
 #endif
 
 /* acc [R, PANEL] = x [R rows of x_stride] @ the panel w [I, PANEL]; meanwhile rows 0..ahead-1 of
- * the panel at pf (NULL: none) fetched into L2, one per input feature. */
+ * the panel at pf (NULL: none) fetched into L2, one per input feature, and the bgn cache lines
+ * from bg (panel_matmul_fetching). The first input features, which fetch, are a loop of their own:
+ * a branch per feature in the one loop costs the hot loop up to a tenth. */
 static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const float *w, int64_t I, float *acc,
-                              const float *pf, int64_t ahead) {
+                              const float *pf, int64_t ahead, const char *bg, int64_t bgn) {
+    const int64_t fetching = ahead > bgn ? ahead : bgn;
+#define FETCH(i)                                                              \
+    do {                                                                      \
+        if ((i) < ahead) {                                                    \
+            __builtin_prefetch(pf + (i) * PANEL, 0, 2);                       \
+            __builtin_prefetch(pf + (i) * PANEL + 16, 0, 2);                  \
+        }                                                                     \
+        if ((i) < bgn) __builtin_prefetch(bg + (i) * 64, 0, BG_LOCALITY);      \
+    } while (0)
 #ifdef __AVX512F__
     typedef float v16 __attribute__((vector_size(64), aligned(4)));
     if (R == 8) {
         v16 a[8][2];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) a[r][0] = a[r][1] = (v16){0};
-        for (int64_t i = 0; i < I; ++i) {
-            if (i < ahead) {
-                __builtin_prefetch(pf + i * PANEL, 0, 2);
-                __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
-            }
-            const v16 w0 = *(const v16 *)(w + i * PANEL), w1 = *(const v16 *)(w + i * PANEL + 16);
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; ++r) {
-                const float xi = x[r * x_stride + i];
-                a[r][0] += xi * w0;
-                a[r][1] += xi * w1;
-            }
+#define STEP16(i)                                                                                 \
+    do {                                                                                          \
+        const v16 w0 = *(const v16 *)(w + (i) * PANEL), w1 = *(const v16 *)(w + (i) * PANEL + 16); \
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; ++r) {                                    \
+            const float xi = x[r * x_stride + (i)];                                               \
+            a[r][0] += xi * w0;                                                                   \
+            a[r][1] += xi * w1;                                                                   \
+        }                                                                                         \
+    } while (0)
+        int64_t i = 0;
+        for (; i < fetching && i < I; ++i) {
+            FETCH(i);
+            STEP16(i);
         }
+        for (; i < I; ++i) STEP16(i);
+#undef STEP16
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) {
             *(v16 *)(acc + r * PANEL) = a[r][0];
@@ -59,22 +76,27 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
     }
 #endif
     v8 a[4][4] = {{{0}}};
-    for (int64_t i = 0; i < I; ++i) {
-        if (i < ahead) {
-            __builtin_prefetch(pf + i * PANEL, 0, 2);
-            __builtin_prefetch(pf + i * PANEL + 16, 0, 2);
-        }
-        const float *wi = w + i * PANEL;
-        const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);
-        const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES);
-        for (int64_t r = 0; r < R; ++r) {
-            const float xi = x[r * x_stride + i];
-            a[r][0] += xi * w0;
-            a[r][1] += xi * w1;
-            a[r][2] += xi * w2;
-            a[r][3] += xi * w3;
-        }
+#define STEP8(i)                                                                  \
+    do {                                                                          \
+        const float *wi = w + (i) * PANEL;                                        \
+        const v8 w0 = *(const v8 *)wi, w1 = *(const v8 *)(wi + LANES);            \
+        const v8 w2 = *(const v8 *)(wi + 2 * LANES), w3 = *(const v8 *)(wi + 3 * LANES); \
+        for (int64_t r = 0; r < R; ++r) {                                         \
+            const float xi = x[r * x_stride + (i)];                               \
+            a[r][0] += xi * w0;                                                   \
+            a[r][1] += xi * w1;                                                   \
+            a[r][2] += xi * w2;                                                   \
+            a[r][3] += xi * w3;                                                   \
+        }                                                                         \
+    } while (0)
+    int64_t i = 0;
+    for (; i < fetching && i < I; ++i) {
+        FETCH(i);
+        STEP8(i);
     }
+    for (; i < I; ++i) STEP8(i);
+#undef STEP8
+#undef FETCH
     for (int64_t r = 0; r < R; ++r)
         for (int v = 0; v < 4; ++v) *(v8 *)(acc + r * PANEL + v * LANES) = a[r][v];
 }
@@ -134,12 +156,28 @@ static inline void pick_panel(const float *a, float s, const float *b, int64_t w
 void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                   const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
                   int64_t gated, int64_t *pick, float *pick_logp) {
+    panel_matmul_fetching(x, x_stride, rows, wp, O, I, bias, residual, res_stride, y, norm_eps, gated, pick, pick_logp,
+                          0, 0);
+}
+
+/* panel_matmul that meanwhile fetches bg_bytes from bg into the CPU's caches, spread over its row
+ * tiles (a few lines per input feature of each), where several tiles pass over each panel (a
+ * compute-bound matmul, whose loads leave the memory idle): decode_layers fetches the next layer's
+ * KV cache so, which its attention would otherwise wait on. */
+void panel_matmul_fetching(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
+                           const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
+                           int64_t gated, int64_t *pick, float *pick_logp, const void *bg, int64_t bg_bytes) {
     enum { BLOCK = 256 };  /* rows per pass over the panels: their norms and picks fit on the stack */
     const int64_t panels = (O + PANEL - 1) / PANEL, tile = panel_tile_rows();  /* rows per tile: 8 or 4 */
     float inv[BLOCK], top[BLOCK], total[BLOCK], acc[TILE_MAX * PANEL], up[TILE_MAX * PANEL];
     /* the rows in blocks of about equal size, whole tiles (1540 rows: seven of at most 224, not six
      * of 256 and then a pass over every panel for the last four) */
     const int64_t blocks = rows > 0 ? (rows + BLOCK - 1) / BLOCK : 1, step = ((rows + blocks - 1) / blocks + 7) / 8 * 8;
+    const int64_t tiles_all = (rows + tile - 1) / tile, calls = panels * tiles_all * (gated ? 2 : 1);
+    const int64_t per = tiles_all >= PREFETCH_MIN_TILES ? (bg_bytes / 64 + calls - 1) / calls : 0;
+    const int64_t bgn = per < I ? per : I;
+    const char *bgp = (const char *)bg;
+    const char *const bge = bgp + bg_bytes;
     for (int64_t r1 = 0; r1 < rows; r1 += step) {
         const int64_t end = rows - r1 < step ? rows : r1 + step;
         for (int64_t r = r1; r < end; ++r) {  /* the rows' 1 / RMS (or 1); their picks' start */
@@ -164,10 +202,15 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                 const int64_t R = end - r0 >= tile ? tile : end - r0 < 4 ? end - r0 : 4;
                 const int64_t from = t * ahead < I ? t * ahead : I, count = I - from < ahead ? I - from : ahead;
                 const float *xr = x + r0 * x_stride;
-                panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count);
-                if (gated)
+                int64_t n = bgp && bge - bgp > 0 ? ((bge - bgp) / 64 < bgn ? (bge - bgp) / 64 : bgn) : 0;
+                panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count, bgp, n);
+                bgp += n * 64;
+                if (gated) {
+                    n = bgp && bge - bgp > 0 ? ((bge - bgp) / 64 < bgn ? (bge - bgp) / 64 : bgn) : 0;
                     panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up,
-                               wp + (panels + p + 1) * I * PANEL + from * PANEL, count);
+                               wp + (panels + p + 1) * I * PANEL + from * PANEL, count, bgp, n);
+                    bgp += n * 64;
+                }
                 for (int64_t r = 0; r < R; ++r) {
                     const float *a = acc + r * PANEL, *u = up + r * PANEL, s = inv[r0 + r - r1];
                     if (pick) {
