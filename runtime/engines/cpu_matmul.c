@@ -161,9 +161,9 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
 }
 
 /* panel_matmul that meanwhile fetches bg_bytes from bg into the CPU's caches, spread over its row
- * tiles (a few lines per input feature of each), where several tiles pass over each panel (a
- * compute-bound matmul, whose loads leave the memory idle): decode_layers fetches the next layer's
- * KV cache so, which its attention would otherwise wait on. */
+ * tiles (a line per input feature of each, its share of the whole), where several tiles pass over
+ * each panel (a compute-bound matmul, whose loads leave the memory idle): decode_layers fetches a
+ * layer's KV cache so, which its attention would otherwise wait on. */
 void panel_matmul_fetching(const float *x, int64_t x_stride, int64_t rows, const float *wp, int64_t O, int64_t I,
                            const float *bias, const float *residual, int64_t res_stride, float *y, float norm_eps,
                            int64_t gated, int64_t *pick, float *pick_logp, const void *bg, int64_t bg_bytes) {
