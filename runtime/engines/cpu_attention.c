@@ -161,7 +161,7 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
                       int64_t B, int64_t H, int64_t Hkv, int64_t d, float *out, float *scratch) {
     const int64_t g = H / Hkv, half = d / 2, block = d * CHUNK, page = B * Hkv * block;
     float *q = scratch, *top = scratch + B * H * d, *sum = top + B * H;  /* rotated q; running max, sum */
-    int64_t pages = 0;
+    const int64_t pages = live_pages(slots, B);
     for (int64_t b = 0; b < B; ++b) {
         const float *row = qkv + b * qkv_stride, *cs = rot + b * rot_stride;
         for (int64_t h = 0; h < H; ++h) {
@@ -169,7 +169,6 @@ void decode_attention(const float *qkv, int64_t qkv_stride, const float *rot, in
             top[b * H + h] = -FLT_MAX;
             sum[b * H + h] = 0.f;
         }
-        pages = slots[b] / CHUNK + 1 > pages ? slots[b] / CHUNK + 1 : pages;
     }
     for (int64_t i = 0; i < B * H * d; ++i) out[i] = 0.f;
     for (int64_t c = 0; c < pages; ++c)

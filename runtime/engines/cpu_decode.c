@@ -19,9 +19,7 @@ void decode_layers(int64_t L, const int64_t *layers, float *x, int64_t B, int64_
                    int64_t H, int64_t Hkv, int64_t d, float norm_eps, float *qkv, float *attn, float *mlp,
                    float *mid, float *scratch) {
     const int64_t width = (H + 2 * Hkv) * d;
-    int64_t pages = 0;
-    for (int64_t b = 0; b < B; ++b) pages = slots[b] / CHUNK + 1 > pages ? slots[b] / CHUNK + 1 : pages;
-    const int64_t kv_bytes = pages * B * Hkv * d * CHUNK * (int64_t)sizeof(float);
+    const int64_t kv_bytes = live_pages(slots, B) * B * Hkv * d * CHUNK * (int64_t)sizeof(float);
     for (int64_t l = 0; l < L; ++l) {
         const int64_t *w = layers + l * FIELDS;
 #define AT(field) ((const float *)w[field])

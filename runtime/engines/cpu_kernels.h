@@ -64,6 +64,14 @@ static inline float inv_rms(const float *x, int64_t n, float n_eps) {
     return 1.f / sqrtf(s + n_eps);
 }
 
+/* Cache pages that rows b < B reach, each up to its slot slots[b] (decode_attention's layout). */
+static inline int64_t live_pages(const int64_t *slots, int64_t B) {
+    int64_t pages = 0;
+    for (int64_t b = 0; b < B; ++b)
+        pages = slots[b] / CHUNK + 1 > pages ? slots[b] / CHUNK + 1 : pages;
+    return pages;
+}
+
 /* silu(g) = g / (1 + exp(-g)), finite where exp(-g) would overflow (exp_fast clamps; -ffast-math has no inf). */
 static inline float silu(float g) {
     return g / (1.f + exp_fast(-g));

@@ -45,6 +45,15 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
         }                                                                     \
         if ((i) < bgn) __builtin_prefetch(bg + (i) * 64, 0, BG_LOCALITY);      \
     } while (0)
+#define FEATURES(STEP)                                                        \
+    do {                                                                      \
+        int64_t i = 0;                                                        \
+        for (; i < fetching && i < I; ++i) {                                  \
+            FETCH(i);                                                         \
+            STEP(i);                                                          \
+        }                                                                     \
+        for (; i < I; ++i) STEP(i);                                           \
+    } while (0)
 #ifdef __AVX512F__
     typedef float v16 __attribute__((vector_size(64), aligned(4)));
     if (R == 8) {
@@ -60,12 +69,7 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
             a[r][1] += xi * w1;                                                                   \
         }                                                                                         \
     } while (0)
-        int64_t i = 0;
-        for (; i < fetching && i < I; ++i) {
-            FETCH(i);
-            STEP16(i);
-        }
-        for (; i < I; ++i) STEP16(i);
+        FEATURES(STEP16);
 #undef STEP16
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) {
@@ -89,13 +93,9 @@ static inline void panel_tile(const float *x, int64_t x_stride, int64_t R, const
             a[r][3] += xi * w3;                                                   \
         }                                                                         \
     } while (0)
-    int64_t i = 0;
-    for (; i < fetching && i < I; ++i) {
-        FETCH(i);
-        STEP8(i);
-    }
-    for (; i < I; ++i) STEP8(i);
+    FEATURES(STEP8);
 #undef STEP8
+#undef FEATURES
 #undef FETCH
     for (int64_t r = 0; r < R; ++r)
         for (int v = 0; v < 4; ++v) *(v8 *)(acc + r * PANEL + v * LANES) = a[r][v];
@@ -160,6 +160,12 @@ void panel_matmul(const float *x, int64_t x_stride, int64_t rows, const float *w
                           0, 0);
 }
 
+/* The cache lines a row tile fetches from `at` on: `most`, or what is left before `end`. */
+static inline int64_t fetch_share(const char *at, const char *end, int64_t most) {
+    const int64_t left = (end - at) / 64;
+    return left < most ? (left > 0 ? left : 0) : most;
+}
+
 /* panel_matmul that meanwhile fetches bg_bytes from bg into the CPU's caches, spread over its row
  * tiles (a line per input feature of each, its share of the whole), where several tiles pass over
  * each panel (a compute-bound matmul, whose loads leave the memory idle): decode_layers fetches a
@@ -202,11 +208,11 @@ void panel_matmul_fetching(const float *x, int64_t x_stride, int64_t rows, const
                 const int64_t R = end - r0 >= tile ? tile : end - r0 < 4 ? end - r0 : 4;
                 const int64_t from = t * ahead < I ? t * ahead : I, count = I - from < ahead ? I - from : ahead;
                 const float *xr = x + r0 * x_stride;
-                int64_t n = bgp && bge - bgp > 0 ? ((bge - bgp) / 64 < bgn ? (bge - bgp) / 64 : bgn) : 0;
+                int64_t n = fetch_share(bgp, bge, bgn);
                 panel_tile(xr, x_stride, R, w, I, acc, w + I * PANEL + from * PANEL, count, bgp, n);
                 bgp += n * 64;
                 if (gated) {
-                    n = bgp && bge - bgp > 0 ? ((bge - bgp) / 64 < bgn ? (bge - bgp) / 64 : bgn) : 0;
+                    n = fetch_share(bgp, bge, bgn);
                     panel_tile(xr, x_stride, R, wp + (panels + p) * I * PANEL, I, up,
                                wp + (panels + p + 1) * I * PANEL + from * PANEL, count, bgp, n);
                     bgp += n * 64;
