@@ -19,16 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.planner.configs import train_configs
+from hybridflow.planner.placement import allocations, assign_devices, size_options
+from hybridflow.planner.plans import group_name, plan_summary, scored_to_plan
+from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.hardware import GiB
-from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import DeviceGroup, Plan, RolePlan, role_head
-
-from .configs import train_configs
-from .placement import allocations, assign_devices, size_options
-from .plans import group_name, plan_summary, scored_to_plan
-from .request import SearchRequest
+from hybridflow.simulator.vocabulary.hardware import GiB
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan, role_head
 
 BASELINES = ("ds-chat", "openrlhf", "nemo-aligner", "hybridflow-v")
 
@@ -56,8 +55,8 @@ class Baseline:
 
 def price_plan(name: str, plan: Plan, cost_model) -> Baseline:
     """Simulate `plan`; a plan whose memory model says it does not fit gets a reason, no number."""
-    from hybridflow.simulator.memory import plan_memory
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.schedule.schedule import simulate
 
     try:
         memory = plan_memory(plan)
@@ -103,7 +102,7 @@ def ds_chat(req: SearchRequest, cost_model) -> Baseline:
 
 # ---- OpenRLHF -------------------------------------------------------------------------------------
 def _zero3_fits(req: SearchRequest, role: str, n: int, cost_model) -> bool:
-    from hybridflow.simulator.memory import role_memory
+    from hybridflow.simulator.pricing.memory import role_memory
 
     usable = cost_model.params.usable_bytes(req.cluster.hardware.hbm_bytes)
     m = role_memory(req.models[role], role_head(role), ParallelConfig(dp=n), req.workload, role in TRAINED_ROLES,
@@ -200,7 +199,7 @@ def nemo_halves(req: SearchRequest) -> tuple[tuple[tuple[str, ...], ...], tuple[
 
 
 def nemo_aligner(req: SearchRequest, cost_model) -> Baseline:
-    from .search import Planner
+    from hybridflow.planner.search import Planner
 
     split = nemo_halves(req)
     if split is None:
@@ -219,7 +218,7 @@ def nemo_aligner(req: SearchRequest, cost_model) -> Baseline:
 # ---- HybridFlow-V ---------------------------------------------------------------------------------
 def hybridflow_v(req: SearchRequest, cost_model, best) -> Baseline:
     """Our placement and allocation; the best configs under the vanilla reshard's prices and memory."""
-    from .search import Planner
+    from hybridflow.planner.search import Planner
 
     if best is None:
         return Baseline("hybridflow-v", reason="the search found no plan that fits")

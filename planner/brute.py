@@ -10,16 +10,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from hybridflow.planner.configs import generate_configs
+from hybridflow.planner.placement import allocations, set_partitions
+from hybridflow.planner.pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
+from hybridflow.planner.request import SearchRequest
+from hybridflow.planner.search import Planner, Rollout, Scored
 from hybridflow.simulator.algorithms import TRAINED_ROLES
-from hybridflow.simulator.megatron_limits import colocation_problem
-from hybridflow.simulator.memory import MemoryBreakdown
-from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
-
-from .configs import generate_configs
-from .placement import allocations, set_partitions
-from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
-from .request import SearchRequest
-from .search import Planner, Rollout, Scored
+from hybridflow.simulator.pricing.megatron_limits import colocation_problem
+from hybridflow.simulator.pricing.memory import MemoryBreakdown
+from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 
 
 def _set_layouts(rp: RolePricer, members, n):
@@ -105,7 +104,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
 
 
 def brute_force(req: SearchRequest, cost_model=None, rollout: Rollout = Rollout()) -> Scored | None:
-    from hybridflow.simulator.cost import CostModel
+    from hybridflow.simulator.pricing.cost import CostModel
 
     cm = cost_model or CostModel(req.cluster)
     return min(all_plans(req, cm, rollout), key=lambda s: s.seconds, default=None)

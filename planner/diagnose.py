@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import sys
 
+from hybridflow.planner.configs import generate_configs, train_configs
+from hybridflow.planner.placement import allocations, set_partitions
+from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.algorithms import TRAINED_ROLES
-from hybridflow.simulator.hardware import ClusterSpec, GiB
-from hybridflow.simulator.memory import MemoryBreakdown, role_memory
-from hybridflow.simulator.plan import role_head
-
-from .configs import generate_configs, train_configs
-from .placement import allocations, set_partitions
-from .request import SearchRequest
+from hybridflow.simulator.pricing.memory import MemoryBreakdown, role_memory
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec, GiB
+from hybridflow.simulator.vocabulary.plan import role_head
 
 MAX_NODES = 4096
 
 
 def fits_somewhere(req: SearchRequest, cost_model=None) -> bool:
     """Is there any placement and allocation whose every set has configs that fit?"""
-    from .search import Planner
+    from hybridflow.planner.search import Planner
 
     planner = Planner(req, cost_model)
     for placement in sorted(set_partitions(req.roles), key=len):

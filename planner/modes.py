@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hybridflow.planner.search import Planner, Rollout, SearchResult
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import EXECUTION_MODES
-
-from .search import Planner, Rollout, SearchResult
+from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
 
 
 def mode_rollouts(mode: str, max_staleness: int) -> list[Rollout]:
@@ -82,7 +81,7 @@ def pick_mode(results: dict[str, ModeResult], max_staleness: int) -> str | None:
 
 def mode_summary(plan, iteration_seconds: float) -> dict:
     """plans.plan_summary plus the execution mode, its staleness and the devices for rollout vs training."""
-    from .plans import plan_summary
+    from hybridflow.planner.plans import plan_summary
 
     gen_group = plan.roles["actor"].generate_group
     rollout = len(plan.group(gen_group).devices) if gen_group else 0

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from functools import lru_cache
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.hardware import ClusterSpec
-from hybridflow.simulator.plan import Device
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.plan import Device
 
 Placement = tuple[tuple[str, ...], ...]
 

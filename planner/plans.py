@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from hybridflow.simulator.plan import DeviceGroup, Plan, RolePlan
-
-from .placement import assign_devices
-from .pricing import ROLLOUT
-from .request import SearchRequest
-from .search import Scored
+from hybridflow.planner.placement import assign_devices
+from hybridflow.planner.pricing import ROLLOUT
+from hybridflow.planner.request import SearchRequest
+from hybridflow.planner.search import Scored
+from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
 
 
 def group_name(members: tuple[str, ...] | list[str]) -> str:

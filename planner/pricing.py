@@ -12,7 +12,7 @@ The search calls the cost model's per-op methods directly, exactly as `cost.pric
   weights and KV cache) fits in what R leaves; when it does not, trained members recompute
   activations (memory.plan_recompute), which changes their training seconds;
 - megatron-core keeps one parallel state per process, so a set's Megatron members share one (tp, pp, ep)
-  (simulator/megatron_limits.py): the set pricer passes that `shared` state, and a member's configs are
+  (simulator/pricing/megatron_limits.py): the set pricer passes that `shared` state, and a member's configs are
   then its FSDP ones and its Megatron ones at that state (`entries`);
 - the actor's generation batch — and so its seconds — depends on the free memory R leaves.
 
@@ -29,12 +29,13 @@ from types import SimpleNamespace
 
 import networkx as nx
 
+from hybridflow.planner.configs import generate_configs, standalone_generate_configs, train_configs
+from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.algorithms import TRAINED_ROLES
-from hybridflow.simulator.cost import price_op
-from hybridflow.simulator.dataflow import call_order
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.megatron_limits import megatron_state
-from hybridflow.simulator.memory import (
+from hybridflow.simulator.pricing.cost import price_op
+from hybridflow.simulator.pricing.megatron_limits import megatron_state
+from hybridflow.simulator.pricing.memory import (
     MemoryBreakdown,
     decode_batch,
     forward_transient,
@@ -44,12 +45,10 @@ from hybridflow.simulator.memory import (
     state_bytes,
     train_transient,
 )
-from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import role_head
-from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
-
-from .configs import generate_configs, standalone_generate_configs, train_configs
-from .request import SearchRequest
+from hybridflow.simulator.schedule.dataflow import call_order
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import role_head
+from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 
 GEN_OPS = ("generate", "generate_baseline")
 TRAIN_OPS = ("actor_update", "critic_update")

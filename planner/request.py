@@ -7,10 +7,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.hardware import ClusterSpec
-from hybridflow.simulator.model import ModelSpec
-from hybridflow.simulator.plan import AlgorithmName, Role
-from hybridflow.simulator.workload import Workload
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.plan import AlgorithmName, Role
+from hybridflow.simulator.vocabulary.workload import Workload
 
 
 class SearchRequest(BaseModel):

@@ -19,7 +19,7 @@ With `Rollout(separate=True)` the actor generates on a set of devices of its own
 sized like any other set: how many devices go to rollout vs training is searched too) and every
 placement of the models gets that set beside it; in a pipelined mode (one-step-off, async with
 bound k) a plan is priced by its steady iteration, the period of the unrolled pipeline
-(simulator/pipeline.py), instead of one iteration's makespan. The bound stays valid: each lane
+(simulator/schedule/pipeline.py), instead of one iteration's makespan. The bound stays valid: each lane
 runs its ops one after another in every iteration of the period too.
 """
 
@@ -32,18 +32,24 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from hybridflow.planner.placement import (
+    Placement,
+    allocation_ok,
+    allocations,
+    assign_devices,
+    set_partitions,
+    size_options,
+)
+from hybridflow.planner.pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
+from hybridflow.planner.request import SearchRequest
+from hybridflow.planner.sets import SetPricer
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
-from hybridflow.simulator.neighbours import NodeShare, node_share
-from hybridflow.simulator.pipeline import copies_needed, pipeline, priced_iterations
-from hybridflow.simulator.plan import EXECUTION_MODES
-from hybridflow.simulator.schedule import call_gaps, makespan, pipeline_period, schedule_shared
-from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
-
-from .placement import Placement, allocation_ok, allocations, assign_devices, set_partitions, size_options
-from .pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
-from .request import SearchRequest
-from .sets import SetPricer
+from hybridflow.simulator.schedule.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
+from hybridflow.simulator.schedule.neighbours import NodeShare, node_share
+from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
+from hybridflow.simulator.schedule.schedule import call_gaps, makespan, pipeline_period, schedule_shared
+from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
+from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 
 INF = math.inf
 
@@ -124,7 +130,7 @@ class Planner:
 
     def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow",
                  rollout: Rollout = Rollout()):
-        from hybridflow.simulator.cost import CostModel
+        from hybridflow.simulator.pricing.cost import CostModel
 
         self.req, self.rollout = req, rollout
         self.cm = cost_model or CostModel(req.cluster)
@@ -139,7 +145,7 @@ class Planner:
         overheads = getattr(self.cm, "overheads", None)
         # A profiled cost model's controller gaps, as `simulate` leaves them: ranking and simulate agree.
         self.gaps = call_gaps(self.graph, overheads)
-        # A device whose neighbours idle runs faster (simulator/neighbours.py): priced as `simulate` does,
+        # A device whose neighbours idle runs faster (simulator/schedule/neighbours.py): priced as `simulate` does,
         # and the busy-speed bounds divided by it stay lower bounds.
         self.alone_speedup = overheads.alone_speedup if overheads is not None else 1.0
         self.big = None
@@ -307,9 +313,8 @@ class Planner:
         """Insurance for "never return a plan the memory model calls infeasible": the winners are
         checked against memory.plan_memory on real Plans (the search's own test agrees with it by
         construction; tests/planner/test_agreement.py checks that it does)."""
-        from hybridflow.simulator.memory import plan_memory
-
-        from .plans import scored_to_plan
+        from hybridflow.planner.plans import scored_to_plan
+        from hybridflow.simulator.pricing.memory import plan_memory
 
         ok = []
         for s in top:

@@ -19,7 +19,7 @@ each member takes. Two exact ways to combine them:
 The merged way is used when it is exact, the per-assignment way otherwise.
 
 megatron-core keeps one parallel state per process, so the set's Megatron members must share one
-(tp, pp, ep) (simulator/megatron_limits.py). When two or more members may train on Megatron, the set is
+(tp, pp, ep) (simulator/pricing/megatron_limits.py). When two or more members may train on Megatron, the set is
 priced once per state they could share, each member taking its FSDP configs and its Megatron ones at
 that state (RolePricer.entries); the union of those fronts is the front of the runnable combinations
 (combinations of FSDP members alone appear under every state: the front keeps one).
@@ -33,12 +33,11 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from hybridflow.planner.pricing import ROLLOUT, Candidate, RolePricer, SetCandidate, pareto, total
 from hybridflow.simulator.algorithms import TRAINED_ROLES
-from hybridflow.simulator.megatron_limits import megatron_state
-from hybridflow.simulator.memory import MemoryBreakdown
-from hybridflow.simulator.timeline import WEIGHT_SYNC_OPS
-
-from .pricing import ROLLOUT, Candidate, RolePricer, SetCandidate, pareto, total
+from hybridflow.simulator.pricing.megatron_limits import megatron_state
+from hybridflow.simulator.pricing.memory import MemoryBreakdown
+from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 
 # Most combinations of the members' options the merged way enumerates; beyond it the fronts over
 # seconds, states and transient keep most of them and the assignments of classes are fewer.

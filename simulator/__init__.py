@@ -1,12 +1,17 @@
 """hybridflow.simulator — the shared vocabulary and the cost model. Imports no torch and no ray."""
 
-from .errors import HflowError
-from .hardware import HARDWARE_PRESETS, ClusterSpec, HardwareSpec, hardware_preset
-from .model import MODEL_PRESETS, ModelSpec, model_preset, resolve_model
-from .parallel import ParallelConfig
-from .plan import Device, DeviceGroup, Plan, RolePlan, role_head
-from .timeline import OPS, Event, Timeline
-from .workload import Workload
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.hardware import (
+    HARDWARE_PRESETS,
+    ClusterSpec,
+    HardwareSpec,
+    hardware_preset,
+)
+from hybridflow.simulator.vocabulary.model import MODEL_PRESETS, ModelSpec, model_preset, resolve_model
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan, RolePlan, role_head
+from hybridflow.simulator.vocabulary.timeline import OPS, Event, Timeline
+from hybridflow.simulator.vocabulary.workload import Workload
 
 __all__ = [
     "HARDWARE_PRESETS", "MODEL_PRESETS", "OPS", "ClusterSpec", "Device", "DeviceGroup",

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import HflowError, describe_validation_error
+from hybridflow.simulator.errors import HflowError, describe_validation_error
 
 M = TypeVar("M", bound=BaseModel)
 

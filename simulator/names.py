@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from .errors import HflowError
+from hybridflow.simulator.errors import HflowError
 
 
 def lookup(name: str, known: Iterable[str], what: str, hint: str = "", known_as: str = "") -> str:

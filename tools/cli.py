@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:
-        importlib.import_module(f"hybridflow.tools.cmd_{name}").add_parser(sub)
+        importlib.import_module(f"hybridflow.tools.commands.{name}").add_parser(sub)
     return parser
 
 

@@ -48,7 +48,7 @@ def backends_arg(text: str) -> tuple[str, ...]:
 
 def modes_arg(text: str) -> tuple[str, ...]:
     """`--modes sync,one-step-off,async`: execution modes to search side by side (one line on a typo)."""
-    from hybridflow.simulator.plan import EXECUTION_MODES
+    from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
 
     names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
     bad = [n for n in names if n not in EXECUTION_MODES]
@@ -60,7 +60,7 @@ def modes_arg(text: str) -> tuple[str, ...]:
 
 def algorithm_arg(text: str) -> str:
     """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
-    from hybridflow.simulator.plan import algorithm_name
+    from hybridflow.simulator.vocabulary.plan import algorithm_name
 
     try:
         return algorithm_name(text)
@@ -71,7 +71,7 @@ def algorithm_arg(text: str) -> str:
 def mode_arg(text: str) -> str:
     """`--mode`: an execution mode, any case, with "did you mean" on a near miss."""
     from hybridflow.simulator.names import lookup
-    from hybridflow.simulator.plan import EXECUTION_MODES
+    from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
 
     try:
         return lookup(text, EXECUTION_MODES, "execution mode", known_as="modes")
@@ -82,7 +82,7 @@ def mode_arg(text: str) -> str:
 def rollout_arg(text: str) -> str:
     """`--rollout`: a generation backend, any case, with "did you mean" on a near miss."""
     from hybridflow.simulator.names import lookup
-    from hybridflow.simulator.plan import ROLLOUT_BACKENDS
+    from hybridflow.simulator.vocabulary.plan import ROLLOUT_BACKENDS
 
     try:
         return lookup(text, ROLLOUT_BACKENDS, "rollout backend", known_as="backends")
@@ -106,7 +106,7 @@ def rendered_outputs(timeline, title: str, *, plan=None, out: str | None = None,
     `trace` and as a Gantt chart titled `title` at `png` — all rendered before any is written."""
     import json
 
-    from hybridflow.simulator.export import chrome_trace, gantt_png
+    from hybridflow.simulator.schedule.export import chrome_trace, gantt_png
 
     outputs: list[tuple[str, str | bytes]] = []
     if out:

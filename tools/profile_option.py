@@ -7,7 +7,7 @@
 
 Both return (input, None) when no profile was given, so the calls can stay unconditional. The
 plan / request is moved onto the profile's devices (its fitted figures and memory), keeping its
-nodes × devices per node; the cost model is the calibrated one (simulator/calibration.py). Where
+nodes × devices per node; the cost model is the calibrated one (simulator/calibration/fit.py). Where
 Megatron roles are priced on a profile without the Megatron engine's points, a note on stderr says so.
 """
 
@@ -38,7 +38,7 @@ def add_profile_arg(parser) -> None:
 def plan_with_profile(plan, ref: str | None):
     if not ref:
         return plan, None
-    from hybridflow.simulator.calibration import plan_on_profile
+    from hybridflow.simulator.calibration.fit import plan_on_profile
 
     moved, cm, cal = plan_on_profile(plan, ref)
     _say(megatron_note(cal, any(rp.train.backend == "megatron" for rp in plan.roles.values())))
@@ -48,7 +48,7 @@ def plan_with_profile(plan, ref: str | None):
 def request_with_profile(req, ref: str | None):
     if not ref:
         return req, None
-    from hybridflow.simulator.calibration import calibrate_file
+    from hybridflow.simulator.calibration.fit import calibrate_file
 
     cal = calibrate_file(ref)
     _say(megatron_note(cal, "megatron" in req.backends))
@@ -63,11 +63,11 @@ def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
     When the shipped `profile` was measured on this kind of machine (same CPU / GPU model and core
     count), the cluster and cost model are its calibration's; otherwise the hardware probe's
     figures (measured in seconds, cached) with the analytic default terms."""
-    from hybridflow.runtime.hardware_probe import default_devices, fingerprint, local_cluster
-    from hybridflow.simulator.calibration import calibrate_file
+    from hybridflow.runtime.measure.hardware_probe import default_devices, fingerprint, local_cluster
+    from hybridflow.simulator.calibration.fit import calibrate_file
+    from hybridflow.simulator.calibration.profile import resolve_profile
     from hybridflow.simulator.errors import HflowError
-    from hybridflow.simulator.hardware import ClusterSpec
-    from hybridflow.simulator.profile import resolve_profile
+    from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 
     world = devices or default_devices()
     try:
@@ -78,7 +78,7 @@ def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
         cal = calibrate_file(profile)
         cluster = ClusterSpec(hardware=cal.hardware, nodes=1, devices_per_node=world)
         return cluster, cal.cost_model(cluster), profile
-    from hybridflow.simulator.cost import CostModel
+    from hybridflow.simulator.pricing.cost import CostModel
 
     cluster = local_cluster(world)
     return cluster, CostModel(cluster), None

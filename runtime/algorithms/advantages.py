@@ -20,10 +20,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from hybridflow.runtime.algorithms.functional import masked, masked_sum, masked_whiten
 from hybridflow.simulator.algorithms.settings import AdvantageSettings
 from hybridflow.simulator.errors import HflowError
-
-from .functional import masked, masked_sum, masked_whiten
 
 AdvantageFn = Callable[..., tuple[Tensor, Tensor]]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}

@@ -17,10 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from hybridflow.runtime.algorithms.functional import masked, masked_mean, masked_sum
 from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
-
-from .functional import masked, masked_mean, masked_sum
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}

@@ -30,9 +30,9 @@ def _installed(module: str) -> bool:
 # starts it with its preload list): megatron.core takes seconds to import, so where it is
 # installed it is preloaded too, rather than imported again by each rank of a megatron group.
 ENGINE_PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
-                  "hybridflow.runtime.engines.training", "hybridflow.runtime.engines.reshard",
-                  "hybridflow.runtime.engines.generation", "hybridflow.runtime.models.decoder"]
-MEGATRON_PRELOAD = ["hybridflow.runtime.engines.megatron_preload", "hybridflow.runtime.engines.megatron_training"]
+                  "hybridflow.runtime.engines.train.fsdp.engine", "hybridflow.runtime.engines.rollout.reshard",
+                  "hybridflow.runtime.engines.rollout.generation", "hybridflow.runtime.models.decoder"]
+MEGATRON_PRELOAD = ["hybridflow.runtime.engines.train.megatron.preload", "hybridflow.runtime.engines.train.megatron.engine"]
 PRELOAD = ENGINE_PRELOAD + (MEGATRON_PRELOAD if _installed("megatron.core") else [])
 
 

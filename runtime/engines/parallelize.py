@@ -3,7 +3,7 @@
 The model file knows nothing of parallelism; this file shards it:
 
 - tensor parallelism with DTensor's `parallelize_module`, as the model family's plan
-  (simulator/families.py) names the modules: q/k/v and gate/up column-wise, o/down row-wise (one
+  (simulator/vocabulary/families.py) names the modules: q/k/v and gate/up column-wise, o/down row-wise (one
   all-reduce after attention and one after the MLP); per-head q/k norms (Qwen3) see only the local
   heads, so their replicated weights are DTensors whose gradients are summed over tp; the embedding
   is split along the vocabulary (row-wise, output replicated) and the LM head column-wise with
@@ -35,8 +35,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.families import TensorParallelPlan, family
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.families import TensorParallelPlan, family
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 
 def device_type() -> str:

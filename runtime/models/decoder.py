@@ -7,7 +7,7 @@ models). What differs between Llama, Mistral, Qwen2 and Qwen3 is a `DecoderConfi
 copy of this file: biases on q/k/v, o and the MLP; per-head q/k RMSNorm before RoPE (Qwen3); RoPE
 frequency scaling (linear, llama3); a sliding attention window (Mistral, optionally Qwen).
 Module and parameter names are exactly those of Hugging Face (`model.layers.0.self_attn.q_proj.weight`,
-…), so state dicts load directly and tensor-parallel plans (simulator/families.py) name the layers.
+…), so state dicts load directly and tensor-parallel plans (simulator/vocabulary/families.py) name the layers.
 
 The model knows nothing of parallelism. Attention reshapes with the LOCAL head count
 (`view(b, s, -1, head_dim)`), so q/k/v column-sharded by DTensor's `parallelize_module` work
@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridflow.simulator.decoder_config import DecoderConfig
-
-from .moe import SparseMoE
+from hybridflow.runtime.models.moe import SparseMoE
+from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig
 
 # ---- building blocks --------------------------------------------------------------------------
 

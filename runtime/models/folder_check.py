@@ -3,7 +3,7 @@
 `check_model_folder(path, role)` reads only `config.json`, the safetensors headers (8-byte
 little-endian length + JSON) and the tokenizer files, and raises a one-line HflowError for: no
 config.json, invalid JSON, a family / architecture / option the runtime cannot run (through
-simulator/families.py), a role the folder's head cannot play, no weights, a missing shard named in
+simulator/vocabulary/families.py), a role the folder's head cannot play, no weights, a missing shard named in
 the index, a truncated or malformed shard (file size vs the header's last data offset), tensors
 the config needs missing or misshapen (or others it does not describe), no tokenizer, and a tokenizer whose largest token id does
 not fit the model's embedding. It also holds the folder layout (file names, where the weights
@@ -19,10 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from hybridflow.runtime.tasks.char_vocab import TOKENIZER_FILE as HFLOW_TOKENIZER_FILE
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.families import HFModelConfig, read_hf_config, tensor_shapes
-
-from ..tasks.char_vocab import TOKENIZER_FILE as HFLOW_TOKENIZER_FILE
+from hybridflow.simulator.vocabulary.families import HFModelConfig, read_hf_config, tensor_shapes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

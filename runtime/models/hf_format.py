@@ -1,7 +1,7 @@
 """Read and write the Hugging Face format: `config.json` + safetensors (one file, or shards + index).
 
 Our parameter names are HF's, so a checkpoint is the state dict as is. `config.json` is read and
-written through the family registry (simulator/families.py): a causal LM is written as its
+written through the family registry (simulator/vocabulary/families.py): a causal LM is written as its
 family's `*ForCausalLM`, a scalar-head model as `*ForSequenceClassification` with one label (HF's
 `score` has no bias: ours has one, written as `score.bias`, which transformers ignores with a
 warning; reading an HF checkpoint without it starts the bias at 0). Weights are read in any
@@ -22,13 +22,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from hybridflow.simulator.decoder_config import DecoderConfig, Head
-from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.families import hf_config
-from hybridflow.simulator.io import atomic_folder
-
-from .decoder import CausalLM, ScoreModel
-from .folder_check import (
+from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
+from hybridflow.runtime.models.folder_check import (
     CONFIG_FILE,
     HFLOW_TOKENIZER_FILE,
     IGNORED_TENSOR_SUFFIXES,
@@ -38,6 +33,10 @@ from .folder_check import (
     read_json,
     weight_files,
 )
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import atomic_folder
+from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig, Head
+from hybridflow.simulator.vocabulary.families import hf_config
 
 # What a model folder holds besides config and weights, copied as it is on a re-save.
 CARRIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridflow.simulator.decoder_config import DecoderConfig
+from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig
 
 
 class Expert(nn.Module):

@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 
+from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import read_jsonl
-
-from .builtin import get_task
 
 Message = dict[str, str]
 Prompt = str | list[Message]

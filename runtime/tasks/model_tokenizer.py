@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.runtime.models.folder_check import HF_TOKENIZER_FILES
+from hybridflow.runtime.tasks.char_vocab import TOKENIZER_FILE
+from hybridflow.runtime.tasks.data import Prompt, is_chat, prompt_preview
+from hybridflow.runtime.tasks.tokenizer import CharTokenizer, Tokenizer
 from hybridflow.simulator.errors import HflowError
-
-from .char_vocab import TOKENIZER_FILE
-from .data import Prompt, is_chat, prompt_preview
-from .tokenizer import CharTokenizer, Tokenizer
 
 GENERATION_CONFIG = "generation_config.json"
 

@@ -17,13 +17,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hybridflow.runtime.controller.host import cache_dir
+from hybridflow.runtime.tasks.builtin import get_task
+from hybridflow.runtime.tasks.char_vocab import VOCAB_SIZE
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.memory import activation_bytes_per_token_layer
-from hybridflow.simulator.model import ModelSpec
-
-from ..host import cache_dir
-from .builtin import get_task
-from .char_vocab import VOCAB_SIZE
+from hybridflow.simulator.pricing.memory import activation_bytes_per_token_layer
+from hybridflow.simulator.vocabulary.model import ModelSpec
 
 WARMUP_VERSION = 1
 METRICS_FILE = "warmup.json"

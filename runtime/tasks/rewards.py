@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 
+from hybridflow.runtime.tasks.data import Prompt, prompt_preview
 from hybridflow.simulator.errors import HflowError
-
-from .data import Prompt, prompt_preview
 
 RewardFn = Callable[..., float]
 

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 
-from hybridflow.runtime.engines.generation import left_pad
+from hybridflow.runtime.engines.rollout.generation import left_pad
+from hybridflow.runtime.tasks.char_vocab import CHARS, SPECIALS, TOKENIZER_FILE
+from hybridflow.runtime.tasks.data import Prompt, is_chat, prompt_preview
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_atomic
-
-from .char_vocab import CHARS, SPECIALS, TOKENIZER_FILE
-from .data import Prompt, is_chat, prompt_preview
 
 
 class Tokenizer(ABC):

@@ -28,13 +28,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from hybridflow.runtime.controller.host import cache_dir
+from hybridflow.runtime.tasks.builtin import get_task
+from hybridflow.runtime.tasks.policy_cache import (
+    METRICS_FILE,
+    WarmupConfig,
+    check_warmup_shape,
+    policy_folder,
+    step_flops,
+)
+from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 from hybridflow.simulator.io import write_atomic
-from hybridflow.simulator.model import ModelSpec, model_preset
-
-from ..host import cache_dir
-from .builtin import get_task
-from .policy_cache import METRICS_FILE, WarmupConfig, check_warmup_shape, policy_folder, step_flops
-from .tokenizer import CharTokenizer
+from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 
 
 def sft_batch(examples: list[dict], tok: CharTokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

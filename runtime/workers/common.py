@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
 from hybridflow.runtime.models.hf_format import load_pretrained
-from hybridflow.runtime.protocols import register
 
 
 @contextmanager
@@ -62,7 +62,7 @@ def make_engine(model, parallel, optim: OptimConfig | None, micro_batch_size: in
                 temperature: float = 1.0) -> TrainingEngine:
     """The training engine the role's train config names (`backend`): FSDP2, or megatron-core (same interface)."""
     if parallel is not None and parallel.backend == "megatron":
-        from hybridflow.runtime.engines.megatron_training import MegatronEngine  # megatron-core: an extra
+        from hybridflow.runtime.engines.train.megatron.engine import MegatronEngine  # megatron-core: an extra
 
         return MegatronEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
     return TrainingEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
@@ -152,14 +152,14 @@ class EngineState:
 
     @register("ONE_TO_ALL")
     def save(self, path: str) -> None:
-        """Save under path/role; `path` is a local folder or a URL (runtime/locations.py)."""
-        from hybridflow.runtime.locations import Location
+        """Save under path/role; `path` is a local folder or a URL (runtime/controller/locations.py)."""
+        from hybridflow.runtime.controller.locations import Location
 
         self.engine.save(f"{path}/{self.role}")
         for folder in (f"{path}/{self.role}/dcp", f"{path}/{self.role}", path):  # the shards' names durable too
             Location(folder).sync()
         if self.rank == 0:  # the checkpoint carries its model's config and tokenizer (hf_export.py)
-            from hybridflow.runtime.hf_export import copy_model_files
+            from hybridflow.runtime.models.hf_export import copy_model_files
 
             copy_model_files(self.model_path, f"{path}/{self.role}")
 
@@ -167,7 +167,7 @@ class EngineState:
     def export_hf(self, path: str) -> None:
         """Write the current weights as an HF folder at `path` (gathering is collective; rank 0 writes),
         with the config and tokenizer files of the folder the weights came from."""
-        from hybridflow.runtime.hf_export import export_engine
+        from hybridflow.runtime.models.hf_export import export_engine
 
         export_engine(self.engine, self.role, path, source=self.model_path, rank=self.rank)
 

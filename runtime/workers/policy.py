@@ -22,22 +22,17 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.engines.generation import SamplingParams
-from hybridflow.runtime.engines.hybrid import HybridEngine
-from hybridflow.runtime.engines.reshard import MODES as RESHARD_MODES
-from hybridflow.runtime.engines.rollout import RolloutEngine
-from hybridflow.runtime.engines.training import OptimConfig
+from hybridflow.runtime.algorithms.losses import actor_loss
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
+from hybridflow.runtime.engines.rollout.base import RolloutEngine
+from hybridflow.runtime.engines.rollout.generation import SamplingParams
+from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
+from hybridflow.runtime.engines.rollout.reshard import MODES as RESHARD_MODES
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
-from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
-from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
-
-from ..algorithms.losses import actor_loss
-from .common import (
+from hybridflow.runtime.workers.common import (
     EngineState,
     PhaseTiming,
     generation_seed,
@@ -49,7 +44,11 @@ from .common import (
     timed,
     with_timing,
 )
-from .weight_source import WeightSource
+from hybridflow.runtime.workers.weight_source import WeightSource
+from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import ROLLOUT_BACKENDS, RolloutBackend
 
 
 class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
@@ -81,7 +80,7 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
                                  f"(got {self.gen_parallel}, '{reshard}')")
             gen = ParallelConfig(tp=self.gen_parallel.tp, dp=self.world_size // self.gen_parallel.tp)
             if rollout == "vllm":  # imported here: vLLM is an optional extra
-                from hybridflow.runtime.engines.vllm_rollout import VllmRollout
+                from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout
 
                 max_len = prompt_len + self.sampling.max_new_tokens if prompt_len else None
                 self.rollout = VllmRollout(model_path, self.engine, tensor_parallel_size=gen.tp, seed=seed,

@@ -31,18 +31,29 @@ import hashlib
 import torch
 from torch.distributed.tensor import DTensor
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
 from hybridflow.runtime.engines.parallelize import apply_tp, tp_shard_dim
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup, tensor_specs
-from hybridflow.runtime.worker import Worker
+from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams
+from hybridflow.runtime.engines.rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    TensorSpec,
+    WeightSyncGroup,
+    tensor_specs,
+)
+from hybridflow.runtime.models.decoder import CausalLM
+from hybridflow.runtime.models.hf_format import read_config
+from hybridflow.runtime.workers.common import (
+    exact_bytes,
+    generation_seed,
+    load_causal_lm,
+    rollout_fields,
+    timed,
+    with_timing,
+)
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import ROLLOUT_BACKENDS, RolloutBackend
-
-from ..models.decoder import CausalLM
-from ..models.hf_format import read_config
-from .common import exact_bytes, generation_seed, load_causal_lm, rollout_fields, timed, with_timing
+from hybridflow.simulator.vocabulary.plan import ROLLOUT_BACKENDS, RolloutBackend
 
 
 def whole(p: torch.Tensor) -> torch.Tensor:
@@ -74,7 +85,7 @@ class RolloutWorker(Worker):
         self.digests = False  # vllm: hash what each sync hands to vLLM (record_digests)
         self.pushed_digest: str | None = None
         if backend == "vllm":  # imported here: vLLM is an optional extra
-            from hybridflow.runtime.engines.vllm_rollout import VllmRollout
+            from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout
 
             cfg, _ = read_config(model_path)
             self.model = None

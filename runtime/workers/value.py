@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.engines.training import OptimConfig
+from hybridflow.runtime.algorithms.losses import value_loss
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig
 from hybridflow.runtime.models.decoder import last_token_values
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
-
-from ..algorithms.losses import value_loss
-from .common import (
+from hybridflow.runtime.workers.common import (
     EngineState,
     PhaseTiming,
     load_score_model,

@@ -7,10 +7,14 @@ broadcasts them to the rollout ranks.
 
 from __future__ import annotations
 
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup, master_store
-
-from .common import timed
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.engines.rollout.weight_sync import (
+    DEFAULT_BUCKET_BYTES,
+    TensorSpec,
+    WeightSyncGroup,
+    master_store,
+)
+from hybridflow.runtime.workers.common import timed
 
 
 class WeightSource:
@@ -47,7 +51,7 @@ class WeightSource:
     @register("ONE_TO_ALL")
     def weights_digest(self, specs: list[TensorSpec]) -> str:
         """sha256 of the whole current weights, in the rollout layout's names and dtypes."""
-        from .rollout import weights_digest
+        from hybridflow.runtime.workers.rollout import weights_digest
 
         state = self.engine.full_state_dict()
         return weights_digest({s.name: state[s.name].to(s.torch_dtype) for s in specs})

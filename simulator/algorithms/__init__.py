@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .registry import (
+from hybridflow.simulator.algorithms.registry import (
     CRITIC_OF,
     ROLES,
     SCALAR_HEAD_ROLES,
@@ -19,7 +19,7 @@ from .registry import (
     algorithm_names,
     get_algorithm,
 )
-from .settings import RLSettings, merge_settings
+from hybridflow.simulator.algorithms.settings import RLSettings, merge_settings
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from .registry import Hooks, algorithm
-from .settings import AdvantageSettings, KLSettings, PolicyLossSettings, RewardShaping, RLSettings
+from hybridflow.simulator.algorithms.registry import Hooks, algorithm
+from hybridflow.simulator.algorithms.settings import (
+    AdvantageSettings,
+    KLSettings,
+    PolicyLossSettings,
+    RewardShaping,
+    RLSettings,
+)
 
 
 class DynamicSampling(Hooks):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from .grpo import grpo
-from .registry import algorithm
-from .settings import AdvantageSettings, KLSettings, PolicyLossSettings, RLSettings
+from hybridflow.simulator.algorithms.grpo import grpo
+from hybridflow.simulator.algorithms.registry import algorithm
+from hybridflow.simulator.algorithms.settings import (
+    AdvantageSettings,
+    KLSettings,
+    PolicyLossSettings,
+    RLSettings,
+)
 
 
 @algorithm("dr-grpo", roles=("actor", "ref", "reward"),

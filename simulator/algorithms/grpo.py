@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from .registry import algorithm
-from .settings import AdvantageSettings, KLSettings, PolicyLossSettings, RLSettings
+from hybridflow.simulator.algorithms.registry import algorithm
+from hybridflow.simulator.algorithms.settings import (
+    AdvantageSettings,
+    KLSettings,
+    PolicyLossSettings,
+    RLSettings,
+)
 
 
 @algorithm("grpo", roles=("actor", "ref", "reward"),

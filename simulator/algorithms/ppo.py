@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .registry import algorithm
-from .settings import AdvantageSettings, KLSettings, RLSettings
+from hybridflow.simulator.algorithms.registry import algorithm
+from hybridflow.simulator.algorithms.settings import AdvantageSettings, KLSettings, RLSettings
 
 
 @algorithm("ppo", roles=("actor", "critic", "ref", "reward"), required=("actor", "critic"),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .registry import CRITIC_OF, Algorithm
+from hybridflow.simulator.algorithms.registry import CRITIC_OF, Algorithm
 
 DRIVER = "driver"  # the lane and role of controller-side work
 

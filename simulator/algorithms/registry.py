@@ -7,7 +7,7 @@
         return df.update(batch), batch
 
 The loop is the single description of the algorithm: the runtime runs it on its Dataflow
-(runtime/dataflow.py: each op a call on a worker group), the simulator runs it on a recording
+(runtime/rl/dataflow.py: each op a call on a worker group), the simulator runs it on a recording
 dataflow (recording.py) to get the graph of ops it prices. A loop only calls the dataflow's ops
 and never looks inside a batch, so it imports nothing and runs against either.
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..names import lookup
-from .settings import RLSettings
+from hybridflow.simulator.algorithms.settings import RLSettings
+from hybridflow.simulator.names import lookup
 
 # The role vocabulary. A plan names a subset of an algorithm's roles; `reward`/`cost` may instead
 # be rule-based functions on the driver.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .grpo import grpo
-from .registry import algorithm
-from .settings import AdvantageSettings, KLSettings, RLSettings
+from hybridflow.simulator.algorithms.grpo import grpo
+from hybridflow.simulator.algorithms.registry import algorithm
+from hybridflow.simulator.algorithms.settings import AdvantageSettings, KLSettings, RLSettings
 
 
 @algorithm("reinforce++", roles=("actor", "ref", "reward"),

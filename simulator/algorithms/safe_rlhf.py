@@ -8,8 +8,13 @@ from collections import deque
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from .registry import Hooks, algorithm
-from .settings import AdvantageSettings, KLSettings, LagrangeSettings, RLSettings
+from hybridflow.simulator.algorithms.registry import Hooks, algorithm
+from hybridflow.simulator.algorithms.settings import (
+    AdvantageSettings,
+    KLSettings,
+    LagrangeSettings,
+    RLSettings,
+)
 
 
 class LagrangeMultiplier:

@@ -21,10 +21,10 @@ from hybridflow.simulator import (
     hardware_preset,
     model_preset,
 )
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.dataflow import build_dataflow
-from hybridflow.simulator.memory import plan_memory
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.schedule.dataflow import build_dataflow
+from hybridflow.simulator.schedule.schedule import simulate
 
 
 @pytest.mark.parametrize("algo,gib,shape", [("ppo", 24.0, (1, 4)), ("ppo", 3.0, (2, 2)), ("grpo", 2.5, (1, 4)),

@@ -14,10 +14,10 @@ from hybridflow.planner.pricing import RolePricer
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
 from hybridflow.simulator import DeviceGroup, Plan, RolePlan
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.dataflow import build_dataflow
-from hybridflow.simulator.memory import plan_memory
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.schedule.dataflow import build_dataflow
+from hybridflow.simulator.schedule.schedule import simulate
 
 ROLES = ("actor", "critic", "ref", "reward")
 

@@ -8,8 +8,8 @@ from hybridflow.planner.baselines import ds_chat, hybridflow_v, nemo_aligner, op
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import Planner
 from hybridflow.simulator import ClusterSpec, Workload, hardware_preset, model_preset
-from hybridflow.simulator.memory import plan_memory
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.schedule.schedule import simulate
 
 WL = Workload(prompts=256, prompt_len=512, response_len=512)
 

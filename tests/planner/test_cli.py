@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hybridflow.simulator import Plan
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.tools.cli import main
 
 SMALL = ["--gpu", "a100-80g", "--nodes", "1", "--gpus-per-node", "8", "--model", "llama2-7b", "--batch", "64",

@@ -10,8 +10,8 @@ from hybridflow.planner.brute import brute_force
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import Rollout, search
 from hybridflow.simulator import Workload
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.memory import plan_memory
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.memory import plan_memory
 
 
 def _check(req, rollout=Rollout()):

@@ -12,9 +12,9 @@ from hybridflow.planner.configs import train_configs
 from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.memory import plan_memory
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.schedule.schedule import simulate
 
 
 def test_ep_is_enumerated_for_moe_models_on_megatron_only():

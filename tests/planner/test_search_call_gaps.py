@@ -10,8 +10,8 @@ from hybridflow.planner.brute import brute_force
 from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
-from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+from hybridflow.simulator.schedule.schedule import simulate
 
 GAPS = EngineOverheads(dispatch_seconds=0.05, queued_call_seconds=0.02, call_seconds=0.001)
 

@@ -21,7 +21,7 @@ LOCAL_CPUS = 8
 def _start_local():
     import ray
 
-    from hybridflow.runtime.resource_pool import init_ray
+    from hybridflow.runtime.controller.resource_pool import init_ray
 
     if not ray.is_initialized():
         init_ray(num_cpus=LOCAL_CPUS)
@@ -60,7 +60,7 @@ def ray_two_nodes(ray_local, tmp_path_factory):
     import ray
     from ray.cluster_utils import Cluster
 
-    from hybridflow.runtime.worker_group import shutdown_all
+    from hybridflow.runtime.controller.worker_group import shutdown_all
 
     shutdown_all()
     ray.shutdown()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
-from hybridflow.simulator.decoder_config import DecoderConfig
+from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)

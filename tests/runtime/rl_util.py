@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.model import ModelSpec, model_preset
+from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 
 TINY = model_preset("tiny")
 # Algorithms test_rl_e2e.py runs end to end in several placements; test_algorithms_e2e.py runs the others.
@@ -54,8 +54,8 @@ def policy_folder(path, seed: int = 1, dtype=None):
 
 def simulated_calls(plan: Plan, kl_in_reward: bool) -> list[tuple[str, str]]:
     """(op, role) of the simulator's graph of `plan` in call order, as the runtime's Dataflow logs its calls."""
-    from hybridflow.simulator.dataflow import call_order
-    from hybridflow.simulator.schedule import plan_dataflow
+    from hybridflow.simulator.schedule.dataflow import call_order
+    from hybridflow.simulator.schedule.schedule import plan_dataflow
 
     graph, _ = plan_dataflow(plan, kl_in_reward)
     return [(graph.nodes[n]["op"], graph.nodes[n]["role"]) for n in call_order(graph)

@@ -21,7 +21,7 @@ WORKLOAD = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len
 
 @pytest.mark.parametrize("name", [a for a in algorithm_names() if a not in PLACEMENT_TESTED])
 def test_algorithm_runs_and_its_simulated_graph_is_what_ran(ray_local, name):
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.trainer import Trainer
 
     algo = get_algorithm(name)
     # An exact-match reward: groups whose samples all fail (or all succeed) are common, so a filtering

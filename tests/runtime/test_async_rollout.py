@@ -12,9 +12,9 @@ import pytest
 import torch
 from rl_util import tiny_plan
 
-from hybridflow.runtime.async_rollout import RolloutQueue
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.calls import WorkerDiedError
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.calls import WorkerDiedError
+from hybridflow.runtime.rl.async_rollout import RolloutQueue
 from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan, Workload
 
 WORKLOAD = Workload(prompts=4, prompt_len=16, response_len=8, samples_per_prompt=2, micro_batch_size=8,
@@ -67,9 +67,9 @@ def test_queue_takes_oldest_first_and_drops_groups_older_than_k():
 @pytest.mark.ray
 @pytest.mark.slow
 def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, tmp_path):
-    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.runtime.tasks.data import PromptSampler
-    from hybridflow.runtime.trainer import Trainer
 
     k, b = 2, WORKLOAD.prompts
     plan = async_plan("async", ParallelConfig(tp=2), max_staleness=k)  # a slow (tp = 2) rollout
@@ -125,8 +125,8 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
 @pytest.mark.ray
 @pytest.mark.slow
 def test_async_with_k1_and_whole_batch_chunks_is_one_step_off(ray_local):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     runs = {}
     for mode in ("one-step-off", "async"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.runtime.batch import Batch
+from hybridflow.runtime.controller.batch import Batch
 from hybridflow.simulator.errors import HflowError
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint retention (runtime/checkpoints.py prune_checkpoints): the newest `keep_last` complete
+"""Checkpoint retention (runtime/rl/checkpoints.py prune_checkpoints): the newest `keep_last` complete
 checkpoints stay, the one `latest` names always stays, a crashed save older than the newest complete
 one goes, nothing else in the folder is touched. Alike in a local folder and at a URL (fsspec's
 memory://: no file of it is on disk, so no step can take a path for it). No Ray (the end-to-end run
@@ -10,8 +10,8 @@ import secrets
 
 import pytest
 
-from hybridflow.runtime.checkpoints import prune_checkpoints
-from hybridflow.runtime.locations import Location
+from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.rl.checkpoints import prune_checkpoints
 
 
 @pytest.fixture(params=["path", "url"])

@@ -9,12 +9,12 @@ import pytest
 from rich.console import Console
 from rl_util import tiny_plan
 
-from hybridflow.runtime.run_config import RunConfig
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import Workload
 from hybridflow.simulator.errors import HflowError
-from hybridflow.tools.cmd_run import join_cluster
-from hybridflow.tools.preflight import RunChecks
-from hybridflow.tools.run_report import ConsoleEvents
+from hybridflow.tools.commands.run import join_cluster
+from hybridflow.tools.preflight.checks import RunChecks
+from hybridflow.tools.reports.run import ConsoleEvents
 
 pytestmark = pytest.mark.ray
 

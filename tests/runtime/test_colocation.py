@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 pytestmark = pytest.mark.ray
 
@@ -50,8 +50,8 @@ class Critic(Actor):
 
 @pytest.fixture(scope="module")
 def colocated(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     group = WorkerGroup(ResourcePool.local(4, name="coloc"), {
         "actor": RoleSpec(Actor, ParallelConfig(dp=2, tp=2), kwargs={"scale": 1.0}),

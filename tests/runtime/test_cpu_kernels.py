@@ -8,10 +8,16 @@ import subprocess
 import pytest
 import torch
 
-from hybridflow.runtime.engines import cpu_kernels, fast_decode, generation
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
+from hybridflow.runtime.engines.cpu_decode import cpu_kernels, fast_decode
+from hybridflow.runtime.engines.rollout import generation
+from hybridflow.runtime.engines.rollout.generation import (
+    GenerationEngine,
+    SamplingParams,
+    left_pad,
+    sample_tokens,
+)
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 C = cpu_kernels.kernels()
 pytestmark = pytest.mark.skipif(C is None, reason="no C compiler here: the fused path runs torch's ops")
@@ -44,7 +50,7 @@ def test_a_failing_compiler_raises_and_leaves_nothing(tmp_path, monkeypatch):
 def test_loading_the_kernels_keeps_subnormal_floats():
     """The library is compiled with -ffast-math but not linked with it: loading it must not switch the
     process to flush-to-zero (torch's and numpy's float ops keep their subnormals)."""
-    code = ("import numpy as np, torch; from hybridflow.runtime.engines import cpu_kernels; "
+    code = ("import numpy as np, torch; from hybridflow.runtime.engines.cpu_decode import cpu_kernels; "
             "assert cpu_kernels.kernels() is not None; "
             "tiny = np.float32(1e-38); print(float(tiny * np.float32(1e-3)), float(torch.tensor(1e-38) * 1e-3))")
     out = subprocess.run(["python", "-c", code], capture_output=True, text=True, check=True)
@@ -53,7 +59,7 @@ def test_loading_the_kernels_keeps_subnormal_floats():
 
 def test_kernels_can_be_switched_off():
     env = dict(os.environ, HFLOW_CPU_KERNELS="0")
-    out = subprocess.run(["python", "-c", "from hybridflow.runtime.engines import cpu_kernels; "
+    out = subprocess.run(["python", "-c", "from hybridflow.runtime.engines.cpu_decode import cpu_kernels; "
                           "print(cpu_kernels.kernels())"], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "None"
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from rl_util import TINY, simulated_calls, tiny_plan
 
-from hybridflow.runtime.calls import WorkerDiedError
+from hybridflow.runtime.controller.calls import WorkerDiedError
 from hybridflow.simulator import OPS, Device, DeviceGroup, ParallelConfig, Plan, Workload
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -46,8 +46,8 @@ def step_checked(t) -> dict:
 
 
 def test_sync_two_rollout_replicas_weights_exact_and_bytes(ray_local):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     plan = plan_for("sync", None)  # two data-parallel rollout replicas
     with Trainer(plan, RunConfig()) as t:
@@ -69,8 +69,8 @@ def test_sync_two_rollout_replicas_weights_exact_and_bytes(ray_local):
 
 
 def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     plan = plan_for("one-step-off", ParallelConfig(tp=2))  # one rollout replica, tensor-parallel over 2
     with Trainer(plan, RunConfig(save_every=5), checkpoint_dir=tmp_path) as t:
@@ -108,10 +108,10 @@ def test_one_step_off_dynamic_sampling_resumes_without_replaying_or_losing_promp
     """DAPO one step off: an extra sampling round draws its prompts after the look-ahead's (in flight) and trains
     them at once; the checkpoint makes a resumed run draw the look-ahead's again and then carry on after the
     round's — the sampler's order, no prompt trained twice or skipped."""
-    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.runtime.tasks.builtin import sort_reward
     from hybridflow.runtime.tasks.data import PromptSampler
-    from hybridflow.runtime.trainer import Trainer
 
     plan = plan_for("one-step-off", None, algorithm="dapo")
 
@@ -143,8 +143,8 @@ def test_one_step_off_dynamic_sampling_resumes_without_replaying_or_losing_promp
 def test_sync_on_rollout_devices_trains_exactly_as_the_hybrid_engine(ray_local):
     """The same rollouts (weights applied on the rollout side, the same sampler seeds) and so the same updates:
     a rollout that generated from stale weights, drew other randomness or trained with other settings differs."""
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     disaggregated = plan_for("sync", None)
     doc = disaggregated.model_dump()

@@ -2,11 +2,11 @@
 
 import pytest
 
-from hybridflow.simulator.profile import ProfilePoint
+from hybridflow.simulator.calibration.profile import ProfilePoint
 
 
 def test_dispatch_gaps_between_dependent_and_queued_calls(ray_local):
-    from hybridflow.runtime.dispatch_probe import measure_dispatch
+    from hybridflow.runtime.measure.dispatch_probe import measure_dispatch
 
     dependent, queued = measure_dispatch(devices=2, batch=8, seq_len=12, calls=6)
     for point, mode in ((dependent, "dependent"), (queued, "queued")):

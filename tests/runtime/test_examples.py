@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli import main
-from hybridflow.tools.preflight import Machine, Node, RunChecks, preflight
+from hybridflow.tools.preflight.checks import Machine, Node, RunChecks, preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted((ROOT / "examples" / "plans").glob("*.json"))

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybridflow.runtime.calls import WorkerDiedError, get_all
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
+from hybridflow.runtime.controller.calls import WorkerDiedError, get_all
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
 
 pytestmark = pytest.mark.ray
 
@@ -47,8 +47,8 @@ def _gone(pid: int) -> bool:
 
 
 def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     victim = WorkerGroup(ResourcePool.local(2, name="victim"), {"actor": RoleSpec(Stuck)})
     bystander = WorkerGroup(ResourcePool.local(1, name="bystander"), {"critic": RoleSpec(Stuck)})
@@ -83,7 +83,7 @@ def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_l
 def test_death_cause_names_memory_when_ray_killed_the_worker_for_it():
     from ray.exceptions import ActorDiedError, OutOfMemoryError
 
-    from hybridflow.runtime.calls import death_cause
+    from hybridflow.runtime.controller.calls import death_cause
 
     # the memory monitor's text (Ray's docs, "Out-of-Memory Prevention")
     oom = OutOfMemoryError("Task was killed due to the node running low on memory.\nMemory on the node (IP: 10.0.0.2, "
@@ -104,9 +104,9 @@ class SlowStart(Worker):
 
 @pytest.mark.slow
 def test_a_start_past_the_start_timeout_names_the_stage_and_reports_while_it_waits(ray_local):
-    from hybridflow.runtime.calls import WorkerTimeoutError
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.calls import WorkerTimeoutError
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     class ShortWeightsStage(WorkerGroup):
         """The start timeout, short for the weights stage only: the test then waits 8 s for it, while

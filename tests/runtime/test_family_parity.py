@@ -12,12 +12,12 @@ transformers = pytest.importorskip("transformers")
 
 from family_util import CASES, SCORE_CASES, hf_config, hf_model, token_batch  # noqa: E402
 
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams  # noqa: E402
+from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams  # noqa: E402
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel, num_params  # noqa: E402
 from hybridflow.runtime.models.folder_check import INDEX_FILE, WEIGHTS_FILE  # noqa: E402
 from hybridflow.runtime.models.hf_format import load_pretrained, save_pretrained  # noqa: E402
-from hybridflow.simulator.families import read_hf_config, tensor_shapes  # noqa: E402
-from hybridflow.simulator.model import ModelSpec  # noqa: E402
+from hybridflow.simulator.vocabulary.families import read_hf_config, tensor_shapes  # noqa: E402
+from hybridflow.simulator.vocabulary.model import ModelSpec  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -14,10 +14,10 @@ from dist_util import run_distributed
 from family_util import hf_config
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
-from hybridflow.simulator.families import read_hf_config
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.families import read_hf_config
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 STEPS = 3
 # family_util cases; the tied variants of Llama and Qwen3 take no other TP path than these.

@@ -8,10 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hybridflow.runtime.engines import cpu_kernels, fast_decode, matmul_kernels
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
+from hybridflow.runtime.engines.cpu_decode import cpu_kernels, fast_decode, matmul_kernels
+from hybridflow.runtime.engines.rollout.generation import (
+    GenerationEngine,
+    SamplingParams,
+    left_pad,
+    sample_tokens,
+)
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 torch.set_num_threads(1)
 

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from engine_util import nll_loss, tiny_model, token_batch
 
-from hybridflow.runtime.engines.training import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
 from hybridflow.runtime.workers.common import engine_fingerprint, exact_bytes
 
 

@@ -9,11 +9,16 @@ import pytest
 import torch
 from dist_util import run_distributed
 
-from hybridflow.runtime.engines import fast_decode, matmul_kernels
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad, sample_tokens
+from hybridflow.runtime.engines.cpu_decode import fast_decode, matmul_kernels
+from hybridflow.runtime.engines.rollout.generation import (
+    GenerationEngine,
+    SamplingParams,
+    left_pad,
+    sample_tokens,
+)
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]]
@@ -167,7 +172,7 @@ def test_draw_follows_softmax_and_is_per_row():
     """`_draw` (inverse CDF, one uniform per row): frequencies match the softmax over probabilities
     spanning four decades, masked (-inf) entries are never drawn, and rows drawn out of a bigger
     batch (`rows`, `batch`) get what those rows get when the whole batch draws."""
-    from hybridflow.runtime.engines.generation import _draw
+    from hybridflow.runtime.engines.rollout.generation import _draw
 
     logits = torch.linspace(0.0, -9.0, 64)
     logits[5::6] = float("-inf")

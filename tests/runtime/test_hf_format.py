@@ -13,7 +13,7 @@ from hybridflow.runtime.models import hf_format  # noqa: E402
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel  # noqa: E402
 from hybridflow.runtime.models.hf_format import CARRIED_FILES, load_pretrained, save_pretrained  # noqa: E402
 from hybridflow.simulator.errors import HflowError  # noqa: E402
-from hybridflow.simulator.model import model_preset  # noqa: E402
+from hybridflow.simulator.vocabulary.model import model_preset  # noqa: E402
 
 
 def _model(seed=0, **overrides) -> CausalLM:

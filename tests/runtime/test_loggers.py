@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hybridflow.runtime.loggers import open_loggers, parse_logger_names, scalars
+from hybridflow.runtime.rl.loggers import open_loggers, parse_logger_names, scalars
 from hybridflow.simulator.errors import HflowError
 
 SAMPLES = [{"prompt": [{"role": "user", "content": "what is 2 plus 3?"}], "response": "5 | five", "reward": 1.0}]

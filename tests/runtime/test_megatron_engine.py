@@ -15,8 +15,8 @@ from dist_util import needs_megatron, run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 pytestmark = needs_megatron
 
@@ -83,8 +83,8 @@ def _training_state(engine) -> dict[str, torch.Tensor]:
 def _all_cases(rank, world, ckpt):
     from megatron.core import parallel_state
 
-    from hybridflow.runtime.engines.hybrid import HybridEngine
-    from hybridflow.runtime.engines.megatron_training import MegatronEngine
+    from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
+    from hybridflow.runtime.engines.train.megatron.engine import MegatronEngine
     from hybridflow.runtime.models.decoder import CausalLM
 
     def resharded(engine, gen: ParallelConfig) -> list[str]:
@@ -104,7 +104,7 @@ def _all_cases(rank, world, ckpt):
     # every expert from the two ep ranks in each generation replica
     out["reshard-moe"] = resharded(engine, ParallelConfig(dp=4))
     # generating frees the trainer's weight and gradient buffers; to_training rebuilds them bit-identical
-    from hybridflow.runtime.engines.generation import SamplingParams
+    from hybridflow.runtime.engines.rollout.generation import SamplingParams
 
     before = _training_state(engine)
     hybrid = HybridEngine(engine, CausalLM(engine.decoder_config), ParallelConfig(dp=4))
@@ -139,8 +139,8 @@ def _all_cases(rank, world, ckpt):
 
 def _profile_points(rank, world):
     """`hflow-plan profile --megatron --quick`'s Megatron jobs (one timed run each) in this group."""
-    from hybridflow.runtime.profiling import measure_jobs
-    from hybridflow.tools.cmd_profile import megatron_grid
+    from hybridflow.runtime.measure.profiling import measure_jobs
+    from hybridflow.tools.commands.profile import megatron_grid
 
     return measure_jobs(rank, world, megatron_grid(world, quick=True), 0, 1)
 
@@ -148,8 +148,8 @@ def _profile_points(rank, world):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return run_distributed(_all_cases, 4, str(tmp_path_factory.mktemp("megatron") / "ckpt"), timeout=600,
-                           preload=["torch", "tensordict", "hybridflow.runtime.engines.megatron_preload",
-                                    "hybridflow.runtime.engines.megatron_training"],
+                           preload=["torch", "tensordict", "hybridflow.runtime.engines.train.megatron.preload",
+                                    "hybridflow.runtime.engines.train.megatron.engine"],
                            daemon=False)  # dist_checkpointing forks its file writers
 
 
@@ -197,7 +197,7 @@ def test_megatron_save_load_is_exact(results, case):
 
 @pytest.mark.slow
 def test_the_profilers_megatron_jobs_run_the_megatron_engine(results):
-    from hybridflow.simulator.profile import ProfilePoint
+    from hybridflow.simulator.calibration.profile import ProfilePoint
 
     points = [ProfilePoint.model_validate(r) for r in results[0]["profile"]]
     assert {p.op for p in points} == {"megatron_train", "megatron_forward"}

@@ -18,8 +18,8 @@ ITERATIONS = 2
 
 
 def _run(plan, tmp_path):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     with Trainer(plan, RunConfig(), metrics_path=tmp_path / "metrics.jsonl") as t:
         out = t.run(ITERATIONS)

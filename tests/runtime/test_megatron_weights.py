@@ -8,8 +8,8 @@ import pytest
 import torch
 from engine_util import tiny_model
 
-from hybridflow.runtime.engines.megatron_model import megatron_problems
-from hybridflow.runtime.engines.megatron_weights import (
+from hybridflow.runtime.engines.train.megatron.model import megatron_problems
+from hybridflow.runtime.engines.train.megatron.weights import (
     hf_to_megatron,
     hf_tp_dim,
     is_expert,
@@ -19,7 +19,7 @@ from hybridflow.runtime.engines.megatron_weights import (
     tp_shard,
     tp_unshard,
 )
-from hybridflow.simulator.decoder_config import DecoderConfig, RopeScaling
+from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig, RopeScaling
 
 OPTIONS = {
     "llama-gqa": dict(num_key_value_heads=2),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from hybridflow.runtime.metrics_file import append_metrics, drop_after
+from hybridflow.runtime.rl.metrics_file import append_metrics, drop_after
 from hybridflow.simulator.io import write_atomic
 
 

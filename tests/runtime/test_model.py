@@ -20,8 +20,8 @@ from hybridflow.runtime.models.decoder import (  # noqa: E402
 )
 from hybridflow.runtime.models.hf_format import load_pretrained, save_pretrained  # noqa: E402
 from hybridflow.simulator.errors import HflowError  # noqa: E402
-from hybridflow.simulator.families import read_hf_config  # noqa: E402
-from hybridflow.simulator.model import ModelSpec, model_preset  # noqa: E402
+from hybridflow.simulator.vocabulary.families import read_hf_config  # noqa: E402
+from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -16,14 +16,14 @@ import torch
 import torch.distributed as dist
 from rl_util import tiny_plan
 
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.hardware import ClusterSpec, hardware_preset
-from hybridflow.simulator.model import ModelSpec
-from hybridflow.simulator.parallel import ParallelConfig
-from hybridflow.simulator.plan import Device, DeviceGroup, Plan, RolePlan
-from hybridflow.simulator.workload import Workload
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
+from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan, RolePlan
+from hybridflow.simulator.vocabulary.workload import Workload
 
 pytestmark = pytest.mark.ray
 
@@ -74,9 +74,9 @@ class Where(Worker):
 def test_groups_land_on_the_planned_nodes_in_stable_rank_order(ray_two_nodes):
     import ray
 
-    from hybridflow.runtime.network import IFNAME_VARS
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, groups_from_plan
+    from hybridflow.runtime.controller.network import IFNAME_VARS
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, groups_from_plan
 
     node_of_label = {k: n["NodeID"] for n in ray.nodes() if n["Alive"] for k in n["Resources"]
                      if k.startswith("hflow_node_")}
@@ -110,7 +110,7 @@ def test_groups_land_on_the_planned_nodes_in_stable_rank_order(ray_two_nodes):
 
 
 def test_plan_naming_a_node_the_cluster_lacks_is_a_one_line_error(ray_two_nodes):
-    from hybridflow.runtime.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
 
     pool = ResourcePool([Device(node=2, index=0)], name="far")
     with pytest.raises(HflowError, match="no Ray node has resource 'hflow_node_2'"):
@@ -126,7 +126,7 @@ def interface_holding(ip: str) -> str:
 
 
 def test_unlabelled_nodes_are_numbered_by_address_among_those_with_the_plans_devices():
-    from hybridflow.runtime.resource_pool import plan_nodes
+    from hybridflow.runtime.controller.resource_pool import plan_nodes
 
     def node(ip, **res):
         return {"Alive": True, "NodeID": ip, "NodeManagerAddress": ip, "Resources": {"CPU": 8.0, **res}}
@@ -141,7 +141,7 @@ def test_unlabelled_nodes_are_numbered_by_address_among_those_with_the_plans_dev
 
 
 def test_a_node_short_of_resources_is_named_with_what_it_has_and_what_the_plan_asks(ray_two_nodes):
-    from hybridflow.runtime.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
 
     pool = ResourcePool([Device(node=1, index=i) for i in range(3)], name="big")
     with pytest.raises(HflowError, match=r"plan node 1 \(ip 127\.0\.0\.2, ray node \w+\) has 2 CPU; group 'big' "
@@ -150,9 +150,9 @@ def test_a_node_short_of_resources_is_named_with_what_it_has_and_what_the_plan_a
 
 
 def test_the_users_interface_setting_reaches_every_worker_and_a_hung_call_is_named(ray_two_nodes, monkeypatch):
-    from hybridflow.runtime.calls import WorkerTimeoutError
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.calls import WorkerTimeoutError
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", interface_holding("127.0.0.1"))
     g = WorkerGroup(ResourcePool([Device(node=0, index=0), Device(node=1, index=0)], name="slow"),
@@ -175,7 +175,7 @@ def test_the_users_interface_setting_reaches_every_worker_and_a_hung_call_is_nam
 def test_folders_one_node_cannot_see_are_one_line_naming_it_before_anything_loads(ray_two_nodes, tmp_path, capsys):
     from rl_util import policy_folder
 
-    from hybridflow.runtime.storage import MARKER_PREFIX
+    from hybridflow.runtime.controller.storage import MARKER_PREFIX
     from hybridflow.tools.cli import main
 
     private = ray_two_nodes.private_dir
@@ -196,11 +196,11 @@ def test_folders_one_node_cannot_see_are_one_line_naming_it_before_anything_load
 
 @pytest.mark.slow
 def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ray_two_nodes, tmp_path, monkeypatch):
-    from hybridflow.runtime.checkpoints import publish_latest
-    from hybridflow.runtime.elastic import run_with_restarts
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.run_events import RunEvents
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.checkpoints import publish_latest
+    from hybridflow.runtime.rl.elastic import run_with_restarts
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.run_events import RunEvents
+    from hybridflow.runtime.rl.trainer import Trainer
 
     class Phases(RunEvents):
         def __init__(self):
@@ -249,9 +249,9 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ra
 
 def test_a_lost_node_is_named_with_its_ranks_not_blamed_on_a_peer(ray_two_nodes):
     """Last in this module: it takes node 1 away."""
-    from hybridflow.runtime.calls import WorkerDiedError
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.calls import WorkerDiedError
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     g = WorkerGroup(ResourcePool([Device(node=0, index=0), Device(node=1, index=0)], name="spread"),
                     {"actor": RoleSpec(Where)})

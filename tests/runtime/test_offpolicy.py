@@ -7,9 +7,9 @@ import torch
 from rl_util import tiny_plan
 
 from hybridflow.runtime.algorithms.losses import actor_loss, behaviour_weights
-from hybridflow.runtime.plan_support import check_runnable, rollout_parallel
-from hybridflow.runtime.run_config import RunConfig
-from hybridflow.runtime.weight_sync import buckets, tensor_specs
+from hybridflow.runtime.engines.rollout.weight_sync import buckets, tensor_specs
+from hybridflow.runtime.rl.plan_support import check_runnable, rollout_parallel
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan
 from hybridflow.simulator.algorithms.settings import PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
@@ -67,7 +67,7 @@ def _disaggregated(mode: str = "sync", generate: ParallelConfig | None = None, *
 def test_modes_and_rollout_devices_in_the_plan():
     plan = _disaggregated("one-step-off")
     check_runnable(plan, RunConfig())
-    check_runnable(_disaggregated("async"), RunConfig())  # executed (runtime/async_rollout.py)
+    check_runnable(_disaggregated("async"), RunConfig())  # executed (runtime/rl/async_rollout.py)
     remax = Plan.model_validate({**_disaggregated("async").model_dump(), "algorithm": "remax"})
     check_runnable(remax.with_mode("sync"), RunConfig())
     for mode in ("one-step-off", "async"):  # the baseline would be another batch's prompts'

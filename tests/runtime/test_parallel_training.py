@@ -8,15 +8,15 @@ from dist_util import run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.training import (
+from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.engines.train.fsdp.engine import (
     OptimConfig,
     TrainingEngine,
     token_entropy,
     token_log_probs,
 )
-from hybridflow.runtime.locations import Location
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 STEPS = 3
 OPTIM = OptimConfig(lr=3e-3, grad_clip=0.5)

@@ -4,11 +4,11 @@ optimizer, each with the work it did (tokens computed, the attention context the
 
 import torch
 
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.engines.phase_clock import PhaseClock
-from hybridflow.runtime.engines.training import TrainingEngine
+from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13]]
 

@@ -9,12 +9,12 @@ from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
-from hybridflow.runtime.engines.hybrid import HybridEngine
 from hybridflow.runtime.engines.parallelize import tp_plan_dims
-from hybridflow.runtime.engines.reshard import ReshardLayout
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
+from hybridflow.runtime.engines.rollout.reshard import ReshardLayout
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 LAYERS = 4
 CASES = [(2, 2, 1, 1), (2, 2, 1, 2), (2, 1, 2, 1)]  # (p, t, d, t_g) on 4 processes

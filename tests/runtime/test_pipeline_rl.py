@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def _run(plan, tmp_path):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     with Trainer(plan, RunConfig(), metrics_path=tmp_path / "metrics.jsonl") as t:
         return t.run(2), t.timeline

@@ -8,10 +8,10 @@ from dist_util import run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.pipeline import equal_micro_size, split_stage, stage_layers
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.pipeline import equal_micro_size, split_stage, stage_layers
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 STEPS = 3
 OPTIM = OptimConfig(lr=3e-3, grad_clip=0.5)

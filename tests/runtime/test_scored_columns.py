@@ -5,10 +5,10 @@ it reads (to float rounding: the head's matmul has fewer rows) — packed micro-
 
 import torch
 
-from hybridflow.runtime.engines.generation import left_pad
-from hybridflow.runtime.engines.training import TrainingEngine
+from hybridflow.runtime.engines.rollout.generation import left_pad
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM, positions_from_mask
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 R = 4
 

@@ -8,11 +8,11 @@ from dist_util import run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
-from hybridflow.runtime.engines.hybrid import HybridEngine
-from hybridflow.runtime.engines.training import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
+from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
+from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 PROMPTS = [[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6], [88]]
 GREEDY = SamplingParams(greedy=True, max_new_tokens=10)

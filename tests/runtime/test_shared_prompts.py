@@ -5,12 +5,16 @@ tokens, and micro-batches and data-parallel shards keep each prompt's rows toget
 
 import torch
 
-from hybridflow.runtime.dataflow import dp_balanced_order
-from hybridflow.runtime.engines.generation import left_pad
-from hybridflow.runtime.engines.shared_prompts import micro_batch_rows, prompt_groups, share_prompts
-from hybridflow.runtime.engines.training import TrainingEngine
+from hybridflow.runtime.engines.rollout.generation import left_pad
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
+    micro_batch_rows,
+    prompt_groups,
+    share_prompts,
+)
 from hybridflow.runtime.models.decoder import CausalLM, positions_from_mask
-from hybridflow.simulator.model import model_preset
+from hybridflow.runtime.rl.dataflow import dp_balanced_order
+from hybridflow.simulator.vocabulary.model import model_preset
 
 R = 6  # response columns
 
@@ -108,7 +112,7 @@ def test_rows_of_a_prompt_apart_in_one_micro_batch_give_the_same_log_probs():
 def test_a_sliding_window_shares_prompts_only_where_the_rows_stay_inside_it():
     """The block mask has no window: an engine shares prompts when every row fits in the shortest window (the
     window then hides nothing) and runs its row packing otherwise — the same rule the simulator prices."""
-    from hybridflow.simulator.model import ModelSpec
+    from hybridflow.simulator.vocabulary.model import ModelSpec
 
     batch = _batch()
     columns = batch["input_ids"].shape[1]

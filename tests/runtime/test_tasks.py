@@ -10,7 +10,7 @@ from hybridflow.runtime.tasks.data import PromptDataset, PromptSampler
 from hybridflow.runtime.tasks.rewards import load_function, score_responses
 from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 
 def test_tokenizer_fits_tiny_preset_and_round_trips():

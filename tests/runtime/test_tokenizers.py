@@ -12,7 +12,7 @@ from hf_util import build_hf_folder, build_tokenizer
 from hybridflow.runtime.tasks.model_tokenizer import HFTokenizer, load_tokenizer
 from hybridflow.runtime.tasks.tokenizer import CharTokenizer
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import ModelSpec, model_preset
+from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 
 pytest.importorskip("transformers")
 
@@ -82,7 +82,7 @@ def test_decoding_drops_special_tokens_and_stops_at_any_eos(folder):
 
 
 def test_several_eos_ids_stop_generation(folder):
-    from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams
+    from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams
     from hybridflow.runtime.models.hf_format import load_pretrained
 
     model = load_pretrained(folder).eval()

@@ -12,7 +12,7 @@ from rl_util import tiny_plan
 
 from hybridflow.simulator import Workload
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import ModelSpec
+from hybridflow.simulator.vocabulary.model import ModelSpec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -88,8 +88,8 @@ def test_cli_grpo_on_a_user_folder_until_the_reward_raises(ray_local, user_model
 
 
 def test_trainer_reward_nan_or_not_a_number_ends_the_iteration_cleanly(ray_local, user_model, tmp_path):
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _rows(chat=False)))
@@ -117,7 +117,7 @@ def test_trainer_reward_model_nan_scores_are_one_line(ray_local, user_model, tmp
     import torch
 
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.trainer import Trainer
     from hybridflow.runtime.workers.common import load_score_model
 
     rm = load_score_model(user_model)
@@ -128,7 +128,7 @@ def test_trainer_reward_model_nan_scores_are_one_line(ray_local, user_model, tmp
     data.write_text("".join(json.dumps(r) + "\n" for r in _rows(chat=True)))
     plan = tiny_plan("grpo", [["actor", "ref", "reward"]], workload=WORKLOAD, model=ModelSpec.from_hf_config(user_model),
                      paths={"actor": str(user_model), "reward": str(tmp_path / "rm")})
-    from hybridflow.runtime.run_config import RunConfig
+    from hybridflow.runtime.rl.run_config import RunConfig
 
     with Trainer(plan, RunConfig(prompts_file=str(data)), metrics_path=tmp_path / "m.jsonl") as t:
         with pytest.raises(HflowError, match=f"reward model {tmp_path / 'rm'} scored nan for sample 0 \\(row \\d+ of "

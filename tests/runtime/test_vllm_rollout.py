@@ -11,13 +11,13 @@ import pytest
 import torch
 from rl_util import tiny_plan
 
-from hybridflow.runtime.engines.generation import GenerationEngine, SamplingParams, left_pad
-from hybridflow.runtime.engines.training import TrainingEngine
-from hybridflow.runtime.engines.vllm_rollout import VllmRollout, import_vllm, named_tensors
+from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
+from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout, import_vllm, named_tensors
+from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator import ParallelConfig, Plan, Workload
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 
 PROMPTS = [[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]]
 # Longer than vLLM's KV blocks, so that the prefix cache keeps them (and must drop them on a reload).
@@ -136,8 +136,8 @@ def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path, backe
     if backend == "megatron":
         pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install -e '.[megatron]')")
     from hybridflow.runtime.models.hf_format import load_pretrained
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8)
     plan = tiny_plan("grpo", [["actor", "ref"]], [2], train={"actor": ParallelConfig(tp=2, backend=backend),
@@ -205,8 +205,8 @@ def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tm
     """The actor trains on device 0; vLLM generates on device 1 (`generate_group`, `rollout: vllm`). After every
     sync the weights handed to vLLM are the actor's (digest), and vLLM then generates with them."""
     from hybridflow.runtime.models.hf_format import load_pretrained
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8, mini_batches=1)
     doc = tiny_plan("grpo", [["actor", "ref"]], workload=w).model_dump()

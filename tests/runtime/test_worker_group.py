@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from hybridflow.runtime.batch import Batch
-from hybridflow.runtime.calls import WorkerCallError
-from hybridflow.runtime.protocols import register
-from hybridflow.runtime.worker import Worker
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.calls import WorkerCallError
+from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.worker import Worker
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 pytestmark = pytest.mark.ray
 
@@ -57,9 +57,9 @@ class TensorParallelMLP(Worker):
 
 @pytest.fixture(scope="module")
 def groups(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
-    from hybridflow.simulator.plan import Device
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.simulator.vocabulary.plan import Device
 
     left = WorkerGroup(ResourcePool([Device(node=0, index=i) for i in (0, 1)], name="left"),
                        {"sleeper": RoleSpec(Sleeper), "tp": RoleSpec(TensorParallelMLP, ParallelConfig(tp=2))})
@@ -117,8 +117,8 @@ def test_worker_exception_names_rank_and_cause(groups):
 
 
 def test_layout_must_match_the_pool(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     with pytest.raises(HflowError, match="uses 4 devices but pool 'two' has 2"):
         WorkerGroup(ResourcePool.local(2, name="two"), {"a": RoleSpec(Sleeper, ParallelConfig(tp=4))})
@@ -131,8 +131,8 @@ class BadInit(Worker):
 
 
 def test_worker_that_fails_to_start_names_role_rank_and_cause(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.runtime.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 
     pool = ResourcePool.local(1, name="bad")
     with pytest.raises(WorkerCallError, match=r"role 'critic' \(BadInit\) failed to start on rank 0 of group 'bad' "
@@ -142,15 +142,15 @@ def test_worker_that_fails_to_start_names_role_rank_and_cause(ray_local):
 
 
 def test_bundles_are_gpus_when_the_cluster_has_them_else_virtual_devices(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
 
     assert ResourcePool.local(2).bundles() == [{"CPU": 1.0}] * 2  # this cluster has no GPUs
     assert ResourcePool.local(2, use_gpu=True, cpus_per_device=4).bundles() == [{"CPU": 4, "GPU": 1.0}] * 2
 
 
 def test_multi_node_plan_folds_onto_a_single_node_cluster(ray_local):
-    from hybridflow.runtime.resource_pool import ResourcePool
-    from hybridflow.simulator.plan import Device
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.simulator.vocabulary.plan import Device
 
     pool = ResourcePool([Device(node=3, index=0), Device(node=1, index=2)], name="far")
     assert pool.bundles() == [{"CPU": 1.0}] * 2  # no node pin: one local node takes every plan node

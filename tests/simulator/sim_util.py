@@ -1,6 +1,6 @@
 """A PPO plan the cost and memory tests both price."""
 
-from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.vocabulary.plan import Plan
 
 
 def make_plan(offload=False, model="llama2-7b", nodes=1, groups=None):

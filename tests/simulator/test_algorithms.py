@@ -86,7 +86,7 @@ def test_dynamic_sampling_prices_the_expected_extra_rollouts():
 
 
 def test_dapo_simulates_its_over_generation():
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     plan = _tiny_plan("dapo")
     base = _op(simulate(plan.model_copy(update={"workload": plan.workload.model_copy(update={"filter_rate": 0.0})})))

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from hybridflow.simulator import ClusterSpec, HflowError, ModelSpec, ParallelConfig, Plan
-from hybridflow.simulator.calibration import (
+from hybridflow.simulator.calibration.fit import (
     PINNED,
     Calibration,
     Term,
@@ -16,13 +16,13 @@ from hybridflow.simulator.calibration import (
     plan_on_profile,
     predict_point,
 )
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.efficiency import EfficiencyParams
-from hybridflow.simulator.hardware import HardwareSpec
-from hybridflow.simulator.profile import Fingerprint, Profile, ProfilePoint
-from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
-from hybridflow.simulator.schedule import simulate
-from hybridflow.simulator.workload import Workload
+from hybridflow.simulator.calibration.profile import Fingerprint, Profile, ProfilePoint
+from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.schedule.schedule import simulate
+from hybridflow.simulator.vocabulary.hardware import HardwareSpec
+from hybridflow.simulator.vocabulary.workload import Workload
 
 TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
                        inter_node_bandwidth=1e9, intra_node_latency=2e-4)

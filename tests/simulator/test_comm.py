@@ -1,7 +1,7 @@
 import pytest
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, hardware_preset
-from hybridflow.simulator.comm import (
+from hybridflow.simulator.pricing.comm import (
     dp_ranks,
     group_link,
     group_spread,
@@ -12,8 +12,8 @@ from hybridflow.simulator.comm import (
     ring_reduce_scatter_seconds,
     tp_ranks,
 )
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 
 A100 = hardware_preset("a100-80g")
 

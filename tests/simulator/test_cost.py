@@ -12,9 +12,9 @@ from hybridflow.simulator import (
     hardware_preset,
     model_preset,
 )
-from hybridflow.simulator.cost import CostModel, OpCost, _sum_of_max
-from hybridflow.simulator.efficiency import EfficiencyParams
-from hybridflow.simulator.memory import InfeasibleError
+from hybridflow.simulator.pricing.cost import CostModel, OpCost, _sum_of_max
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.memory import InfeasibleError
 
 A100 = hardware_preset("a100-80g")
 LLAMA7 = model_preset("llama2-7b")
@@ -210,7 +210,7 @@ def test_calls_are_cheap():
 
 
 def test_price_op_dispatches_every_op(tiny_plan):
-    from hybridflow.simulator.cost import price_op
+    from hybridflow.simulator.pricing.cost import price_op
 
     model = CostModel(tiny_plan.cluster)
     for op, role in [("generate", "actor"), ("actor_logprob", "actor"), ("ref_logprob", "ref"),
@@ -250,7 +250,7 @@ def test_training_utilization_near_published_fsdp_benchmarks(mbs, seq, recompute
 
 
 def test_rule_based_reward_and_advantage_run_on_the_driver():
-    from hybridflow.simulator.cost import price_op
+    from hybridflow.simulator.pricing.cost import price_op
 
     plan = make_plan()
     del plan.roles["reward"]
@@ -305,9 +305,9 @@ def test_long_prefills_go_in_chunks_that_fill_the_pipeline():
 
 def test_vllm_rollout_weight_sync_is_priced_as_a_full_gather(tiny_plan):
     # vLLM takes whole weights on every device (DS-Chat's gather); generation itself is priced alike.
-    from hybridflow.simulator.cost import price_op
-    from hybridflow.simulator.memory import plan_memory
-    from hybridflow.simulator.reshard import reshard_volume
+    from hybridflow.simulator.pricing.cost import price_op
+    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.pricing.reshard import reshard_volume
 
     model = cm()
     data = tiny_plan.model_dump()

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.memory import InfeasibleError
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.memory import InfeasibleError
 
 CM = CostModel(ClusterSpec(hardware=hardware_preset("a100-80g"), nodes=4, devices_per_node=8))
 MODELS = [model_preset(n) for n in ("llama2-7b", "llama3-8b", "llama2-13b")]

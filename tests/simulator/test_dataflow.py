@@ -3,14 +3,14 @@ import pytest
 
 from hybridflow.simulator import OPS, HflowError
 from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
-from hybridflow.simulator.dataflow import (
+from hybridflow.simulator.schedule.dataflow import (
     add_offload_ops,
     build_dataflow,
     call_order,
     needs_old_logprob_pass,
     unroll,
 )
-from hybridflow.simulator.workload import Workload
+from hybridflow.simulator.vocabulary.workload import Workload
 
 
 def flow(algo, roles=None, **kw):

@@ -1,14 +1,14 @@
-"""Expert parallelism in the cost model (simulator/expert_parallel.py): each MoE layer's dispatch and combine
+"""Expert parallelism in the cost model (simulator/pricing/expert_parallel.py): each MoE layer's dispatch and combine
 all-to-alls over the ep ranks, the experts' gradients reduced over dp/ep ranks, and the fp32 gradient
 buffer split like the weights; ep = 1 and dense models price without any of it."""
 
 import pytest
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
-from hybridflow.simulator.comm import alltoall_seconds, ep_ranks, expert_dp_ranks
-from hybridflow.simulator.cost import CostModel
-from hybridflow.simulator.efficiency import EfficiencyParams
-from hybridflow.simulator.memory import train_transient
+from hybridflow.simulator.pricing.comm import alltoall_seconds, ep_ranks, expert_dp_ranks
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.memory import train_transient
 
 A100 = hardware_preset("a100-80g")
 MIXTRAL = model_preset("mixtral-8x7b")

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from hybridflow.simulator import Event, HflowError, Timeline
-from hybridflow.simulator.export import (
+from hybridflow.simulator.schedule.export import (
     OP_COLORS,
     chrome_trace,
     gantt_png,
@@ -11,7 +11,7 @@ from hybridflow.simulator.export import (
     write_chrome_trace,
     write_gantt_png,
 )
-from hybridflow.simulator.timeline import OPS
+from hybridflow.simulator.vocabulary.timeline import OPS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hybridflow.simulator import MODEL_PRESETS, HflowError, ModelSpec
-from hybridflow.simulator.families import FAMILIES, hf_config, read_hf_config, tensor_shapes
+from hybridflow.simulator.vocabulary.families import FAMILIES, hf_config, read_hf_config, tensor_shapes
 from hybridflow.tools.cli import main
 
 # The config.json of each release (Hugging Face hub, fields that matter) and its published total:
@@ -184,7 +184,7 @@ def test_search_refuses_an_unsupported_folder_at_plan_time(tmp_path, capsys):
 def test_expert_parallelism_is_megatrons_and_divides_experts_and_dp():
     from pydantic import ValidationError
 
-    from hybridflow.simulator.parallel import ParallelConfig
+    from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
     with pytest.raises(ValidationError, match="expert parallelism runs on the megatron backend"):
         ParallelConfig(dp=4, ep=2)
@@ -197,8 +197,8 @@ def test_expert_parallelism_is_megatrons_and_divides_experts_and_dp():
 
 
 def test_megatron_memory_splits_the_experts_over_ep():
-    from hybridflow.simulator.memory import state_bytes
-    from hybridflow.simulator.parallel import ParallelConfig
+    from hybridflow.simulator.pricing.memory import state_bytes
+    from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
     moe = MODEL_PRESETS["mixtral-8x7b"]
     assert moe.expert_params() == 32 * 8 * 3 * 4096 * 14336 and MODEL_PRESETS["llama2-7b"].expert_params() == 0

@@ -5,9 +5,9 @@ import pytest
 from sim_util import make_plan
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
-from hybridflow.simulator.cost import BF16, CostModel
-from hybridflow.simulator.efficiency import EfficiencyParams
-from hybridflow.simulator.memory import forward_transient, state_bytes, train_transient
+from hybridflow.simulator.pricing.cost import BF16, CostModel
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.memory import forward_transient, state_bytes, train_transient
 
 A100 = hardware_preset("a100-80g")
 LLAMA7 = model_preset("llama2-7b")

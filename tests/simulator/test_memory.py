@@ -2,8 +2,8 @@ import pytest
 from sim_util import make_plan
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Plan, Workload, hardware_preset, model_preset
-from hybridflow.simulator.cost import CostModel, price_op
-from hybridflow.simulator.memory import (
+from hybridflow.simulator.pricing.cost import CostModel, price_op
+from hybridflow.simulator.pricing.memory import (
     InfeasibleError,
     activation_bytes_per_token_layer,
     check_plan_memory,
@@ -153,7 +153,7 @@ def _plan_on(n, configs, offload=False):
 
 
 def test_min_devices_agrees_with_plan_memory():
-    from hybridflow.simulator.memory import _configs
+    from hybridflow.simulator.pricing.memory import _configs
 
     cl = ClusterSpec(hardware=A100, nodes=1, devices_per_node=8)
     roles = ("actor", "critic", "ref", "reward")

@@ -1,4 +1,4 @@
-"""A device whose neighbours idle runs `alone_speedup` times faster (simulator/neighbours.py): the fit
+"""A device whose neighbours idle runs `alone_speedup` times faster (simulator/schedule/neighbours.py): the fit
 reads the factor off a profile's `alone` points, and the schedule prices each op on devices by how
 much of its span the rest of its node works."""
 
@@ -9,13 +9,13 @@ import pytest
 from test_calibration import synthetic_profile
 from test_schedule import chain_free
 
-from hybridflow.simulator.calibration import calibrate
-from hybridflow.simulator.dataflow import DRIVER
-from hybridflow.simulator.measured_terms import alone_speedup
-from hybridflow.simulator.neighbours import node_share
-from hybridflow.simulator.plan import Device
-from hybridflow.simulator.profile import ProfilePoint
-from hybridflow.simulator.schedule import schedule, schedule_shared
+from hybridflow.simulator.calibration.fit import calibrate
+from hybridflow.simulator.calibration.measured_terms import alone_speedup
+from hybridflow.simulator.calibration.profile import ProfilePoint
+from hybridflow.simulator.schedule.dataflow import DRIVER
+from hybridflow.simulator.schedule.neighbours import node_share
+from hybridflow.simulator.schedule.schedule import schedule, schedule_shared
+from hybridflow.simulator.vocabulary.plan import Device
 
 S = 1.6  # alone speedup of the hand-made cases
 

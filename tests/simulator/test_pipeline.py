@@ -5,8 +5,8 @@ training of batch k in the Timeline, weights come from two updates back (stalene
 import pytest
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
-from hybridflow.simulator.model import model_preset
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.schedule.schedule import simulate
+from hybridflow.simulator.vocabulary.model import model_preset
 
 
 def disaggregated(mode: str, response_len: int = 256) -> Plan:
@@ -60,9 +60,9 @@ def test_timeline_shows_the_overlap_and_the_stale_weights():
 def _hand_schedule(mode: str, k: int, gen: float, train: float, sync: float, iterations: int):
     """The plan's pipelined dataflow scheduled with hand-set seconds: the rollout `gen`, the weight sync
     `sync`, the trainers' side `train` (ref log-probs 1 s, the actor update the rest; driver ops free)."""
-    from hybridflow.simulator.dataflow import unroll
-    from hybridflow.simulator.pipeline import copies_needed, pipeline
-    from hybridflow.simulator.schedule import pipeline_period, plan_dataflow, schedule
+    from hybridflow.simulator.schedule.dataflow import unroll
+    from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline
+    from hybridflow.simulator.schedule.schedule import pipeline_period, plan_dataflow, schedule
 
     plan = disaggregated(mode).model_copy(update={"max_staleness": k})
     graph, lanes = plan_dataflow(plan)

@@ -5,14 +5,14 @@ import json
 import pytest
 
 from hybridflow.simulator import HflowError, ParallelConfig, model_preset
-from hybridflow.simulator.hardware import HardwareSpec
-from hybridflow.simulator.profile import (
+from hybridflow.simulator.calibration.profile import (
     Fingerprint,
     Profile,
     ProfilePoint,
     resolve_profile,
     shipped_profile_path,
 )
+from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 
 HW = HardwareSpec(name="cpu-test", peak_flops=1e10, hbm_bandwidth=1e9, hbm_bytes=8e9, intra_node_bandwidth=1e8,
                   inter_node_bandwidth=1e8)

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridflow.simulator.dataflow import build_dataflow, call_order, lanes_tuple
-from hybridflow.simulator.schedule import makespan, schedule
+from hybridflow.simulator.schedule.dataflow import build_dataflow, call_order, lanes_tuple
+from hybridflow.simulator.schedule.schedule import makespan, schedule
 
 
 def chain_free(nodes):
@@ -118,8 +118,8 @@ def load(name, **changes):
 
 
 def test_simulate_prices_every_op_with_the_cost_model_and_schedules_it():
-    from hybridflow.simulator.cost import CostModel, price_op
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.pricing.cost import CostModel, price_op
+    from hybridflow.simulator.schedule.schedule import simulate
 
     plan = load("ppo-llama2-13b-2x8-split")
     cm = CostModel(plan.cluster)
@@ -138,7 +138,7 @@ def test_simulate_prices_every_op_with_the_cost_model_and_schedules_it():
 
 def test_colocating_everything_serializes_what_a_split_overlaps():
     from hybridflow.simulator import DeviceGroup
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     split = load("ppo-llama2-13b-2x8-split")
     one = split.model_copy(deep=True)
@@ -153,9 +153,9 @@ def test_colocating_everything_serializes_what_a_split_overlaps():
 
 
 def test_a_slower_cost_model_gives_a_slower_timeline():
-    from hybridflow.simulator.cost import CostModel
-    from hybridflow.simulator.efficiency import EfficiencyParams
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.pricing.cost import CostModel
+    from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+    from hybridflow.simulator.schedule.schedule import simulate
 
     plan = load("ppo-llama2-7b-1x8-colocated")
     fast = simulate(plan, CostModel(plan.cluster))
@@ -164,7 +164,7 @@ def test_a_slower_cost_model_gives_a_slower_timeline():
 
 
 def test_grpo_rule_reward_runs_on_the_driver():
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     tl = simulate(load("grpo-llama2-7b-1x8"))
     reward = next(e for e in tl.events if e.op == "reward")
@@ -177,7 +177,7 @@ def test_grpo_rule_reward_runs_on_the_driver():
 
 
 def test_remax_and_safe_rlhf_plans_simulate():
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     roles = load("ppo-llama2-7b-1x8-colocated").model_dump()["roles"]
     remax = load("ppo-llama2-7b-1x8-colocated", algorithm="remax",
@@ -195,7 +195,7 @@ def test_remax_and_safe_rlhf_plans_simulate():
 
 
 def test_offload_adds_host_copies_and_time():
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     plan = load("ppo-llama2-7b-1x8-colocated")
     base = simulate(plan)
@@ -206,7 +206,7 @@ def test_offload_adds_host_copies_and_time():
 
 
 def test_several_iterations_chain_through_the_weights():
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import simulate
 
     tl = simulate(load("ppo-llama2-13b-2x8-split"), iterations=3)
     assert tl.iterations() == [0, 1, 2]

@@ -4,11 +4,11 @@ hand; bad input is one line."""
 
 import pytest
 
-from hybridflow.runtime.plan_support import check_runnable
-from hybridflow.runtime.run_config import RunConfig
-from hybridflow.simulator.calibration import calibrate_file
+from hybridflow.runtime.rl.plan_support import check_runnable
+from hybridflow.runtime.rl.run_config import RunConfig
+from hybridflow.simulator.calibration.fit import calibrate_file
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.schedule import simulate
+from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.tools.bench import async_modes as bench
 
 

@@ -25,8 +25,8 @@ sys.exit(code)
 
 
 def _checkpoint(tmp_path, dtype=None) -> tuple[Path, Path]:
-    from hybridflow.runtime.engines.training import TrainingEngine
-    from hybridflow.runtime.hf_export import copy_model_files
+    from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+    from hybridflow.runtime.models.hf_export import copy_model_files
     from hybridflow.runtime.models.hf_format import load_pretrained
 
     source = policy_folder(tmp_path / "policy", seed=3, dtype=dtype)

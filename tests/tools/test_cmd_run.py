@@ -38,7 +38,7 @@ def test_bad_tokenizer_data_and_logger_inputs_are_one_line_before_ray_starts(tmp
     import ray
     from hf_util import build_hf_folder
 
-    from hybridflow.simulator.model import ModelSpec, model_preset
+    from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 
     small = build_hf_folder(tmp_path / "small", vocab_size=64)  # a 320-token tokenizer, a 64-row embedding
     plans = {"tiny": tiny_plan("grpo", [["actor", "ref"]]),

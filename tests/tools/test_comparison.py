@@ -1,4 +1,4 @@
-"""Predicted vs measured, one way for `run`, `quickstart` and `replay` (tools/comparison.py): seconds,
+"""Predicted vs measured, one way for `run`, `quickstart` and `replay` (tools/reports/comparison.py): seconds,
 a signed error, small ops grouped, one throughput figure, predictions scaled by the machine's speed."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from hybridflow.simulator.timeline import Event, Timeline, throughput
+from hybridflow.simulator.vocabulary.timeline import Event, Timeline, throughput
 from hybridflow.tools.cli import main
-from hybridflow.tools.comparison import SMALL_OP_SECONDS, Comparison, comparison_table, speed_line
+from hybridflow.tools.reports.comparison import SMALL_OP_SECONDS, Comparison, comparison_table, speed_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 1000

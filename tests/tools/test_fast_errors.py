@@ -58,7 +58,7 @@ def test_names_in_any_case():
     assert parser.parse_args(["run", "p.json", "--task", "SORT"]).task == "sort"
     assert parser.parse_args(["quickstart", "--algo", "GRPO"]).algo == "grpo"
     from hybridflow.simulator import hardware_preset, model_preset
-    from hybridflow.simulator.plan import algorithm_name
+    from hybridflow.simulator.vocabulary.plan import algorithm_name
 
     assert hardware_preset("H100-80G").name == "h100-80g" and model_preset("LLaMA2-7B").name == "llama2-7b"
     assert algorithm_name("ReMax") == "remax"
@@ -95,7 +95,7 @@ def test_the_benchmark_times_a_case_as_its_own_process(tmp_path):
 
 
 def test_cluster_flags_reach_the_run_config_and_bad_values_are_one_line(capsys):
-    from hybridflow.tools.cmd_run import run_config
+    from hybridflow.tools.commands.run import run_config
 
     args = build_parser().parse_args(["run", "p.json", "--start-timeout", "900", "--call-timeout", "1800.5",
                                       "--max-restarts", "2"])

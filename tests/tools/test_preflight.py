@@ -1,16 +1,16 @@
-"""tools/preflight.py: a plan checked against a machine before anything starts. The machines are
+"""tools/preflight/checks.py: a plan checked against a machine before anything starts. The machines are
 described explicitly (cores, memory, GPUs), so every case holds on any computer."""
 
 from __future__ import annotations
 
 import pytest
 
-from hybridflow.runtime.plan_support import check_runnable
-from hybridflow.runtime.run_config import RunConfig
+from hybridflow.runtime.rl.plan_support import check_runnable
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli import main
-from hybridflow.tools.preflight import (
+from hybridflow.tools.preflight.checks import (
     MACHINE_CHECKS,
     RUN_CHECKS,
     WORKER_PROCESS_BYTES,
@@ -30,7 +30,7 @@ CPU_BOX = Machine("a 2-core box", (Node(cpus=2, memory=16 * GiB),))
 GPU_BOX = Machine("a 1-GPU box", (Node(cpus=16, memory=128 * GiB, gpus=(141 * GiB,)),))
 
 
-# These plans name a placeholder folder: the folder checks are tools/role_folders.py's (test_role_folders.py).
+# These plans name a placeholder folder: the folder checks are tools/preflight/role_folders.py's (test_role_folders.py).
 PLAN_CHECKS = tuple(c for c in RUN_CHECKS if c is not role_folders_readable)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hybridflow.simulator import Plan
-from hybridflow.simulator.hardware import HardwareSpec
-from hybridflow.simulator.profile import Fingerprint, Profile, ProfilePoint
+from hybridflow.simulator.calibration.profile import Fingerprint, Profile, ProfilePoint
+from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_profile_rejects_bad_output_names(tmp_path, capsys):
 
 def test_passes_merge_by_median_and_pool_their_spread():
     pytest.importorskip("torch")
-    from hybridflow.runtime.profiling import merge_passes
+    from hybridflow.runtime.measure.profiling import merge_passes
 
     job = {"op": "train", "batch": 8}
     passes = [[{**job, "seconds": s, "std": 0.01, "repeats": 3}] for s in (0.10, 0.13, 0.11)]
@@ -176,8 +176,8 @@ def test_profile_option_helpers_move_plans_and_requests(tmp_path, monkeypatch):
     from hybridflow.planner.request import SearchRequest
     from hybridflow.planner.search import search
     from hybridflow.simulator import ClusterSpec, Workload, model_preset
-    from hybridflow.simulator.profiled_cost import ProfiledCostModel
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.calibration.profiled_cost import ProfiledCostModel
+    from hybridflow.simulator.schedule.schedule import simulate
     from hybridflow.tools.profile_option import plan_with_profile, request_with_profile
 
     monkeypatch.setenv("HFLOW_CACHE", str(tmp_path / "cache"))
@@ -198,7 +198,7 @@ def test_profile_option_helpers_move_plans_and_requests(tmp_path, monkeypatch):
 
 def test_probe_figures_follow_from_the_raw_timings():
     pytest.importorskip("torch")
-    from hybridflow.runtime.hardware_probe import COPY_BYTES, LARGE, probe_points, spec_from_probe
+    from hybridflow.runtime.measure.hardware_probe import COPY_BYTES, LARGE, probe_points, spec_from_probe
 
     raw = {"matmul_n": 512, "matmul_s": 0.05, "copy_s": 0.02, "allreduce_small_s": 0.001,
            "allreduce_large_s": 0.009, "elem_bytes": 4}
@@ -213,9 +213,9 @@ def test_probe_figures_follow_from_the_raw_timings():
 
 
 def test_megatron_roles_on_a_profile_without_megatron_points_say_so(capsys):
-    from hybridflow.simulator.calibration import Calibration
-    from hybridflow.simulator.efficiency import EfficiencyParams
-    from hybridflow.simulator.profiled_cost import EngineOverheads
+    from hybridflow.simulator.calibration.fit import Calibration
+    from hybridflow.simulator.calibration.profiled_cost import EngineOverheads
+    from hybridflow.simulator.pricing.efficiency import EfficiencyParams
     from hybridflow.tools.profile_option import plan_with_profile
 
     plan = Plan.load(TINY_PLAN)
@@ -256,7 +256,7 @@ def test_megatron_points_need_megatron_and_a_profile_of_this_machine(tmp_path, c
 
 
 def test_the_megatron_grid_spans_dp_tp_pp_at_the_fsdp_shapes_and_fits_each_model():
-    from hybridflow.tools.cmd_profile import grid, megatron_grid
+    from hybridflow.tools.commands.profile import grid, megatron_grid
 
     jobs = megatron_grid(2)
     points = [ProfilePoint(seconds=1.0, **j) for j in jobs]  # valid points once timed
@@ -273,9 +273,9 @@ def test_the_megatron_grid_spans_dp_tp_pp_at_the_fsdp_shapes_and_fits_each_model
 def test_add_reward_times_the_builtin_rewards_into_a_profile_of_this_machine(tmp_path, capsys):
     """`--add-reward`: one point per built-in task, replacing the profile's earlier ones; the fit then prices
     the reward op at their median seconds per sequence. The probe runs for real (milliseconds, no Ray)."""
-    from hybridflow.runtime.hardware_probe import fingerprint
+    from hybridflow.runtime.measure.hardware_probe import fingerprint
     from hybridflow.runtime.tasks.builtin import TASKS
-    from hybridflow.simulator.calibration import calibrate
+    from hybridflow.simulator.calibration.fit import calibrate
 
     path = hand_profile(tmp_path)
     here = Profile.load(path)
@@ -296,9 +296,9 @@ def test_add_alone_times_reference_points_alone_and_all_busy_into_a_profile_of_t
     """`--add-alone`: per quick reference point one point on 1 device and one on both (replacing the
     earlier ones); the fit's alone_speedup is their median busy / alone ratio, at least 1. The probe runs
     for real (two process groups of the tiny model's quick points)."""
-    from hybridflow.runtime.hardware_probe import fingerprint
-    from hybridflow.simulator.calibration import calibrate
-    from hybridflow.simulator.measured_terms import alone_speedup
+    from hybridflow.runtime.measure.hardware_probe import fingerprint
+    from hybridflow.simulator.calibration.fit import calibrate
+    from hybridflow.simulator.calibration.measured_terms import alone_speedup
 
     path = hand_profile(tmp_path)
     here = Profile.load(path)

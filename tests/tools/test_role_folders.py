@@ -154,7 +154,7 @@ def test_score_models_must_read_the_actors_token_ids(tmp_path, folder):
     from hybridflow.runtime.models.decoder import ScoreModel
     from hybridflow.runtime.models.hf_format import save_pretrained
     from hybridflow.simulator.errors import HflowError
-    from hybridflow.tools.role_folders import check_role_folders, resolve_role_paths
+    from hybridflow.tools.preflight.role_folders import check_role_folders, resolve_role_paths
 
     tiny = tiny_plan().roles["actor"].model
     torch.manual_seed(0)

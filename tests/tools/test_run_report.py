@@ -1,4 +1,4 @@
-"""How a run's phases look on the console (tools/run_report.py ConsoleEvents): a line per phase with
+"""How a run's phases look on the console (tools/reports/run.py ConsoleEvents): a line per phase with
 the seconds since the start, the warm-up's steps, a line per iteration when the output is a file."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 from rich.console import Console
 
-from hybridflow.tools.run_report import LOG_EVERY_STEPS, ConsoleEvents
+from hybridflow.tools.reports.run import LOG_EVERY_STEPS, ConsoleEvents
 
 
 def test_every_phase_has_its_line_and_a_log_file_gets_the_steps_and_iterations():

@@ -45,7 +45,7 @@ def test_scoring_reward_model_scores_and_the_critic_head_does_not(tmp_path):
     from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
     from hybridflow.runtime.workers.common import load_score_model
-    from hybridflow.simulator.model import model_preset
+    from hybridflow.simulator.vocabulary.model import model_preset
     from hybridflow.tools.bench.sim_accuracy import scoring_reward_model
 
     torch.manual_seed(0)
@@ -59,10 +59,10 @@ def test_scoring_reward_model_scores_and_the_critic_head_does_not(tmp_path):
 
 
 def test_one_plan_trains_the_actor_and_critic_on_megatron_priced_by_its_own_terms():
-    from hybridflow.simulator.hardware import ClusterSpec
-    from hybridflow.simulator.profiled_cost import EngineOverheads, ProfiledCostModel
+    from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+    from hybridflow.simulator.vocabulary.hardware import ClusterSpec
     from hybridflow.tools.bench.sim_accuracy import candidate_plans
-    from hybridflow.tools.cmd_replay import predict_plan
+    from hybridflow.tools.commands.replay import predict_plan
 
     cluster = ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=2)
     plans = candidate_plans(cluster.model_dump(), megatron=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import model_preset
+from hybridflow.simulator.vocabulary.model import model_preset
 from hybridflow.tools.bench import step_breakdown
 
 
@@ -45,7 +45,7 @@ def test_bad_arguments_are_one_line_errors():
 
 
 def test_the_breakdown_is_that_of_the_median_step():
-    from hybridflow.simulator.hardware import HARDWARE_PRESETS
+    from hybridflow.simulator.vocabulary.hardware import HARDWARE_PRESETS
 
     def step(span):
         return {"start": 0.0, "end": span, "tokens": 100, "reward": 0.0, "phases": {"actor": [{}]},

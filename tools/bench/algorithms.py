@@ -43,7 +43,7 @@ def bench_plan(name: str, prompts: int, samples: int):
         RolePlan,
         Workload,
     )
-    from hybridflow.simulator.model import model_preset
+    from hybridflow.simulator.vocabulary.model import model_preset
 
     algo = get_algorithm(name)
     per_prompt = 1 if algo.critics else samples
@@ -59,8 +59,8 @@ def bench_plan(name: str, prompts: int, samples: int):
 
 
 def run_algorithm(name: str, args) -> list[float]:
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=5e-4, critic_lr=1e-3)
     with Trainer(bench_plan(name, args.prompts, args.samples), cfg) as trainer:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         raise HflowError("--samples must be at least 2: the critic-free algorithms compare the samples of a prompt")
     import ray
 
-    from hybridflow.runtime.resource_pool import init_ray
+    from hybridflow.runtime.controller.resource_pool import init_ray
 
     init_ray(num_cpus=2)  # one local Ray cluster for every algorithm's trainer
     try:

@@ -9,11 +9,11 @@ The tiny GRPO task on the same 2 devices four ways:
   weights broadcast after every update);
 - `one-step-off`: the same devices, the rollout of batch i+1 running while batch i trains;
 - `async`: the same devices, the rollout streaming prompt groups into a queue of at most k = 2
-  batches (runtime/async_rollout.py).
+  batches (runtime/rl/async_rollout.py).
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
 plan's steady iteration), the measured ones (the run's Timeline, by the same definition: an
 iteration's seconds from the end of the one before, since a pipelined iteration's rollout runs
-inside it; simulator/timeline.py), the speedup over sync colocated and, for the plans on the split, over
+inside it; simulator/vocabulary/timeline.py), the speedup over sync colocated and, for the plans on the split, over
 sync disaggregated (the synchronous plan on the same devices), the staleness and the mean
 reward of the first and last thirds of the run (the reward must rise in every mode: a batch of 16
 prompts × 8 responses, so that one iteration's reward is not mostly sampling noise). Each plan runs
@@ -24,7 +24,7 @@ rewards are that run's — one run on a shared machine is off by its minute's sp
 The table's caption gives the two sides' balance, the rollout's seconds against the trainers' (log-probs
 and update) in the synchronous disaggregated plan, predicted and measured: one step off can save at most
 the shorter side. `--ops` adds, per plan, each op's predicted and measured seconds per steady iteration
-(tools/comparison.py's table; an op some iterations skip, async's weight sync, as its share per
+(tools/reports/comparison.py's table; an op some iterations skip, async's weight sync, as its share per
 iteration): where a plan's error comes from. On a shared machine compare runs made back to back, by
 their ratios: its speed drifts between minutes. So before each plan a few of the profile's own
 points are re-timed (`hflow-plan profile --check`'s quick form, as `run` does): `× speed` is the
@@ -32,7 +32,7 @@ machine's speed then against the profile's, and `error at speed` the error of th
 it (`--no-speed-check` skips it). `--neighbour-check` re-times those points on one device alone and on
 both at once, back to back: the speedup of a device whose neighbour idles now, beside the profile's
 alone_speedup that the prediction prices where a disaggregated plan's devices take turns
-(simulator/neighbours.py, docs/rollout-devices.md).
+(simulator/schedule/neighbours.py, docs/rollout-devices.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import json
 import sys
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.plan import Plan
+from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
@@ -100,8 +100,8 @@ def balance_word(rollout: float, trainers: float) -> str:
 
 
 def measure(plan: Plan, iterations: int, seed: int) -> dict:
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     with Trainer(plan, RunConfig(seed=seed, actor_lr=5e-4)) as t:
         rewards, staleness = [], []
@@ -131,12 +131,12 @@ def add_speedups(rows: list[dict]) -> None:
 
 def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
     """How many times faster a device runs with the other idle than with both busy, now: the profile's
-    quick reference points re-timed both ways back to back `passes` times (runtime/alone_probe.py), as
+    quick reference points re-timed both ways back to back `passes` times (runtime/measure/alone_probe.py), as
     the calibration reads the profile's own `alone` points (its alone_speedup)."""
-    from hybridflow.runtime.alone_probe import measure_alone
-    from hybridflow.simulator.measured_terms import alone_speedup
-    from hybridflow.simulator.profile import resolve_profile
-    from hybridflow.tools.run_report import SPEED_CHECK_MAX_SECONDS
+    from hybridflow.runtime.measure.alone_probe import measure_alone
+    from hybridflow.simulator.calibration.measured_terms import alone_speedup
+    from hybridflow.simulator.calibration.profile import resolve_profile
+    from hybridflow.tools.reports.run import SPEED_CHECK_MAX_SECONDS
 
     profile = resolve_profile(profile_ref)
     points = measure_alone(profile, passes=passes, max_seconds=SPEED_CHECK_MAX_SECONDS)
@@ -144,8 +144,8 @@ def neighbour_effect(profile_ref: str, passes: int = 2) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hybridflow.simulator.calibration import calibrate_file
-    from hybridflow.simulator.schedule import simulate
+    from hybridflow.simulator.calibration.fit import calibrate_file
+    from hybridflow.simulator.schedule.schedule import simulate
 
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
@@ -181,13 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     simulated = {n: simulate(p, cm, iterations=3) for n, p in plans.items()}
     predicted = {n: tl.iteration_seconds() for n, tl in simulated.items()}
 
-    from hybridflow.runtime.resource_pool import init_ray
+    from hybridflow.runtime.controller.resource_pool import init_ray
 
     init_ray(num_cpus=2)
     from rich.console import Console
 
-    from hybridflow.tools.comparison import Comparison, error
-    from hybridflow.tools.run_report import ConsoleEvents, quick_speed_check
+    from hybridflow.tools.reports.comparison import Comparison, error
+    from hybridflow.tools.reports.run import ConsoleEvents, quick_speed_check
 
     runs: dict[str, list[dict]] = {name: [] for name in plans}
     for round_ in range(1, args.repeats + 1):
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=max(Console().width, 150))
     console.print(t)
     if args.ops:
-        from hybridflow.tools.comparison import comparison_table
+        from hybridflow.tools.reports.comparison import comparison_table
 
         for c in comparisons.values():
             console.print(comparison_table(c))

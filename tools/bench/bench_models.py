@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.model import ModelSpec, model_preset
+from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 
 BENCH_MODELS = ("tiny", "qwen2-bpe")
 SPECIALS = ["<pad>", "<s>", "</s>"]

@@ -2,7 +2,7 @@
 
 Builds a Llama-shaped model, shards it tensor-parallel over t gloo processes (the training
 layout), and switches it to generation tensor size t_g with each grouping of the 3D-HybridEngine
-(`runtime/engines/reshard.py`), checking the generation weights against the full model every
+(`runtime/engines/rollout/reshard.py`), checking the generation weights against the full model every
 time. Prints bytes received per device next to the paper's Table 2 formula, the peak weight
 bytes held during the switch, and the seconds (median over repeats, slowest rank).
 
@@ -32,9 +32,9 @@ def _bench_rank(rank, world, t, t_g, model_kw, repeats):
     from torch.distributed.device_mesh import init_device_mesh
 
     from hybridflow.runtime.engines.parallelize import apply_tp, tp_local, tp_shard_dim
-    from hybridflow.runtime.engines.reshard import Resharder
+    from hybridflow.runtime.engines.rollout.reshard import Resharder
     from hybridflow.runtime.models.decoder import CausalLM
-    from hybridflow.simulator.decoder_config import DecoderConfig
+    from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig
 
     torch.manual_seed(0)
     model = CausalLM(DecoderConfig(**model_kw))
@@ -71,7 +71,7 @@ def _bench_rank(rank, world, t, t_g, model_kw, repeats):
 def run_benchmark(t: int = 4, t_g: int = 2, world: int | None = None, hidden: int = 768, layers: int = 4,
                   ffn: int = 2048, vocab: int = 8192, heads: int = 16, repeats: int = 3) -> dict:
     from hybridflow.runtime.engines.launch import run_local
-    from hybridflow.runtime.engines.reshard import ReshardLayout
+    from hybridflow.runtime.engines.rollout.reshard import ReshardLayout
 
     world = world or t
     if world % t:

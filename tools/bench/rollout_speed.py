@@ -23,7 +23,7 @@ generate() call), each through the kernel fastest for its weight and rows (on CP
 prepacked linear for big weights, and where the C kernels build cpu_matmul.c's panel matmul,
 which at a few rows streams the weights at about the memory's speed: `matmul_kernels.matmul_kind`), and saves the rest of the per-step
 overhead — module calls, HF's cache concatenation, logits processors, mask rebuilding, separate
-RoPE/norm ops (runtime/engines/fast_decode.py); on CPU the step's attention (over a paged cache),
+RoPE/norm ops (runtime/engines/cpu_decode/fast_decode.py); on CPU the step's attention (over a paged cache),
 norms, SiLU·up and the token pick run in C (runtime/engines/cpu_*.c), and the prefill's
 matmuls skip the prompts' padding. So the ratio is largest where a step is overhead-bound (small batch, tiny model)
 and shrinks as the matmuls dominate (large batch); the table shows several batch sizes for that.
@@ -54,7 +54,7 @@ from hybridflow.tools.outputs import run_main
 
 
 def _prompts(batch: int, prompt_len: int, vocab: int, device: str, seed: int = 0):
-    from hybridflow.runtime.engines.generation import left_pad
+    from hybridflow.runtime.engines.rollout.generation import left_pad
 
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(max(1, prompt_len // 2), prompt_len + 1, (batch,), generator=g).tolist()
@@ -83,7 +83,7 @@ def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
     row-major [in, out] copy or oneDNN's prepacked linear (matmul_kernels.MATMUL_KINDS) — or each through
     the kernel the fused path picks for it (`matmul_kernels.matmul_kind`; the C kernel's panels where it
     builds)."""
-    from hybridflow.runtime.engines import matmul_kernels
+    from hybridflow.runtime.engines.cpu_decode import matmul_kernels
 
     def hf(m, x):
         return lambda: torch.nn.functional.linear(x, m.weight, m.bias)
@@ -140,12 +140,11 @@ def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), promp
               with_vllm: bool = False) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
-    from hybridflow.runtime.engines.generation import GenerationEngine
+    from hybridflow.runtime.engines.rollout.generation import GenerationEngine
     from hybridflow.runtime.models.decoder import CausalLM
     from hybridflow.runtime.models.hf_format import save_pretrained
-    from hybridflow.simulator.model import resolve_model
-
-    from .bench_models import BENCH_MODELS, bench_model
+    from hybridflow.simulator.vocabulary.model import resolve_model
+    from hybridflow.tools.bench.bench_models import BENCH_MODELS, bench_model
 
     torch.manual_seed(seed)
     if preset in BENCH_MODELS:
@@ -163,7 +162,7 @@ def run_bench(preset: str = "tiny", batches: tuple[int, ...] = (1, 4, 16), promp
     vllm_dir = tempfile.TemporaryDirectory() if with_vllm else None
     rollout = None
     if with_vllm:  # optional third column: the vLLM backend on the same weights
-        from hybridflow.runtime.engines.vllm_rollout import VllmRollout
+        from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout
 
         rollout = VllmRollout.from_model(ours, vllm_dir.name)
     rows = []
@@ -182,7 +181,7 @@ def _bench_batch(engine, hf, ids, mask, new_tokens: int, repeats: int, device: s
                  rollout=None) -> list[dict]:
     from transformers import GenerationConfig
 
-    from hybridflow.runtime.engines.generation import SamplingParams
+    from hybridflow.runtime.engines.rollout.generation import SamplingParams
 
     batch, rows = ids.shape[0], []
     greedy = dict(do_sample=False)
@@ -249,7 +248,7 @@ def _eos_for_varied_lengths(engine, ids, mask, new_tokens: int) -> list[int]:
     """EOS token ids that end the greedy responses (the same on both sides) after about half of
     `new_tokens` on average, at different steps — a rollout whose lengths vary, as in RL. Tokens
     are added in a seeded random order until the mean length is at most half."""
-    from hybridflow.runtime.engines.generation import SamplingParams
+    from hybridflow.runtime.engines.rollout.generation import SamplingParams
 
     out = engine.generate(ids, mask, SamplingParams(max_new_tokens=new_tokens, greedy=True)).response
     eos: list[int] = []

@@ -14,7 +14,7 @@ each op kind ≤ 25 %.
 
 The machine's speed drifts (a shared VM: the same profile jobs run up to 1.2× slower within the
 hour), and a profile records it at one moment. So each round first re-times some of the shipped
-profile's own points (runtime/profile_check.py: the tiny model's one-device train, forward and
+profile's own points (runtime/measure/profile_check.py: the tiny model's one-device train, forward and
 generate jobs, on the same profiler), and the table also prints the predictions scaled by the
 median ratio measured / profiled, with their error: the model's error apart from the machine's
 drift. `--no-speed-check` skips it.
@@ -39,9 +39,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hybridflow.runtime.profile_check import SpeedCheck, check_speed
-from hybridflow.simulator.plan import Plan
-from hybridflow.simulator.profile import Profile
+from hybridflow.runtime.measure.profile_check import SpeedCheck, check_speed
+from hybridflow.simulator.calibration.profile import Profile
+from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
@@ -103,8 +103,8 @@ def planner_pick(cluster, cm) -> Plan:
     from hybridflow.planner.plans import scored_to_plan
     from hybridflow.planner.request import SearchRequest
     from hybridflow.planner.search import search
-    from hybridflow.simulator.model import model_preset
-    from hybridflow.simulator.workload import Workload
+    from hybridflow.simulator.vocabulary.model import model_preset
+    from hybridflow.simulator.vocabulary.workload import Workload
 
     req = SearchRequest.for_algorithm("ppo", model_preset(TINY), cluster, Workload(**WORKLOAD), max_pp=1)
     result = search(req, cm)
@@ -169,9 +169,9 @@ def measure_rounds(plans: dict[str, Plan], iterations: int, rounds: int = 3, on_
     with `speed_profile`, each round's speed check (check_speed, run first in the round)."""
     import ray
 
-    from hybridflow.runtime.resource_pool import init_ray
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.controller.resource_pool import init_ray
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     devices = max(sum(len(g.devices) for g in p.groups) for p in plans.values())
     owns = not ray.is_initialized()
@@ -226,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hybridflow.simulator.calibration import calibrate_file
-    from hybridflow.simulator.profile import resolve_profile
-    from hybridflow.tools.cmd_replay import predict_plan
-    from hybridflow.tools.comparison import compare
+    from hybridflow.simulator.calibration.fit import calibrate_file
+    from hybridflow.simulator.calibration.profile import resolve_profile
+    from hybridflow.tools.commands.replay import predict_plan
+    from hybridflow.tools.reports.comparison import compare
 
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")

@@ -26,7 +26,7 @@ that is not padding); backward = 2 × forward. Bytes: decode reads the weights o
 KV cache it attends to; AdamW reads and writes ~28 bytes per parameter (fp32 weight, gradient and
 two moments); a reshard receives the bytes it reports and copies the weights (fp32
 read and write) into the generation model. Per device, beside the probe's matmul FLOP/s
-and memory bandwidth for this many device processes (runtime/hardware_probe.py, cached).
+and memory bandwidth for this many device processes (runtime/measure/hardware_probe.py, cached).
 The split shown is that of the median step (by its span) after the first (the first pays for
 warm-up), so its rows add up to it; the spans of all the measured steps are printed beside it.
 """
@@ -55,7 +55,7 @@ ORDER = ("reshard", "generate", "reward", "ref_logprob", "actor_logprob", "advan
 
 # ---- measuring ----------------------------------------------------------------------------------
 def _plan(args, folder: str | None, spec):
-    from hybridflow.runtime.hardware_probe import local_cluster
+    from hybridflow.runtime.measure.hardware_probe import local_cluster
     from hybridflow.runtime.tasks.builtin import get_task
     from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 
@@ -72,8 +72,8 @@ def _plan(args, folder: str | None, spec):
 
 def measure_steps(args, folder: str | None, spec) -> list[dict]:
     """Run `args.steps` GRPO steps; per step: its span, its measured events, each role's phase clocks."""
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, temperature=1.0,
                     loss={"clip_ratio": 0.2}, kl={"coef": args.kl, "placement": "loss", "estimator": "k3"})
@@ -246,9 +246,8 @@ def print_breakdown(name: str, args, result: dict) -> None:
 def run(args) -> dict[str, dict]:
     import ray
 
-    from hybridflow.runtime.hardware_probe import probe_hardware
-
-    from .bench_models import bench_model
+    from hybridflow.runtime.measure.hardware_probe import probe_hardware
+    from hybridflow.tools.bench.bench_models import bench_model
 
     # measured now, not the cached probe: a roofline read on a busier stretch would flatter every phase
     hardware = probe_hardware(args.devices, refresh=True)
@@ -271,7 +270,7 @@ def run(args) -> dict[str, dict]:
 
 
 def _models(text: str) -> list[str]:
-    from .bench_models import BENCH_MODELS
+    from hybridflow.tools.bench.bench_models import BENCH_MODELS
 
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in BENCH_MODELS]

@@ -64,7 +64,7 @@ def policy_folder(seed: int) -> str:
 
 def bench_policy(args, workdir: str) -> None:
     """Set args.folder (None: the built-in tiny policy), args.spec and args.model_folder (for TRL)."""
-    from .bench_models import bench_model
+    from hybridflow.tools.bench.bench_models import bench_model
 
     args.folder, args.spec = bench_model(args.model, workdir, args.seed)
     args.model_folder = args.folder or policy_folder(args.seed)
@@ -100,10 +100,10 @@ def summarize(steps: list[dict]) -> dict:
 
 # ---- ours ---------------------------------------------------------------------------------------
 def our_plan(args, with_ref: bool):
-    from hybridflow.runtime.hardware_probe import local_cluster
+    from hybridflow.runtime.measure.hardware_probe import local_cluster
     from hybridflow.runtime.tasks.builtin import get_task
     from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
-    from hybridflow.simulator.model import model_preset
+    from hybridflow.simulator.vocabulary.model import model_preset
 
     spec, n = getattr(args, "spec", None) or model_preset("tiny"), args.devices
     group = DeviceGroup(name="all", devices=[Device(node=0, index=i) for i in range(n)])
@@ -120,8 +120,8 @@ def our_plan(args, with_ref: bool):
 
 
 def run_ours(args, kl: float) -> dict:
-    from hybridflow.runtime.run_config import RunConfig
-    from hybridflow.runtime.trainer import Trainer
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
 
     cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, temperature=1.0,
                     loss={"clip_ratio": 0.2}, kl={"coef": kl, "placement": "loss", "estimator": "k3"})
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.our_micro_batch is None:
         args.our_micro_batch = min(32, args.micro_batch)
-    from .bench_models import BENCH_MODELS
+    from hybridflow.tools.bench.bench_models import BENCH_MODELS
 
     if args.model not in BENCH_MODELS:
         raise HflowError(f"--model {args.model}: choose one of {', '.join(BENCH_MODELS)}")

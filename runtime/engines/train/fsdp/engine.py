@@ -1,0 +1,367 @@
+"""TrainingEngine: one model, sharded by a ParallelConfig, trained with AdamW.
+
+The engine owns the model (parallelized from the outside by parallelize.py), its optimizer and the
+bookkeeping of a step: split the local batch into micro-batches, accumulate gradients, clip them,
+step. It does not know RL: a loss function plugs in,
+
+    loss_fn(outputs, micro) -> loss | (loss, {name: float})
+
+where `outputs` holds the forward results for the micro-batch (`log_probs`, `entropy` for an LM;
+`values` for a scalar head) and `micro` is the micro-batch (a TensorDict with
+`input_ids`, `attention_mask` and whatever the loss reads). The loss is a mean over the
+micro-batch; the engine weights each micro-batch by its share of the local batch — of its rows, or
+with `token_weights="response_mask"` of the tokens a token-mean loss averages over, counted over
+all data-parallel ranks — and FSDP averages over data-parallel ranks, so the gradient is that of
+the mean over the whole batch (with row weights exactly so when the ranks hold equal shares; with
+token weights however the batch is sharded and cut into micro-batches).
+
+Padding is removed before the model runs (packing.py): rows are bucketed by real length into
+micro-batches and each micro-batch is repacked to its own longest row; outputs come back in the
+caller's layout. A pass that reads only the responses (`score_width`) over rows that repeat a prompt
+(GRPO's samples) runs each prompt once instead, with its responses packed behind it (shared_prompts.py).
+
+Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
+tokens < i) and the entropy of that predictive distribution; position 0 has no prediction and holds 0.
+They are those of softmax(logits / temperature): a policy sampled at temperature T is scored by the
+distribution it was sampled from. `score_width=R` says only the last R columns (the responses) are
+read: the LM head and the log-softmax then run from the first position any row needs (as TRL's
+`logits_to_keep`), and the columns before hold 0. The engine knows nothing of Ray; workers wrap it.
+
+A step whose gradient norm is not finite (or whose loss was not, on any rank) is skipped: no
+optimizer update, the metrics say `skipped`; `max_skipped_steps` of them in a row stop with an error.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from hybridflow.runtime.engines.parallelize import (
+    build_mesh,
+    load_tp_local,
+    parallelize,
+    resolve_mixed_precision,
+    tp_local,
+    tp_shard_dim,
+)
+from hybridflow.runtime.engines.phase_clock import PhaseClock
+from hybridflow.runtime.engines.train.common import (
+    LossFn,
+    OptimConfig,
+    as_tensordict,
+    clip_grad_norm_,
+    entropy_of,
+    first_scored_logit,
+    picked_log_probs,
+    token_entropy,
+    token_log_probs,
+)
+from hybridflow.runtime.engines.train.fsdp.checkpoint import FsdpCheckpoint
+from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
+    SharedPrompts,
+    micro_batch_rows,
+    share_prompts,
+)
+from hybridflow.runtime.engines.train.packing import inverse_order, pack
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.cost import shares_prompts
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+
+# FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r"torch\.distributed\.fsdp")
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+class TrainingEngine(FsdpCheckpoint):
+    """A model sharded as `parallel` says (pp·tp·dp = the process group), with AdamW.
+
+    Without an initialised process group (or with `parallel=None`) the model runs unsharded in
+    this process: the single-process reference the parity tests compare against.
+    """
+
+    def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
+                 optim: OptimConfig | None = None, micro_batch_size: int | None = None,
+                 mixed_precision: bool | None = None, temperature: float = 1.0):
+        if temperature <= 0:
+            raise HflowError(f"temperature {temperature}: log-probs need a positive temperature")
+        self.optim_config = optim or OptimConfig()
+        self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.prompt_sharing = True  # one forward per prompt group (shared_prompts.py) where the batch allows
+        self.skipped_in_a_row = 0
+        self.clock = PhaseClock()  # per-phase seconds for the step breakdown; off unless a caller turns it on
+        self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
+        self.parallel = parallel or ParallelConfig()
+        self.mesh = None
+        self.pipeline = None  # pipeline.PipelineRunner when pp > 1
+        if self.distributed:
+            self.mesh = build_mesh(self.parallel)
+            if self.mesh.device_type == "cuda":  # the worker has set this process's device
+                model = model.to(torch.device("cuda", torch.cuda.current_device()))
+            if self.parallel.pp > 1:  # keep this rank's stage; pipeline.py runs the schedule
+                from hybridflow.runtime.engines.train.fsdp.pipeline import split_stage
+                model = split_stage(model, self.mesh["pp"].get_local_rank(), self.parallel.pp)
+            model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
+        elif self.parallel.world_size > 1:
+            raise HflowError(f"parallel config {self.parallel} needs an initialised torch.distributed group; "
+                             "call torch.distributed.init_process_group first (workers do)")
+        self.model = model
+        # FSDP units whose unshard gathers the fp32 weights themselves (not bf16 compute copies):
+        # gathered_tp_shards then moves each unit's weights in one collective.
+        mixed = self.distributed and resolve_mixed_precision(self.mesh, mixed_precision)
+        self._fsdp_units = [] if mixed else [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self.is_lm = hasattr(model, "lm_head")
+        oc = self.optim_config
+        # Two groups: foreach kernels cannot mix DTensor (TP, FSDP) and plain parameters. The plain ones
+        # take the fused kernel (one pass over each tensor; several times faster than foreach on CPU).
+        params = list(model.parameters())
+        groups = [{"params": g, **kernel} for g, kernel in (
+            ([p for p in params if isinstance(p, DTensor)], {"foreach": True}),
+            ([p for p in params if not isinstance(p, DTensor)], {"fused": True})) if g]
+        self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, eps=oc.eps,
+                                           weight_decay=oc.weight_decay)
+        self.step = 0
+        if self.parallel.pp > 1 and self.distributed:
+            from hybridflow.runtime.engines.train.fsdp.pipeline import PipelineRunner
+            self.pipeline = PipelineRunner(self, mixed_precision=mixed_precision)
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        p = next(self.model.parameters())
+        return p.to_local().device if isinstance(p, DTensor) else p.device
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+
+    def _dp_mean(self, values: list[float]) -> list[float]:
+        """Average floats over the data-parallel ranks (tp ranks already agree)."""
+        if self.mesh is None or self.parallel.dp == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.mesh["dp"].get_group())
+        return (t / self.parallel.dp).tolist()
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _micro_size(self, batch: TensorDict, micro_batch_size: int | None) -> int:
+        return micro_batch_size or self.micro_batch_size or batch.batch_size[0]
+
+    def _micro_rows(self, batch: TensorDict, micro_batch_size: int | None,
+                    score_width: int | None) -> list[torch.Tensor] | None:
+        """Each micro-batch's rows: prompt groups together or length buckets (shared_prompts.micro_batch_rows)."""
+        columns = batch["input_ids"].shape[1]
+        width = columns - score_width if self._shares_prompts(score_width, columns) else None
+        return micro_batch_rows(batch["input_ids"], batch.get("attention_mask", None),
+                                self._micro_size(batch, micro_batch_size), width)
+
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int | None,
+                       rows: list[torch.Tensor] | None = None) -> list[TensorDict]:
+        """Consecutive rows, or the given rows of each micro-batch (`_micro_rows`)."""
+        size = self._micro_size(batch, micro_batch_size)
+        return list(batch.split(size)) if rows is None else [batch[i] for i in rows]
+
+    def forward(self, micro: TensorDict, *, entropy: bool = True,
+                score_width: int | None = None) -> dict[str, torch.Tensor]:
+        """Forward one micro-batch: log-probs (+ entropy) for an LM, values for a scalar head; `score_width`:
+        only the last columns an LM's caller reads (see the module docstring)."""
+        ids = micro["input_ids"].to(self.device)
+        mask = micro.get("attention_mask", None)
+        pos = micro.get("position_ids", None)
+        mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
+        if self._shares_prompts(score_width, ids.shape[1]) and mask is not None and \
+                (shared := share_prompts(ids, mask, pos, ids.shape[1] - score_width)) is not None:
+            return self._forward_shared(shared, entropy)
+        packed = pack(ids, mask, pos) if mask is not None else None
+        if packed is not None:  # real tokens from column 0, trimmed: plain causal attention, no mask
+            ids, mask, pos = packed.input_ids, None, packed.position_ids
+        if self.clock.enabled:
+            real = packed.mask if packed is not None else mask
+            self.clock.count_pass(*ids.shape, ids.numel() if real is None else real.sum().item())
+        unpack = packed.unpack if packed is not None else (lambda x: x)
+        if not self.is_lm:
+            return {"values": unpack(self.model(ids, mask, pos).float())}
+        start = first_scored_logit(ids.shape[1], score_width, packed)
+        logits = self.model(ids, mask, pos, logits_from=start) if start else self.model(ids, mask, pos)
+        scaled = self.tempered(logits)
+        res = {"log_probs": unpack(token_log_probs(scaled, ids, start))}
+        if entropy:
+            res["entropy"] = unpack(token_entropy(scaled, start))
+        return res
+
+    def _shares_prompts(self, score_width: int | None, columns: int) -> bool:
+        """Whether an LM pass over rows of `columns` reading the last `score_width` packs rows by prompt
+        (shared_prompts.py)."""
+        cfg = self.decoder_config
+        return bool(self.prompt_sharing and self.is_lm and score_width and cfg is not None) and \
+            shares_prompts("lm", self.parallel, cfg.shortest_window, columns)
+
+    def _forward_shared(self, shared: SharedPrompts, entropy: bool) -> dict[str, torch.Tensor]:
+        if self.clock.enabled:
+            self.clock.count_pass(*shared.input_ids.shape, shared.real_tokens)
+        logits = self.tempered(self.model(shared.input_ids, shared.attention, shared.position_ids,
+                                          logits_at=shared.predictor))
+        res = {"log_probs": shared.unpack(picked_log_probs(logits, shared.targets))}
+        if entropy:
+            res["entropy"] = shared.unpack(entropy_of(logits))
+        return res
+
+    def tempered(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits of the distribution the policy samples from (logits / temperature)."""
+        return logits if self.temperature == 1.0 else logits.float() / self.temperature
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch, micro_batch_size: int | None = None, entropy: bool = False,
+                          score_width: int | None = None) -> TensorDict:
+        """Token log-probs (and entropy) of the whole local batch, no gradient: [B, S] fields (with
+        `score_width`, only the last columns are computed; the others hold 0)."""
+        return self._infer(batch, micro_batch_size, ("log_probs", "entropy") if entropy else ("log_probs",),
+                           score_width)
+
+    @torch.no_grad()
+    def compute_values(self, batch, micro_batch_size: int | None = None) -> TensorDict:
+        """Per-token values of a scalar-head model: {"values": [B, S]}."""
+        return self._infer(batch, micro_batch_size, ("values",))
+
+    def _infer(self, batch, micro_batch_size, keys, score_width: int | None = None) -> TensorDict:
+        if self.pipeline is not None:
+            return self.pipeline.infer(batch, micro_batch_size, keys)
+        batch = as_tensordict(batch)
+        self.model.eval()
+        rows = self._micro_rows(batch, micro_batch_size, score_width)
+        fsdp = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            with self.clock.span("infer"):
+                parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
+                         for m in self._micro_batches(batch, micro_batch_size, rows)]
+        finally:
+            for m in fsdp:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
+        self.model.train()
+        back = slice(None) if rows is None else inverse_order(torch.cat(rows))  # the caller's row order
+        return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
+
+    # ---- training -----------------------------------------------------------------------------
+    def _set_lr(self) -> float:
+        oc = self.optim_config
+        lr = oc.lr * min(1.0, (self.step + 1) / oc.warmup_steps) if oc.warmup_steps else oc.lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
+                   token_weights: str | None = None, entropy: bool = True,
+                   score_width: int | None = None) -> dict[str, float]:
+        """One optimizer step on the local batch; returns metrics averaged over micro-batches and dp.
+
+        `token_weights`: the [B, T] mask a token-mean loss averages over (e.g. "response_mask"); each
+        micro-batch then counts by its share of those tokens (over all dp ranks), so the step is that of
+        the token-mean over the whole batch. `entropy=False` skips the entropy (and its graph) when the loss ignores it;
+        `score_width`: the loss reads only the last columns of the LM outputs (see the module docstring).
+        """
+        if self.pipeline is not None:
+            return self.pipeline.train_step(batch, loss_fn, micro_batch_size, token_weights=token_weights,
+                                            entropy=entropy)
+        batch = as_tensordict(batch)
+        n = batch.batch_size[0]
+        if n == 0:
+            raise HflowError("train_step got an empty batch; give each data-parallel rank at least one sample")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        micros = self._micro_batches(batch, micro_batch_size, self._micro_rows(batch, micro_batch_size, score_width))
+        # Token-mean losses: the mean token count per dp rank, so that after FSDP's average over the ranks
+        # the gradient is that of the token-mean over the whole batch, however it is sharded and cut.
+        total = self._dp_mean([float(batch[token_weights].sum())])[0] if token_weights else 0.0
+        sums: dict[str, float] = defaultdict(float)
+        for i, micro in enumerate(micros):
+            weight = float(micro[token_weights].sum()) / total if total > 0 else micro.batch_size[0] / n
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 gradient accumulation: the weights
+                last = i == len(micros) - 1  # stay gathered until the last backward; one reduce-scatter, at the end
+                self.model.set_requires_gradient_sync(last)
+                self.model.set_reshard_after_forward(False, recurse=True)
+                self.model.set_reshard_after_backward(last, recurse=True)
+            with self.clock.span("forward"):
+                result = loss_fn(self.forward(micro, entropy=entropy, score_width=score_width), micro)
+            loss, stats = result if isinstance(result, tuple) else (result, {})
+            sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
+            # every rank backs up every micro-batch: FSDP's collectives stay matched
+            with self.clock.span("backward"):
+                (loss * weight).backward()
+            sums["loss"] += loss.item() * weight
+            for k, v in stats.items():
+                sums[k] += float(v) * weight
+        if hasattr(self.model, "set_reshard_after_forward"):
+            self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
+        with self.clock.span("optimizer"):
+            norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
+            return self._finish_step(sums, norm)
+
+    def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
+        """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.
+        A non-finite gradient norm (global: every rank sees the same) or loss on any rank skips the step."""
+        sums = {"nonfinite_loss": 0.0, **sums}
+        keys = list(sums)
+        metrics = dict(zip(keys, self._dp_mean([sums[k] for k in keys]), strict=True))
+        skip = not math.isfinite(grad_norm) or metrics.pop("nonfinite_loss") > 0
+        lr = self._set_lr()
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= self.optim_config.max_skipped_steps:
+                raise HflowError(f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite gradient or loss "
+                                 f"(after step {self.step}); lower the learning rate or check the rewards")
+        else:
+            self.optimizer.step()
+            self.step += 1
+            self.skipped_in_a_row = 0
+        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step, skipped=float(skip))
+        return metrics
+
+    # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------
+    def tp_shard_dims(self) -> dict[str, int | None]:
+        """For each parameter, the dimension split over tensor parallelism (None: replicated)."""
+        return {n: tp_shard_dim(p) for n, p in self.model.named_parameters()}
+
+    @contextmanager
+    def gathered_tp_shards(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This rank's tensor-parallel shard of every parameter, gathered over dp under FSDP; valid
+        inside the `with` only. FSDP2's own unshard moves each FSDP unit (a decoder layer, the root)
+        in one all-gather, all units in flight at once: a collective per parameter instead is latency-
+        bound on gloo (tiny model, dp 2: ~40 all-gathers, 71 ms, vs 5 in 19 ms)."""
+        with torch.no_grad():
+            if not self._fsdp_units:
+                yield {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+                return
+            handles = [unit.unshard(async_op=True) for unit in self._fsdp_units]
+            try:
+                for h in handles:
+                    h.wait()
+                yield {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+            finally:
+                for unit in self._fsdp_units:
+                    unit.reshard()
+
+    def tp_shards(self) -> dict[str, torch.Tensor]:
+        """gathered_tp_shards, kept: under FSDP copied out of the gather buffers, which are freed."""
+        with self.gathered_tp_shards() as shards:
+            return {n: t.clone() for n, t in shards.items()} if self._fsdp_units else shards
+
+    @torch.no_grad()
+    def load_tp_shards(self, shards: Mapping[str, torch.Tensor]) -> None:
+        for n, p in self.model.named_parameters():
+            load_tp_local(p.data if not isinstance(p, DTensor) else p, shards[n])

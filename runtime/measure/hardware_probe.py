@@ -1,0 +1,161 @@
+"""Describe this machine as a cluster of devices in seconds: matmul FLOP/s, memory bandwidth and the
+gloo (or NCCL) all-reduce bandwidth and latency between its device processes — cached on disk.
+
+On a CPU box each "device" is one process with one thread (how the runtime's Ray workers run), so
+the figures are per process: one core's GEMM rate, one core's copy bandwidth, the all-reduce
+between two processes. Bandwidths are given per bf16-equivalent byte (the cost model counts 2
+bytes per element; the CPU engines move fp32, 4), i.e. half the physical figure on CPU.
+
+    hw = probe_hardware()                 # HardwareSpec, cached under ~/.cache/hybridflow
+    cluster = local_cluster()             # ClusterSpec: 1 node × devices (default: the cores)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.runtime.controller.host import cache_dir, cpu_count, cpu_name, memory_total
+from hybridflow.simulator.calibration.profile import Fingerprint, ProfilePoint
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
+
+BF16 = 2
+MATMUL_N = 512
+COPY_BYTES = 32 * 2**20
+SMALL, LARGE = 4, 4 * 2**20  # all-reduce sizes for the latency and the bandwidth
+
+
+def default_devices() -> int:
+    """GPUs when there are, else one virtual device per core (at least 2, so collectives exist)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else max(2, cpu_count())
+
+
+def fingerprint(devices: int | None = None) -> Fingerprint:
+    cuda = torch.cuda.is_available()
+    return Fingerprint(
+        hostname=platform.node(), platform=platform.platform(), processor=platform.machine(), cpu_count=cpu_count(),
+        device_kind="cuda" if cuda else "cpu", device_name=torch.cuda.get_device_name(0) if cuda else cpu_name(),
+        devices=devices or default_devices(), torch_version=torch.__version__, dtype="bfloat16" if cuda else "float32",
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def memory_bytes() -> float:
+    if torch.cuda.is_available():
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return memory_total() or 8.0 * 2**30
+
+
+# ---- the measurements (run inside the process group) ------------------------------------------
+def _best(fn, repeats: int) -> float:
+    """Median seconds of `fn` over `repeats` (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _probe_rank(rank: int, world: int, repeats: int) -> dict:
+    from hybridflow.runtime.measure.profiling import _device
+
+    dev = _device()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    n = MATMUL_N * (8 if dev.type == "cuda" else 1)
+    a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
+    # every rank computes at once: what each virtual device gets when they all work
+    dist.barrier()
+    mm = _best(lambda: torch.mm(a, b), repeats)
+    src = torch.ones(COPY_BYTES // 4, device=dev)
+    dst = torch.empty_like(src)
+    dist.barrier()
+    cp = _best(lambda: dst.copy_(src), repeats)
+    small, large = torch.ones(SMALL // 4, device=dev), torch.ones(LARGE // 4, device=dev)
+
+    def allreduce(t):
+        def run():
+            dist.barrier()
+            dist.all_reduce(t)
+        return run
+
+    lat_barrier = _best(dist.barrier, repeats)
+    lat = max(_best(allreduce(small), repeats) - lat_barrier, 1e-7)
+    big = max(_best(allreduce(large), repeats) - lat_barrier, 1e-7)
+    return {"matmul_n": n, "matmul_s": mm, "copy_s": cp, "allreduce_small_s": lat, "allreduce_large_s": big,
+            "elem_bytes": src.element_size()}
+
+
+def probe_points(raw: dict, world: int) -> list[ProfilePoint]:
+    """The probe's raw figures as profile points (op kinds matmul and memory; its all-reduces, timed
+    net of a barrier, only set the spec's link figures — the grid measures collectives as they run)."""
+    return [
+        ProfilePoint(op="matmul", size_bytes=raw["matmul_n"], seconds=raw["matmul_s"], flops=2.0 * raw["matmul_n"] ** 3),
+        ProfilePoint(op="memory", size_bytes=COPY_BYTES, seconds=raw["copy_s"], bytes=2.0 * COPY_BYTES),
+    ]
+
+
+def spec_from_probe(raw: dict, world: int, name: str | None = None) -> HardwareSpec:
+    per_elem = BF16 / raw["elem_bytes"]  # bytes per bf16-equivalent byte (module docstring)
+    flops = 2.0 * raw["matmul_n"] ** 3 / raw["matmul_s"]
+    copy_bw = 2.0 * COPY_BYTES / raw["copy_s"] * per_elem  # read + write
+    lat = raw["allreduce_small_s"]
+    ring = 2.0 * (world - 1) / world * LARGE
+    # One device has no link to measure (and runs no collective): any positive figure will do.
+    link_bw = ring / max(raw["allreduce_large_s"] - lat, 1e-9) * per_elem if world > 1 else copy_bw
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return HardwareSpec(
+        name=name or (f"{kind}-{cpu_count()}core" if kind == "cpu" else torch.cuda.get_device_name(0).lower()),
+        peak_flops=flops, hbm_bandwidth=copy_bw, hbm_bytes=memory_bytes() / (world if kind == "cpu" else 1),
+        intra_node_bandwidth=link_bw, inter_node_bandwidth=link_bw, intra_node_latency=lat, inter_node_latency=lat,
+        host_bandwidth=copy_bw,
+        source=f"measured by hflow-plan's hardware probe on {cpu_name() if kind == 'cpu' else kind} "
+               f"({world} processes, {raw['elem_bytes'] * 8}-bit); bandwidths per bf16-equivalent byte")
+
+
+def run_probe(devices: int | None = None, repeats: int = 5) -> tuple[HardwareSpec, list[ProfilePoint]]:
+    """Measure now (a few seconds): the HardwareSpec and the raw points."""
+    from hybridflow.runtime.measure.profiling import run_group
+
+    world = devices or default_devices()
+    raws = run_group(_probe_rank, world, repeats, timeout=300)
+    # the slowest rank sets the pace of a synchronous group
+    raw = {k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]}
+    return spec_from_probe(raw, world), probe_points(raw, world)
+
+
+def probe_hardware(devices: int | None = None, *, refresh: bool = False) -> HardwareSpec:
+    """This machine's HardwareSpec for `devices` device processes, measured once and cached."""
+    world = devices or default_devices()
+    fp = fingerprint(world)
+    key = hashlib.sha256(json.dumps([fp.device_kind, fp.device_name, fp.cpu_count, world, fp.torch_version])
+                         .encode()).hexdigest()[:16]
+    path = cache_dir() / f"hardware-{key}.json"
+    if path.is_file() and not refresh:
+        try:
+            return HardwareSpec.model_validate_json(path.read_text())
+        except ValueError:
+            pass
+    hw, _ = run_probe(world)
+    from hybridflow.simulator.io import write_atomic
+
+    try:
+        write_atomic(path, hw.model_dump_json(indent=1) + "\n")
+    except OSError:
+        pass
+    return hw
+
+
+def local_cluster(devices: int | None = None, *, refresh: bool = False) -> ClusterSpec:
+    """This machine as a one-node cluster of `devices` devices (default: GPUs, else the cores)."""
+    world = devices or default_devices()
+    return ClusterSpec(hardware=probe_hardware(world, refresh=refresh), nodes=1, devices_per_node=world)

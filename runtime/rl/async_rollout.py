@@ -1,0 +1,148 @@
+"""`async` mode: rollout on the actor's own devices streams finished prompt groups into a bounded
+queue; training takes full batches from it; no trained batch's policy is more than k updates old
+(k = Plan.max_staleness).
+
+The rollout devices generate chunks of prompt groups (a prompt's n responses, half a batch of
+prompts per call by default), submitted back to back so the rollout workers run without waiting
+for the driver, each chunk's groups entering the queue as it finishes. The queue is bounded: groups
+ready plus groups in flight never exceed k batches. Whenever nothing is in flight (the rollout
+devices are idle) the driver syncs the newest weights and submits chunks up to that bound. A chunk
+submitted at version v after iteration i took its batch sits behind at most k·B − c other groups,
+so it is trained within the next k iterations: staleness ≤ k by construction. The queue checks it
+anyway when a batch is taken: a group older than k is dropped (not regenerated: its prompt is
+skipped, counted in `async/dropped_groups`), which the launch rule above keeps from happening.
+
+In the measured Timeline a chunk's `generate` belongs to the iteration whose batch it serves (it
+ran during earlier ones). With k = 1 and chunks of a whole batch this is exactly one-step-off. Every launch decision is made
+at an iteration boundary from counts, never from timing, so a run is reproducible (sampling is
+seeded by the iteration and the chunk's index within it), whichever side is faster.
+
+Checkpoints: the queue is not saved. Its prompts (ready, in flight and drawn but not launched) are
+the last ones the sampler drew, so the checkpoint rewinds the data order by them
+(`prompts_in_flight`): a resumed run draws them again and regenerates them with the checkpoint's
+weights (the policy version the checkpoint holds), training every prompt exactly once.
+
+Dynamic sampling's extra rounds take the next groups from the queue like any batch (the prompts
+they draw join its end), so the prompts not yet trained stay the last ones drawn. ReMax's greedy
+baseline is refused in pipelined modes (plan_support.check_runnable).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.rl.dataflow import PendingRollout, left_pad_prompts
+from hybridflow.runtime.rl.disaggregated import DisaggregatedDataflow
+from hybridflow.simulator.errors import HflowError
+
+STREAM_CHUNKS = 2  # rollout calls per batch of prompts: groups stream into the queue at this granularity
+
+
+def concat_groups(parts: list[Batch]) -> Batch:
+    """Groups (or chunks) of rollouts whose left-padded prompts may differ in width, as one batch."""
+    width = max(b["prompt_ids"].shape[1] for b in parts)
+    return Batch.concat([left_pad_prompts(b, width) for b in parts])
+
+
+class RolloutQueue:
+    """Finished prompt groups in the order they were generated, each with the policy version that made it."""
+
+    def __init__(self, group_size: int, max_staleness: int):
+        self.group_size, self.max_staleness = group_size, max_staleness
+        self.groups: deque[Batch] = deque()
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def put(self, rollout: Batch) -> None:
+        """A finished chunk (whole groups, `policy_version` per row), split into its groups."""
+        n = self.group_size
+        self.groups.extend(rollout[i:i + n] for i in range(0, len(rollout), n))
+
+    def take(self, count: int, version: int) -> tuple[list[Batch], int]:
+        """Up to `count` groups, oldest first, for training at `version`; groups more than max_staleness
+        versions older are dropped on the way. Returns (groups, how many were dropped)."""
+        out, dropped = [], 0
+        while self.groups and len(out) < count:
+            group = self.groups.popleft()
+            if version - int(group["policy_version"].min()) > self.max_staleness:
+                dropped += 1
+            else:
+                out.append(group)
+        return out, dropped
+
+
+class AsyncDataflow(DisaggregatedDataflow):
+    def __init__(self, *args, chunk_prompts: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        w = self.plan.workload
+        self.group_size = w.samples_per_prompt
+        self.chunk_prompts = chunk_prompts or max(1, -(-w.prompts // STREAM_CHUNKS))
+        self.capacity = self.plan.max_staleness * w.prompts  # groups ready + in flight
+        self.queue = RolloutQueue(w.samples_per_prompt, self.plan.max_staleness)
+        self.in_flight: deque[PendingRollout] = deque()
+        self.unlaunched: deque[Batch] = deque()  # prompt groups drawn, not yet submitted
+        self.launched = 0  # chunks submitted in this iteration (their sampling seeds)
+
+    def start_iteration(self, iteration: int) -> None:
+        super().start_iteration(iteration)
+        self.launched = 0
+
+    def _groups_in_flight(self) -> int:
+        return sum(len(p.batch) for p in self.in_flight) // self.group_size
+
+    def prompts_in_flight(self) -> int:
+        """Prompts drawn and not yet trained: in the queue, in flight, or not yet launched."""
+        return len(self.queue) + self._groups_in_flight() + len(self.unlaunched)
+
+    def _next_prompts(self, count: int) -> Batch | None:
+        """Up to `count` prompt groups to launch, drawn after those the trainer handed in (None: no more)."""
+        if len(self.unlaunched) < count and self.prompts is not None:
+            self._add_prompts(self.prompts(count - len(self.unlaunched)))
+        take = min(count, len(self.unlaunched))
+        return concat_groups([self.unlaunched.popleft() for _ in range(take)]) if take else None
+
+    def _add_prompts(self, batch: Batch) -> None:
+        n = self.group_size
+        self.unlaunched.extend(batch[i:i + n] for i in range(0, len(batch), n))
+
+    def refill(self) -> None:
+        """With the rollout devices idle: the newest weights, then chunks up to the queue's bound."""
+        room = self.capacity - len(self.queue) - self._groups_in_flight()
+        if self.in_flight or room <= 0:
+            return
+        self.sync_weights()
+        while room > 0:
+            prompts = self._next_prompts(min(self.chunk_prompts, room))
+            if prompts is None:
+                return
+            self.in_flight.append(self.launch_rollout(prompts, sample_round=self.launched))
+            self.launched += 1
+            room -= len(prompts) // self.group_size
+
+    def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
+        """As many groups from the queue as `batch` has prompts; `batch`'s prompts join the queue's end."""
+        if greedy:  # refused in pipelined modes (check_runnable); synchronous if called directly
+            self.sync_weights()
+            return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
+        self._add_prompts(batch)
+        want = len(batch) // self.group_size
+        taken: list[Batch] = []
+        dropped = 0
+        while len(taken) < want:
+            got, lost = self.queue.take(want - len(taken), self.version)
+            taken, dropped = taken + got, dropped + lost
+            if len(taken) < want:
+                self.refill()  # no-op while chunks are in flight
+                if not self.in_flight:
+                    raise HflowError(f"async mode: {len(taken)} of {want} prompt groups and no more prompts; give "
+                                     "the dataflow a prompt source (`prompts`)")
+                chunk = self.in_flight.popleft()
+                chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
+                self.queue.put(self.collect_rollout(chunk))
+        self.refill()  # the rollout runs on while this batch trains
+        self.stats.update({"async/queue_groups": float(len(self.queue)),
+                           "async/in_flight_groups": float(self._groups_in_flight()),
+                           "async/dropped_groups": self.stats.get("async/dropped_groups", 0.0) + dropped})
+        return concat_groups(taken)

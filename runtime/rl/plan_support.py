@@ -1,0 +1,85 @@
+"""How the runtime reads a Plan before anything starts (torch-free): what of it the runtime does not
+run, and where each role's weights come from. The trainer uses both, and so does `hflow-plan run`
+before it imports torch or starts Ray (tools/preflight/checks.py)."""
+
+from __future__ import annotations
+
+from hybridflow.runtime.rl.run_config import RunConfig
+from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.megatron_limits import colocation_problem, moe_tp_problem
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import Plan
+
+
+def check_runnable(plan: Plan, config: RunConfig) -> None:
+    """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
+    if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
+        raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
+    actor = plan.roles.get("actor")
+    separate = actor is not None and actor.generate_group is not None
+    if plan.mode != "sync" and separate and _greedy_baseline(plan):
+        raise HflowError(f"{plan.algorithm}'s greedy baseline is generated for the prompts the iteration is handed, "
+                         f"and mode '{plan.mode}' trains on prompts launched earlier; use --mode sync")
+    if (separate and actor.rollout == "vllm" and plan.mode != "sync"
+            and (config.top_k or config.top_p < 1)):  # the behaviour log-probs would not be the loss's
+        raise HflowError(f"mode '{plan.mode}' corrects with the behaviour log-probs, which vLLM renormalises over "
+                         f"top-k/top-p (top_k {config.top_k}, top_p {config.top_p}) and the actor does not; "
+                         "set top_k 0 and top_p 1, use --rollout native or --mode sync")
+    if actor is not None and actor.generate is not None and actor.generate.pp != 1:  # both engines refuse it
+        raise HflowError(f"the actor generates with pp={actor.generate.pp}; generation is not pipelined on this "
+                         "runtime (training may use any pp): plan with `hflow-plan search --max-gen-pp 1` or give "
+                         "the generate layout pp=1")
+    if separate and actor.generate_group == actor.group:
+        raise HflowError(f"the actor's generate_group '{actor.generate_group}' is its training group; drop "
+                         "generate_group to generate on the training devices (hybrid engine)")
+    if plan.reshard == "broadcast" and not separate:
+        raise HflowError("reshard 'broadcast' is for generation on separate devices (the actor's generate_group); "
+                         "use hybridflow, hybridflow-v or ds-chat")
+    if separate and plan.roles_in(actor.generate_group):
+        raise HflowError(f"group '{actor.generate_group}' holds the rollout and role(s) "
+                         f"{', '.join(plan.roles_in(actor.generate_group))}; rollout devices hold only the rollout")
+    _check_megatron(plan)
+
+
+def _check_megatron(plan: Plan) -> None:
+    """What our Megatron engine cannot run (simulator/pricing/megatron_limits.py): a trained MoE role at tp > 1,
+    and colocated Megatron roles (one worker process each device) with different tp, pp or ep."""
+    for role, rp in plan.roles.items():
+        bad = moe_tp_problem(rp.model, rp.train) if role in TRAINED_ROLES else None
+        if bad:
+            raise HflowError(f"role '{role}': {bad}")
+    for g in plan.groups:
+        bad = colocation_problem(g.name, {r: plan.roles[r].train for r in plan.roles_in(g.name)})
+        if bad:
+            raise HflowError(bad)
+
+
+def _greedy_baseline(plan: Plan) -> bool:
+    """Whether the algorithm's loop generates a greedy baseline (ReMax), read from its dataflow graph."""
+    from hybridflow.simulator.schedule.schedule import plan_dataflow
+
+    graph, _ = plan_dataflow(plan)
+    return any(a["op"] == "generate_baseline" for _, a in graph.nodes(data=True))
+
+
+def rollout_parallel(plan: Plan) -> ParallelConfig:
+    """The generation layout of the actor's separate rollout devices: the plan's generation config, else
+    every rollout device a data-parallel replica."""
+    actor = plan.roles["actor"]
+    return actor.generate or ParallelConfig(dp=len(plan.group(actor.generate_group).devices))
+
+
+def role_weights(plan: Plan, role: str, example_reward: str = "hybridflow.runtime.tasks.builtin:sort_reward") -> str | None:
+    """The folder a role loads its weights from: its `path`, else the actor's when it is the same model
+    (critic, cost critic, ref), else None — the built-in policy, warmed up on the run's task. A reward or cost role
+    has no built-in model: without a path it is a one-line error (naming `example_reward`)."""
+    rp = plan.roles[role]
+    if rp.path:
+        return rp.path
+    if role in ("reward", "cost"):
+        raise HflowError(f"role '{role}' has no path: give the HF folder of a {role} model, or drop the role and name "
+                         f"a {role}_function ('module:function', e.g. {example_reward})")
+    if role in ("critic", "cost_critic", "ref") and plan.roles["actor"].model == rp.model:
+        return role_weights(plan, "actor")
+    return None

@@ -1,0 +1,374 @@
+"""The analytic cost model: seconds per op, with a breakdown that says why.
+
+Training and forward passes are compute-bound: FLOPs (2·N·tokens forward, ×3 with the backward,
+×4 with full recomputation, plus attention) over devices × peak × matmul efficiency, where the
+efficiency saturates with the rows (tokens per device per matmul) and the shard width
+(hidden / tp). Tensor parallelism adds 2 all-reduces of b·s·h per layer forward and 2 backward;
+pipeline parallelism a bubble of (p-1)/m of the ideal time; FSDP/ZeRO-3 data parallelism
+all-gathers the weights forward and backward and reduce-scatters the gradients every micro-batch,
+mostly hidden under compute; Megatron's distributed optimizer (`backend: megatron`) keeps the weights
+whole over dp and moves the gradients and weights once per optimizer step instead. A MoE model under
+expert parallelism (Megatron, ep > 1) adds each MoE layer's token dispatch and combine all-to-alls
+over the ep ranks (expert_parallel.py). The Adam step is memory-bound.
+
+Generation is prefill (compute-bound) then one decode step per response token, each
+max(memory: (weights/tp + KV read)/HBM bandwidth, compute: 2·N·batch/peak) plus each layer's TP
+all-reduces (latency-dominated) and a fixed per-step overhead; the batch is what the free memory's
+KV cache holds. Every tunable term is in EfficiencyParams (efficiency.py); docs/cost-model.md
+gives the sources. OpCost.breakdown values are seconds that add up to OpCost.seconds; OpCost.bytes
+is network bytes per device for train/forward/reshard and HBM bytes read per device for generate.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from pydantic import BaseModel, Field
+
+from hybridflow.simulator.pricing.comm import (
+    Link,
+    dp_ranks,
+    group_link,
+    pp_ranks,
+    ring_allgather_seconds,
+    ring_allreduce_seconds,
+    tp_ranks,
+)
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
+from hybridflow.simulator.pricing.memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
+from hybridflow.simulator.pricing.reshard import reshard_spec, weight_sync_buckets
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.model import Head, ModelSpec
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.workload import Workload
+
+BF16 = 2
+
+
+class OpCost(BaseModel):
+    """An op's price. breakdown: seconds by part (they sum to `seconds`)."""
+
+    seconds: float
+    flops: float = 0.0
+    bytes: float = 0.0
+    breakdown: dict[str, float] = Field(default_factory=dict)
+
+
+def _cost(flops: float, nbytes: float, **parts: float) -> OpCost:
+    parts = {k: float(v) for k, v in parts.items() if v > 0.0}
+    return OpCost.model_construct(seconds=sum(parts.values()), flops=float(flops), bytes=float(nbytes),
+                                  breakdown=parts)
+
+
+@lru_cache(maxsize=256)
+def _shape(model: ModelSpec, head: Head) -> tuple[float, float, float, float]:
+    """(parameters, matmul parameters, attention FLOPs per token per context token, KV bytes per token)."""
+    attn = 4.0 * model.layers * model.heads * model.dim_head
+    return float(model.num_params(head)), float(model.matmul_params(head)), attn, float(model.kv_bytes_per_token())
+
+
+def _seq_flops(pm: float, attn: float, seq_len: float) -> float:
+    """Forward FLOPs of one causal sequence (each token attends to (s+1)/2 tokens on average)."""
+    return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0)
+
+
+def shares_prompts(head: Head, par: ParallelConfig, attention_window: int | None, seq_len: int) -> bool:
+    """Whether the runtime's FSDP engine computes each prompt once for all of its samples in an LM's forward
+    and train passes (runtime/engines/train/fsdp/shared_prompts.py; its one rule, used there too): not under tensor or
+    pipeline parallelism, nor on the Megatron backend, nor where a layer's sliding window is shorter than
+    the `seq_len` columns of a row (the packed rows' block mask has no window)."""
+    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron" and (
+        attention_window is None or seq_len <= attention_window)
+
+
+def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:
+    """For k = 0..n-1: (Σ of f1 where f1 ≥ f2, Σ of f2 where f2 > f1), f_i = a_i + b_i·k. Exact and O(1)."""
+    if n <= 0:
+        return 0.0, 0.0
+
+    def series(a, b, lo, hi):  # Σ_{k=lo}^{hi-1} (a + b·k)
+        cnt = hi - lo
+        return a * cnt + b * (lo + hi - 1) * cnt / 2.0 if cnt > 0 else 0.0
+
+    if b1 == b2:
+        return (series(a1, b1, 0, n), 0.0) if a1 >= a2 else (0.0, series(a2, b2, 0, n))
+    cross = (a2 - a1) / (b1 - b2)  # f1 - f2 changes sign at k = cross
+    k = min(max(math.ceil(cross), 0), n)
+    if b1 > b2:  # f1 wins from `cross` on
+        return series(a1, b1, k, n), series(a2, b2, 0, k)
+    k = min(max(math.floor(cross) + 1, 0), n)  # f1 wins up to `cross`
+    return series(a1, b1, 0, k), series(a2, b2, k, n)
+
+
+class CostModel:
+    """Prices ops on one cluster. Cheap per call (plain floats inside): the planner calls it a lot."""
+
+    def __init__(self, cluster: ClusterSpec, params: EfficiencyParams | None = None):
+        self.cluster = cluster
+        self.params = params or EfficiencyParams.for_hardware(cluster.hardware)
+        hw = cluster.hardware
+        self.peak = hw.peak_flops
+        self.hbm = hw.hbm_bandwidth * self.params.hbm_efficiency
+        self.usable_bytes = self.params.usable_bytes(hw.hbm_bytes)
+
+    # ---- building blocks ----------------------------------------------------------------------
+    def matmul_efficiency(self, tokens: float | None, width: float) -> float:
+        """Saturating efficiency: e_max · tokens/(tokens + t½) · width/(width + w½); tokens=None for
+        decode steps, whose few-row bound is priced as memory traffic instead."""
+        p = self.params
+        e = p.matmul_efficiency * width / (width + p.width_half)
+        return e if tokens is None else e * tokens / (tokens + p.tokens_half)
+
+    def link(self, world: int, ranks: tuple[int, ...]) -> Link:
+        return group_link(self.cluster, self.params, world, ranks)
+
+    def allreduce(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        """(bandwidth seconds, latency seconds) of one ring all-reduce over `ranks`."""
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks)
+        return ring_allreduce_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+
+    def allgather(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks)
+        return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+
+    # One all-to-all of `size_bytes` per device over `ranks` moves the all-gather's volume (comm.alltoall_seconds).
+    alltoall = allgather
+
+    def p2p(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        """One pipeline send between adjacent stages (the first two ranks of `ranks`)."""
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks[:2])
+        return size_bytes / lk.bandwidth, lk.latency
+
+    # ---- forward / train ------------------------------------------------------------------------
+    def _passes(self, model: ModelSpec, head: Head, par: ParallelConfig, workload: Workload, sequences: int,
+                steps: int, mult: float, tp_collectives: int, fsdp_passes: int):
+        """Shared by forward() and train(): `mult` passes' worth of FLOPs (1 forward, 3 fwd+bwd, 4 with
+        recompute) over `sequences` split evenly into `steps` optimizer steps."""
+        n_params, pm, attn, _ = _shape(model, head)
+        tp, pp, dp, world = par.tp, par.pp, par.dp, par.world_size
+        s = workload.seq_len
+        per_rank = max(1, -(-sequences // (steps * dp)))  # sequences per dp rank per step
+        b = min(workload.micro_batch_size, per_rank)
+        m = -(-per_rank // b)  # micro-batches per step
+        seq_flops = _seq_flops(pm, attn, s)
+        if workload.samples_per_prompt > 1 and shares_prompts(head, par, model.attention_window, s):  # each sample's share of its prompt
+            seq_flops -= (1.0 - 1.0 / workload.samples_per_prompt) * _seq_flops(pm, attn, workload.prompt_len)
+        compute = mult * seq_flops * per_rank * steps / (tp * pp) / (
+            self.peak * self.matmul_efficiency(b * s, model.hidden / tp))
+        act_bytes = BF16 * b * s * model.hidden
+        micro = steps * m
+        tp_bw, tp_lat = self.allreduce(act_bytes, world, tp_ranks(par))
+        layers = model.layers / pp
+        tp_comm, tp_latency = tp_collectives * layers * micro * tp_bw, tp_collectives * layers * micro * tp_lat
+        # Megatron's scatter-gather p2p: each tensor rank sends 1/tp of the activations, then all-gathers
+        pp_bw, pp_lat = self.p2p(act_bytes / tp, world, pp_ranks(par))
+        sends = (2 if mult > 1 else 1) * micro
+        pp_comm, pp_latency = sends * pp_bw, sends * pp_lat
+        ep_bw, ep_lat, ep_bytes = expert_dispatch(self, model, par, b * s, tp_collectives)
+        ep_comm, ep_latency = micro * ep_bw, micro * ep_lat
+        stage = compute + tp_comm + tp_latency + pp_comm + pp_latency + ep_comm + ep_latency
+        bubble = stage * (pp - 1) / m
+        shard = BF16 * n_params / (tp * pp)
+        ag_bw, ag_lat = self.allgather(shard, world, dp_ranks(par))
+        if par.backend == "megatron":
+            # Megatron's distributed optimizer (ZeRO-1): the weights stay whole on every dp rank; once per
+            # optimizer step the fp32 gradients are reduce-scattered and the updated bf16 weights
+            # all-gathered, after the last backward (not hidden under compute). Forward passes move nothing.
+            dp_steps = steps if fsdp_passes > 1 else 0
+            dp_total = dp_steps * (3 * ag_bw + 2 * ag_lat)  # fp32 gradients: twice the bf16 bytes
+            dp_exposed, dp_bytes = dp_total, dp_steps * 3 * (dp - 1) / dp * shard
+            if par.ep > 1:
+                bw, lat, nbytes = megatron_expert_dp(self, model, par, n_params)
+                dp_exposed, dp_bytes = dp_steps * (bw + lat), dp_steps * nbytes
+        else:
+            # FSDP/ZeRO-3: gather the weights (each pass), reduce-scatter the gradients (training)
+            dp_total = micro * fsdp_passes * (ag_bw + layers * ag_lat)
+            dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
+            dp_bytes = micro * fsdp_passes * (dp - 1) / dp * shard
+        pp_bytes = sends * act_bytes / tp if pp > 1 else 0.0  # `sends` counts every micro-batch already
+        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + ep_bytes) + pp_bytes + dp_bytes
+        flops = mult * seq_flops * sequences
+        return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, ep_comm=ep_comm,
+                                latency=tp_latency + pp_latency + ep_latency, pp_bubble=bubble, dp_comm=dp_exposed)
+
+    def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
+                sequences: int | None = None) -> OpCost:
+        """A forward-only pass over `sequences` full sequences (log-probs, values, rewards, costs)."""
+        seqs = workload.sequences if sequences is None else sequences
+        flops, net, parts = self._passes(model, head, parallel, workload, seqs, 1, 1.0, 2, 1)
+        return _cost(flops, net, **parts)
+
+    def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
+              recompute: bool = False) -> OpCost:
+        """All PPO epochs × mini-batches of forward + backward (+ recomputation) and Adam steps."""
+        steps = workload.ppo_epochs * workload.mini_batches
+        flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
+                                         steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3)
+        n_params = _shape(model, head)[0]
+        parts["optimizer"] = steps * n_params / parallel.world_size * self.params.adam_bytes_per_param / self.hbm
+        return _cost(flops, net, **parts)
+
+    # ---- generation -----------------------------------------------------------------------------
+    def prefill(self, model: ModelSpec, gen: ParallelConfig, batch: int, prompt_len: int) -> dict[str, float]:
+        """Seconds by part of one batched prefill on one generation replica. The batch's tokens go in
+        chunks of prefill_chunk_tokens (fractional: smooth in the batch), which pipeline across stages:
+        the stages' time stretches by 1 + (pp-1)/chunks."""
+        _, pm, attn, _ = _shape(model, "lm")
+        tp, pp, world = gen.tp, gen.pp, gen.world_size
+        tokens = batch * prompt_len
+        chunk = min(tokens, self.params.prefill_chunk_tokens)
+        chunks = tokens / chunk
+        fill = 1.0 + (pp - 1) / chunks
+        eff = self.matmul_efficiency(chunk, model.hidden / tp)
+        compute = batch * _seq_flops(pm, attn, prompt_len) / (tp * pp * self.peak * eff) * fill
+        memory = chunks * BF16 * pm / (tp * pp) / self.hbm * fill  # every weight read once per chunk
+        layers = model.layers / pp
+        bw, lat = self.allreduce(BF16 * chunk * model.hidden, world, tp_ranks(gen))
+        pbw, plat = self.p2p(BF16 * chunk * model.hidden / tp, world, pp_ranks(gen))
+        return {"compute": compute if compute >= memory else 0.0,
+                "memory": memory if memory > compute else 0.0,
+                "tp_comm": 2 * layers * chunks * bw * fill, "pp_comm": (pp - 1) * pbw,
+                "latency": 2 * layers * math.ceil(chunks) * lat * fill + (pp - 1) * plat,
+                "overhead": self.params.decode_step_overhead}
+
+    def _decode_terms(self, model: ModelSpec, gen: ParallelConfig, batch: int):
+        """Per decode step at context c: memory = a_m + b_m·c, compute = a_c + b_c·c, plus fixed
+        collective bandwidth/latency. Pipeline: min(pp, batch) micro-batches cycle through pp stages."""
+        _, pm, attn, kv_tok = _shape(model, "lm")
+        tp, pp, world = gen.tp, gen.pp, gen.world_size
+        mbs = min(pp, batch)
+        x = batch / mbs  # sequences per micro-batch
+        kv_share = max(model.kv_heads / tp, 1.0) / model.kv_heads
+        w_stage = BF16 * pm / (tp * pp)
+        kv_stage = kv_tok * kv_share / pp
+        a_m, b_m = pp * w_stage / self.hbm, pp * x * kv_stage / self.hbm
+        eff = self.matmul_efficiency(None, model.hidden / tp)
+        a_c, b_c = x * 2 * pm / (tp * self.peak * eff), x * attn / (tp * self.peak * eff)
+        bw, lat = self.allreduce(BF16 * x * model.hidden, world, tp_ranks(gen))
+        pbw, plat = self.p2p(BF16 * x * model.hidden / tp, world, pp_ranks(gen))
+        latency = 2 * model.layers * lat + (pp * plat if pp > 1 else 0.0)
+        return a_m, b_m, a_c, b_c, 2 * model.layers * bw, pp * pbw if pp > 1 else 0.0, latency
+
+    def decode_step(self, model: ModelSpec, gen: ParallelConfig, batch: int, context: int) -> dict[str, float]:
+        """Seconds by part of one decode step of `batch` sequences at `context` tokens. "memory" and
+        "compute" are both reported; the step takes the larger (see step_seconds)."""
+        a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = self._decode_terms(model, gen, batch)
+        memory, compute = a_m + b_m * context, a_c + b_c * context
+        fixed = tp_comm + pp_comm + latency + self.params.decode_step_overhead
+        return {"memory": memory, "compute": compute, "tp_comm": tp_comm, "pp_comm": pp_comm, "latency": latency,
+                "overhead": self.params.decode_step_overhead, "step_seconds": max(memory, compute) + fixed}
+
+    def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
+                 free_bytes_per_device: float | None = None) -> OpCost:
+        """Prefill + decode of `sequences` responses on gen.dp replicas in waves of the largest batch
+        the KV cache holds. free_bytes_per_device: bytes left for the KV cache (everything else already
+        resident); default: usable memory minus the generation weights."""
+        seqs = workload.sequences if sequences is None else sequences
+        _, pm, attn, kv_tok = _shape(model, "lm")
+        if free_bytes_per_device is None:
+            free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
+        batch = decode_batch(model, gen, workload, free_bytes_per_device, self.params, seqs)
+        if batch < 1:
+            need = kv_bytes_per_sequence(model, gen, workload.seq_len)
+            raise InfeasibleError(
+                f"generation of {model.name} with {gen}: one sequence's KV cache needs {need / 2**30:.2f} GiB per "
+                f"device but only {max(free_bytes_per_device, 0) / 2**30:.2f} GiB is free; raise tp·pp or free memory")
+        per_replica = -(-seqs // gen.dp)
+        waves = -(-per_replica // batch)
+        batch = -(-per_replica // waves)  # balance the waves
+        P, R = workload.prompt_len, workload.response_len
+        pre = self.prefill(model, gen, batch, P)
+        a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = self._decode_terms(model, gen, batch)
+        steps = R - 1  # the prefill yields the first token; step k attends to P + k tokens
+        memory, compute = _sum_of_max(a_m + b_m * (P + 1), b_m, a_c + b_c * (P + 1), b_c, steps)
+        parts = {
+            "compute": waves * (pre["compute"] + compute),
+            "memory": waves * (pre["memory"] + memory),
+            "tp_comm": waves * (pre["tp_comm"] + steps * tp_comm),
+            "pp_comm": waves * (pre["pp_comm"] + steps * pp_comm),
+            "latency": waves * (pre["latency"] + steps * latency),
+            "overhead": waves * (1 + steps) * self.params.decode_step_overhead,
+        }
+        flops = seqs * (_seq_flops(pm, attn, P) + steps * (2 * pm + attn * (P + 1 + (steps - 1) / 2)))
+        kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads
+        weights_read = BF16 * pm / (gen.tp * gen.pp) * min(gen.pp, batch)  # once per micro-batch per step
+        hbm_bytes = waves * steps * (weights_read + batch * kv_tok * kv_share / gen.pp * (P + 1 + (steps - 1) / 2))
+        return _cost(flops, hbm_bytes, **parts)
+
+    # ---- weights moving -------------------------------------------------------------------------
+    def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str) -> OpCost:
+        """Switch the actor's weights from its training to its generation layout (paper Table 2)."""
+        m_bytes = BF16 * model.num_params("lm")
+        spec = reshard_spec(m_bytes, train, gen, mode)
+        world = train.world_size
+        collectives = model.layers + 1  # gathered layer by layer (plus embeddings/head)
+        if mode == "broadcast":  # gather the ZeRO-3 shards, then send the full model to the other devices
+            ag, lat = self.allgather(m_bytes, world, tuple(range(world)))
+            across = world + gen.world_size > self.cluster.devices_per_node
+            hw = self.cluster.hardware
+            bw = (hw.inter_node_bandwidth * self.params.inter_link_efficiency if across
+                  else hw.intra_node_bandwidth * self.params.intra_link_efficiency)
+            send_lat = hw.inter_node_latency if across else hw.intra_node_latency
+            # the gather, layer by layer when the training weights are sharded; then one broadcast per bucket
+            return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw,
+                         latency=(collectives * lat if world > 1 else 0.0) + weight_sync_buckets(m_bytes) * send_lat)
+        bw_s, lat = self.allgather(spec.gathered_bytes, world, spec.ranks)
+        eg_bw, eg_lat, eg_bytes = expert_gather(self, model, train)  # generation holds every expert
+        return _cost(0.0, spec.volume + eg_bytes, reshard_comm=bw_s, ep_gather=eg_bw,
+                     latency=(collectives * lat if bw_s else 0.0) + eg_lat)
+
+    def offload(self, bytes_per_device: float) -> OpCost:
+        """Copy a model's states to host memory (or back: onload) over the device-host link."""
+        bw = self.cluster.hardware.host_bandwidth * self.params.host_link_efficiency
+        return _cost(0.0, bytes_per_device, host_copy=bytes_per_device / bw)
+
+    def onload(self, bytes_per_device: float) -> OpCost:
+        return self.offload(bytes_per_device)
+
+
+# ---- a plan's ops ---------------------------------------------------------------------------------
+FORWARD_OPS = ("actor_logprob", "ref_logprob", "values", "reward", "cost")
+
+
+def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False, resampled: bool = False) -> OpCost:
+    """The OpCost of one op of `plan` run by `role` ("driver" or a rule-based reward/cost: the single
+    controller's CPU). baseline: the ReMax greedy pass (one sequence per prompt, not per sample);
+    resampled: a dynamically sampled rollout or score (the expected extra rounds, Workload.op_sequences)."""
+    from hybridflow.simulator.algorithms import TRAINED_ROLES
+    from hybridflow.simulator.errors import HflowError
+    from hybridflow.simulator.pricing.memory import kv_free_bytes, plan_recompute, state_bytes
+    from hybridflow.simulator.vocabulary.plan import role_head
+
+    w, p = plan.workload, cm.params
+    seqs = w.op_sequences(baseline=baseline or op == "generate_baseline", resampled=resampled)
+    if op == "advantage" or role not in plan.roles:
+        if op in ("reward", "cost"):  # a rule-based function on the driver
+            return _cost(0.0, 0.0, driver=seqs * p.rule_reward_seconds_per_sequence)
+        if op == "advantage":
+            return _cost(0.0, 0.0, driver=w.sequences * w.response_len * p.driver_seconds_per_token)
+        raise HflowError(f"op '{op}' names role '{role}', which the plan does not have (roles: {', '.join(plan.roles)})")
+    rp, head = plan.roles[role], role_head(role)
+    if op in ("generate", "generate_baseline"):
+        # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
+        # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
+        return cm.generate(rp.model, plan.generation_config(), w, seqs, kv_free_bytes(plan, p))
+    if op in FORWARD_OPS:
+        return cm.forward(rp.model, head, rp.train, w, seqs)
+    if op in ("actor_update", "critic_update"):
+        return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False))
+    if op in WEIGHT_SYNC_OPS:
+        return cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode())
+    if op in ("offload", "onload"):
+        states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES)
+        return cm.offload(states.total)
+    raise HflowError(f"unknown op '{op}'; known ops: generate, generate_baseline, {', '.join(FORWARD_OPS)}, "
+                     "advantage, actor_update, critic_update, reshard, offload, onload")

@@ -1,0 +1,55 @@
+"""What our Megatron engine can run, as torch-free rules: the planner proposes only layouts that pass them
+(planner/configs.py, planner/sets.py, planner/brute.py), `check_runnable` refuses a plan that breaks them
+before Ray starts (runtime/rl/plan_support.py), and the engine checks the same against megatron-core's live
+state (runtime/engines/train/megatron/engine.py, megatron_model.py).
+
+- megatron-core keeps ONE parallel state per process (tp, pp, ep: `initialize_model_parallel`), and the
+  roles of one device group share their worker processes: Megatron roles colocated in a group must
+  share (tp, pp, ep) — `megatron_state`, `colocation_problem`.
+- megatron-core trains a MoE layer at tp > 1 only with sequence parallelism, which our engine does not
+  turn on: megatron-core's local layer spec (no Transformer Engine, as in the engine's CPU tests) refuses
+  sequence parallelism outright, so it could not be tested here. A trained MoE model on Megatron keeps
+  tp = 1 — `moe_tp_problem`; megatron-core itself refuses it in the engine at the first training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+
+# The rule and its fixes, for both places that refuse a plan breaking it (check_runnable and the engine).
+COLOCATION_RULE = ("megatron-core keeps one parallel state per process, so colocated Megatron roles must share tp, pp "
+                   "and ep: give them the same, train all but one with backend fsdp, or put them in different groups")
+
+
+def megatron_state(cfg: ParallelConfig) -> tuple[int, int, int] | None:
+    """The (tp, pp, ep) megatron-core's per-process parallel state holds for a training layout; None
+    for a layout no Megatron engine trains (FSDP), which leaves the state free."""
+    return (cfg.tp, cfg.pp, cfg.ep) if cfg.backend == "megatron" else None
+
+
+def state_label(state: tuple[int, int, int]) -> str:
+    tp, pp, ep = state
+    return f"tp{tp}·pp{pp}·ep{ep}"
+
+
+def colocation_problem(group: str, configs: Mapping[str, ParallelConfig]) -> str | None:
+    """One line when the Megatron roles of one device group (role -> training layout) differ in
+    (tp, pp, ep); None when they share it (or fewer than two are on Megatron)."""
+    meg = {r: megatron_state(c) for r, c in configs.items() if megatron_state(c) is not None}
+    if len(set(meg.values())) <= 1:
+        return None
+    roles = ", ".join(f"{r} {configs[r].label()}" for r in meg)
+    return f"group '{group}' holds Megatron roles with different tp/pp/ep ({roles}); {COLOCATION_RULE}"
+
+
+def moe_tp_problem(model: ModelSpec, cfg: ParallelConfig) -> str | None:
+    """One line when a trained role's layout `cfg` trains a MoE model on Megatron at tp > 1; None otherwise.
+    Forward-only roles (ref, reward) run in eval mode, where megatron-core does not ask for it."""
+    if cfg.backend != "megatron" or model.experts is None or cfg.tp == 1:
+        return None
+    return (f"it trains MoE model {model.name} on Megatron at tp={cfg.tp} ({cfg.label()}); megatron-core trains a MoE "
+            "layer at tp > 1 only with sequence parallelism, which this runtime's Megatron engine does not set: use "
+            "tp=1 (pp and ep split the model instead) or backend fsdp")

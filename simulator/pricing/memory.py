@@ -1,0 +1,398 @@
+"""Memory per device: what each model holds, part by part, and whether a colocated set fits.
+
+Accounting (bytes per parameter, mixed-precision Adam as in the ZeRO paper, Rajbhandari et al. 2020):
+bf16 weights 2, bf16 gradients 2, fp32 master weights + Adam m + v 12 — 16 in total for a trained
+model, 2 for a frozen one. Training and forward-only models are fully sharded over all their
+devices (tp·pp shard the model, FSDP/ZeRO-3 shards over dp), so states scale as 1/(tp·pp·dp);
+under `backend: megatron` (distributed optimizer) only the optimizer states are split over dp, the
+weights and an fp32 gradient buffer are whole on each dp rank.
+
+A model's memory is its *states* (weights, optimizer: resident while it lives on the device) plus
+the *transient* of the op it runs (training: gradients, activations, FSDP gather buffers; forward:
+one layer's working set and the logits; generation: the generation-layout weights and the KV
+cache). Colocated models take turns: without offload every model's states stay resident and only
+the running op's transient is added; with `plan.offload` idle models' states live in host memory,
+so the peak is the largest single model's states + its largest transient. Each device also keeps
+`reserved_bytes` (CUDA context, NCCL) once, reported under buffers.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.reshard import reshard_spec
+from hybridflow.simulator.vocabulary.hardware import GiB, HardwareSpec
+from hybridflow.simulator.vocabulary.model import Head, ModelSpec
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.workload import Workload
+
+WEIGHT_BYTES = 2  # bf16
+GRAD_BYTES = 2  # bf16
+MEGATRON_GRAD_BYTES = 4  # Megatron's fp32 main-grad buffer (grad_reduce_in_fp32)
+OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v
+LOGIT_BYTES = 6  # bf16 logits + their fp32 log-softmax (forward)
+LOGIT_TRAIN_BYTES = 8  # … + the bf16 gradient of the logits (backward)
+PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
+
+
+class InfeasibleError(HflowError):
+    """A model or colocated set does not fit its devices; the message shows the breakdown."""
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes per device by part."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    kv_cache: float = 0.0
+    buffers: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.kv_cache + self.buffers
+
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
+        return MemoryBreakdown.model_construct(**{k: getattr(self, k) + getattr(other, k) for k in PARTS})
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {getattr(self, k) / GiB:.1f}" for k in PARTS if getattr(self, k) > 0) + " GiB"
+
+    def require_fits(self, hardware: HardwareSpec, what: str, params: EfficiencyParams | None = None) -> None:
+        """Raise InfeasibleError (one line, with the breakdown) when this does not fit one device."""
+        p = params or EfficiencyParams.for_hardware(hardware)
+        limit = hardware.hbm_bytes * p.usable_memory_fraction
+        if self.total > limit:
+            raise InfeasibleError(
+                f"{what} needs {self.total / GiB:.1f} GiB per device ({self.describe()}) but one {hardware.name} "
+                f"offers {limit / GiB:.1f} GiB; use more devices (larger tp·pp·dp), recomputation or offload")
+
+
+def _mb(**parts: float) -> MemoryBreakdown:
+    return MemoryBreakdown.model_construct(**{k: float(parts.get(k, 0.0)) for k in PARTS})
+
+
+# ---- the parts, as plain floats --------------------------------------------------------------
+def activation_bytes_per_token_layer(model: ModelSpec, tp: int) -> float:
+    """Activation bytes one token leaves in one layer for the backward (bf16, FlashAttention: no
+    s×s scores). Replicated over tp: the two norm inputs and the two matmul inputs (8h); sharded:
+    q, k, v, attention output (4·q_dim + 4·kv_dim) and the SwiGLU gate, up, act(gate), product (8·ffn).
+    Korthikanti et al. 2022 count 34·h for GPT; Llama's SwiGLU gives ~37·h for 7B."""
+    q_dim = model.heads * model.dim_head
+    kv_dim = model.kv_heads * model.dim_head
+    return 8 * model.hidden + (4 * q_dim + 4 * kv_dim + 8 * model.ffn) / tp
+
+
+def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int | None = None) -> tuple[int, int]:
+    """(sequences per micro-batch, micro-batches per mini-batch) on one data-parallel rank."""
+    seqs = sequences if sequences is not None else workload.sequences
+    per_rank = max(1, -(-seqs // (mini_batches * dp)))
+    b = min(workload.micro_batch_size, per_rank)
+    return b, -(-per_rank // b)
+
+
+def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig) -> float:
+    """Parameters one Megatron rank holds whole over dp: the dense ones split by tp·pp, the experts also over ep."""
+    params, experts = model.num_params(head), model.expert_params()
+    return (params - experts) / parallel.model_parallel_size + experts / (parallel.model_parallel_size * parallel.ep)
+
+
+def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool) -> MemoryBreakdown:
+    n = parallel.world_size
+    params = model.num_params(head)
+    # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
+    # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
+    weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
+    return _mb(weights=WEIGHT_BYTES * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
+
+
+def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
+    """The largest FSDP unit, unsharded over dp (still split over tp): a layer or the embedding."""
+    return WEIGHT_BYTES * max(model.layer_params(), model.vocab * model.hidden) / tp
+
+
+def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
+                    recompute: bool = False) -> MemoryBreakdown:
+    tp, pp, dp = parallel.tp, parallel.pp, parallel.dp
+    b, m = _microbatch(workload, dp, workload.mini_batches)
+    tokens = b * workload.seq_len
+    per_layer = activation_bytes_per_token_layer(model, tp) * tokens
+    in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
+    layers = model.layers / pp
+    if recompute:  # keep each layer's input, rebuild one layer at a time in the backward
+        acts = in_flight * layers * WEIGHT_BYTES * model.hidden * tokens + per_layer
+    else:
+        acts = in_flight * layers * per_layer
+    if head == "lm":
+        acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
+    if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank (of its own experts); no gathers
+        return _mb(gradients=MEGATRON_GRAD_BYTES * megatron_local_params(model, head, parallel), activations=acts)
+    bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
+    return _mb(gradients=GRAD_BYTES * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
+
+
+def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload) -> MemoryBreakdown:
+    b, _ = _microbatch(workload, parallel.dp, 1)
+    tokens = b * workload.seq_len
+    acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
+    if head == "lm":
+        acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
+    gathers = parallel.dp > 1 and parallel.backend == "fsdp"
+    bufs = 2 * _gather_unit_bytes(model, parallel.tp) if gathers else 0.0
+    return _mb(activations=acts, buffers=bufs)
+
+
+def kv_bytes_per_sequence(model: ModelSpec, gen: ParallelConfig, seq_len: int) -> float:
+    """KV-cache bytes one full-length sequence takes on one device of the generation layout."""
+    kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads  # kv heads replicate when tp > kv_heads
+    return seq_len * model.kv_bytes_per_token() * kv_share / gen.pp
+
+
+def generate_weights(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
+                     resident_train_weights: float) -> float:
+    """Extra weight bytes per device while generating: the reshard's peak, minus the training shard
+    when it lies inside the generation shard (HybridFlow's zero redundancy)."""
+    spec = reshard_spec(WEIGHT_BYTES * model.num_params("lm"), train, gen, mode)
+    overlap = resident_train_weights if mode == "hybridflow" else 0.0
+    return max(spec.peak_memory - overlap, 0.0)
+
+
+def generate_buffers(model: ModelSpec, gen: ParallelConfig, batch: int) -> float:
+    return batch * model.vocab / gen.tp * 4.0  # fp32 logits of one decode step
+
+
+def decode_batch(model: ModelSpec, gen: ParallelConfig, workload: Workload, kv_free_bytes: float,
+                 params: EfficiencyParams, sequences: int | None = None) -> int:
+    """Sequences one generation replica decodes at once: as many as the free memory holds, at most
+    max_decode_batch and at most what it was given. 0 when not even one sequence fits."""
+    seqs = sequences if sequences is not None else workload.sequences
+    per_replica = -(-seqs // gen.dp)
+    cap = int(max(kv_free_bytes, 0.0) // kv_bytes_per_sequence(model, gen, workload.seq_len))
+    return min(cap, params.max_decode_batch, per_replica)
+
+
+def generate_transient(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, workload: Workload,
+                       kv_free_bytes: float, params: EfficiencyParams, mode: str = "hybridflow",
+                       resident_train_weights: float = 0.0) -> MemoryBreakdown:
+    """Generation weights + the KV cache of the batch that `kv_free_bytes` allows (+ logits)."""
+    w = generate_weights(model, train, gen, mode, resident_train_weights)
+    batch = decode_batch(model, gen, workload, kv_free_bytes - w, params)
+    return _mb(weights=w, kv_cache=batch * kv_bytes_per_sequence(model, gen, workload.seq_len),
+               buffers=generate_buffers(model, gen, batch))
+
+
+def role_memory(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload, trainable: bool,
+                hardware: HardwareSpec, gen: ParallelConfig | None = None, *, recompute: bool = False,
+                mode: str = "hybridflow", params: EfficiencyParams | None = None) -> MemoryBreakdown:
+    """One model alone on its devices at its peak op (states + the largest transient + the fixed
+    reservation). `gen` (the actor) adds the generation phase, its KV cache filling the free memory
+    up to the decode batch it would run."""
+    p = params or EfficiencyParams.for_hardware(hardware)
+    states = state_bytes(model, head, parallel, trainable)
+    phases = [train_transient(model, head, parallel, workload, recompute) if trainable
+              else forward_transient(model, head, parallel, workload)]
+    if gen is not None:
+        free = p.usable_bytes(hardware.hbm_bytes) - states.total
+        phases.append(generate_transient(model, parallel, gen, workload, free, p, mode, states.weights))
+    peak = max(phases, key=lambda m: m.total)
+    return states + peak + _mb(buffers=p.reserved_bytes)
+
+
+# ---- colocated sets on n devices (the planner's minimum allocation) -------------------------
+def _configs(model: ModelSpec, n: int, devices_per_node: int) -> list[ParallelConfig]:
+    out = []
+    for tp in range(1, min(n, devices_per_node) + 1):
+        if n % tp or model.heads % tp or model.kv_heads % tp:
+            continue
+        for pp in range(1, n // tp + 1):
+            if (n // tp) % pp == 0 and model.layers % pp == 0:
+                out.append(ParallelConfig(pp=pp, tp=tp, dp=n // (tp * pp)))
+    return out
+
+
+def _least_transient(model: ModelSpec, role: str, n: int, workload: Workload, devices_per_node: int) -> float | None:
+    """The smallest transient any config over n devices gives this role (None: no config exists).
+    States do not depend on the config (everything is sharded over all n devices)."""
+    from hybridflow.simulator.vocabulary.plan import role_head
+
+    head, best = role_head(role), None
+    for cfg in _configs(model, n, devices_per_node):
+        t = (train_transient(model, head, cfg, workload, recompute=True) if role in TRAINED_ROLES
+             else forward_transient(model, head, cfg, workload)).total
+        if role == "actor":  # generation in the same layout, at least one sequence in the KV cache
+            w = generate_weights(model, cfg, cfg, "hybridflow", state_bytes(model, head, cfg, True).weights)
+            t = max(t, w + kv_bytes_per_sequence(model, cfg, workload.seq_len) + generate_buffers(model, cfg, 1))
+        best = t if best is None else min(best, t)
+    return best
+
+
+_FITS_CACHE: dict[tuple, bool] = {}
+
+
+def fits_on(models: list[tuple[ModelSpec, str]], devices: int, workload: Workload, cluster,
+            *, offload: bool = False, params: EfficiencyParams | None = None) -> bool:
+    """Can these colocated (model, role) pairs share `devices` devices under some parallel configs?
+    Roles say which are trained (actor, critic: Adam states, recomputation allowed) and which
+    generate (actor). Offload: idle models' states live in host memory."""
+    from hybridflow.simulator.vocabulary.plan import role_head
+
+    p = params or EfficiencyParams.for_hardware(cluster.hardware)
+    key = (tuple(models), devices, workload, cluster, offload, p)
+    hit = _FITS_CACHE.get(key)
+    if hit is not None:
+        return hit
+    usable = p.usable_bytes(cluster.hardware.hbm_bytes)
+    states, peaks = [], []
+    ok = True
+    for model, role in models:
+        t = _least_transient(model, role, devices, workload, cluster.devices_per_node)
+        if t is None:
+            ok = False
+            break
+        s = ((WEIGHT_BYTES + (OPTIMIZER_BYTES if role in TRAINED_ROLES else 0)) * model.num_params(role_head(role))
+             / devices)
+        states.append(s)
+        peaks.append(s + t if offload else t)
+    if ok:
+        ok = (max(peaks, default=0.0) if offload else sum(states) + max(peaks, default=0.0)) <= usable
+    if len(_FITS_CACHE) > 100_000:
+        _FITS_CACHE.clear()
+    _FITS_CACHE[key] = ok
+    return ok
+
+
+def min_devices(models: list[tuple[ModelSpec, str]], workload: Workload, cluster, *, offload: bool = False,
+                params: EfficiencyParams | None = None) -> int | None:
+    """The fewest devices (up to the whole cluster) on which the colocated set fits; None if none."""
+    for n in range(1, cluster.num_devices + 1):
+        if fits_on(models, n, workload, cluster, offload=offload, params=params):
+            return n
+    return None
+
+
+# ---- a whole plan -----------------------------------------------------------------------------
+class RoleMemory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str
+    group: str
+    bytes_per_device: float  # the group's peak: all colocated models as the runtime holds them
+    fits: bool
+    capacity: float  # bytes per device the runtime can fill (hbm × usable_memory_fraction)
+    breakdown: MemoryBreakdown  # the group's parts at that peak
+    own: MemoryBreakdown  # this model's states + its largest transient
+    peak_op: str  # "role:op" at the group's peak
+    recompute: bool = False  # trained roles: activations recomputed to fit
+    decode_batch: int | None = None  # actor: sequences decoded at once per replica
+    generate_bytes_per_device: float | None = None  # actor on separate generation devices: their peak
+
+
+# The ops each role can run (the work whose transients a group's peak is taken over).
+_OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", "values"),
+        "cost_critic": ("critic_update", "values"), "ref": ("ref_logprob",), "reward": ("reward",), "cost": ("cost",)}
+
+
+def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
+    """(states by role, [(role, op, resident states, transient)]) for one device group."""
+    from hybridflow.simulator.vocabulary.plan import role_head
+
+    usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
+    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES)
+              for r, rp in plan.roles.items() if rp.group == group}
+    everyone = sum(states.values(), _mb())
+    phases = []
+    for role, s in states.items():
+        rp, head = plan.roles[role], role_head(role)
+        resident = s if plan.offload else everyone
+        for op in _OPS[role]:
+            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute) if op.endswith("_update")
+                 else forward_transient(rp.model, head, rp.train, plan.workload))
+            phases.append((role, op, resident, t))
+        if role == "actor" and rp.generate_group is None:
+            gen = rp.generate or rp.train
+            t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p,
+                                   plan.weight_sync_mode(), s.weights)
+            phases.append((role, "generate", resident, t))
+    actor = plan.roles.get("actor")
+    if actor is not None and actor.generate_group == group:  # separate inference devices
+        gen = actor.generate or actor.train
+        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast")
+        phases.append(("actor", "generate", _mb(), t))
+    return states, phases
+
+
+def _group_peak(plan, group: str, recompute: bool, p: EfficiencyParams):
+    states, phases = _group_phases(plan, group, recompute, p)
+    role, op, resident, t = max(phases, key=lambda x: x[2].total + x[3].total)
+    peak = resident + t + _mb(buffers=p.reserved_bytes)
+    limit = plan.cluster.hardware.hbm_bytes * p.usable_memory_fraction
+    gen_ok = all(t.kv_cache > 0 for _, o, _, t in phases if o == "generate")
+    return states, phases, peak, f"{role}:{op}", peak.total <= limit and gen_ok
+
+
+def plan_recompute(plan, params: EfficiencyParams | None = None) -> dict[str, bool]:
+    """Per trained role: whether its group needs activation recomputation to fit."""
+    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+    out = {}
+    for g in {rp.group for rp in plan.roles.values()}:
+        *_, ok = _group_peak(plan, g, False, p)
+        for r, rp in plan.roles.items():
+            if rp.group == g:
+                out[r] = not ok
+    return out
+
+
+def plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleMemory]:
+    """Memory per device of every role's group, the colocated models summed as the runtime holds them."""
+    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+    limit = plan.cluster.hardware.hbm_bytes * p.usable_memory_fraction
+    recompute = plan_recompute(plan, p)
+    out: dict[str, RoleMemory] = {}
+    for role, rp in plan.roles.items():
+        states, phases, peak, peak_op, ok = _group_peak(plan, rp.group, recompute[role], p)
+        mine = [t for r, _, _, t in phases if r == role]
+        own = states[role] + max(mine, key=lambda m: m.total) + _mb(buffers=p.reserved_bytes)
+        gen_t = [t for r, o, _, t in phases if o == "generate"]
+        rm = RoleMemory(role=role, group=rp.group, bytes_per_device=peak.total, fits=ok, capacity=limit,
+                        breakdown=peak, own=own, peak_op=peak_op,
+                        recompute=recompute[role] and role in TRAINED_ROLES)
+        if role == "actor":
+            if rp.generate_group:
+                _, gphases, gpeak, _, gok = _group_peak(plan, rp.generate_group, False, p)
+                gen_t = [t for _, o, _, t in gphases if o == "generate"]
+                rm.generate_bytes_per_device, rm.fits = gpeak.total, ok and gok
+            gen = rp.generate or rp.train
+            kv_seq = kv_bytes_per_sequence(rp.model, gen, plan.workload.seq_len)
+            rm.decode_batch = int(round(gen_t[0].kv_cache / kv_seq)) if gen_t else None
+        out[role] = rm
+    return out
+
+
+def check_plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleMemory]:
+    """plan_memory, raising InfeasibleError (with the breakdown) for the first group that does not fit."""
+    mem = plan_memory(plan, params)
+    for m in mem.values():
+        if not m.fits:
+            where = f"group '{m.group}' ({', '.join(plan.roles_in(m.group))}) at {m.peak_op}"
+            m.breakdown.require_fits(plan.cluster.hardware, where, params)
+            raise InfeasibleError(f"{where}: no room for even one sequence's KV cache ({m.breakdown.describe()} "
+                                  f"held per device); use a larger generation tp·pp, more devices or offload")
+    return mem
+
+
+def kv_free_bytes(plan, params: EfficiencyParams | None = None) -> float:
+    """Bytes per device left for the actor's KV cache while it generates (everything else resident)."""
+    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+    actor = plan.roles["actor"]
+    group = actor.generate_group or actor.group
+    _, phases = _group_phases(plan, group, plan_recompute(plan, p).get("actor", False), p)
+    for _, op, resident, t in phases:
+        if op == "generate":
+            return p.usable_bytes(plan.cluster.hardware.hbm_bytes) - resident.total - t.weights - t.buffers
+    return 0.0

@@ -1,0 +1,94 @@
+"""Pipelined execution modes on the unrolled dataflow: one-step-off and async with bound k (Plan.mode).
+
+Both run the actor's rollout on devices of its own while the trainers score and train an earlier
+batch; on the unrolled graph (dataflow.unroll: nodes (j, op), batch j) that is a rewiring of the
+actor's weight sync and generate of each batch. With the staleness bound k (Plan.staleness: 1 for
+one-step-off, max_staleness for async):
+
+- batch j's rollout does not wait for update j−1: the rollout workers stream batch after batch
+  into the queue (on their lane, one after another) while the trainers work through it;
+- the weights move every k updates, not every update: the sync before batch j = 1 + m·k (m ≥ 1)
+  carries the weights after update j−2 (the newest the trainers can hand over when batch j−1 is
+  still to train), and batches j … j+k−1 are generated with them, so the last of them is k
+  updates behind when it trains — the bound, never more. Batches 1 … k use the initial weights
+  and need no sync. Syncing less often is what a larger k buys: the sync holds both sides (a
+  collective spanning them), and its seconds are paid once per k iterations;
+- the trainers hand the weights over right after the update they carry, before they score the
+  next batch (those ops follow the sync), as the runtime does.
+
+The steady iteration is then sync / k + max(rollout, scoring and training): the overlapped part
+counts once, the faster side idles for the rest (the queue's bubble: the rollout waits for a free
+slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. As in a run's Timeline
+(timeline.py), batch j's rollout is iteration j's — it runs during the ones before — and the sync
+before it is iteration j − 1's, whose trainers wait for it; so an iteration's seconds are from one
+trained batch's end to the next. The first iteration, whose rollout nothing overlaps, is a warm-up
+(Timeline meta `warmup_iterations`). Rollouts past the last trained batch are left out: nothing
+trained waits for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import networkx as nx
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.schedule.dataflow import Lanes, forget_order
+
+
+def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
+    found = [n for n, a in graph.nodes(data=True) if a["op"] == op and a["role"] == "actor"
+             and not a.get("baseline") and not a.get("resampled")]
+    if len(found) != 1:
+        raise HflowError(f"a pipelined mode needs one actor '{op}' per iteration; the dataflow has {len(found)}")
+    return found[0]
+
+
+def copies_needed(iterations: int, staleness: int) -> int:
+    """Unrolled copies for `iterations` steady iterations: + the warm-up, + the next batch's copy, for the
+    weight sync the last trained batch's trainers hand over (its only op kept)."""
+    return iterations + 2
+
+
+def priced_iterations(staleness: int) -> int:
+    """Steady iterations a pipelined plan is priced over (`simulate`'s default and the planner's, so
+    they agree): two sync periods, each with one sync in it."""
+    return 2 * staleness
+
+
+def is_sync_batch(j: int, staleness: int) -> bool:
+    """Whether the weights move before batch j's rollout (see the module doc)."""
+    return j >= 2 and (j - 1) % staleness == 0
+
+
+def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes], copies: int,
+             staleness: int) -> None:
+    """Rewire `big` (in place; `copies` unrolled copies of `graph`) for a pipeline with staleness bound
+    `staleness`, then drop the last copy but for the weight sync the last trained batch waits for:
+    `copies − 2` trained iterations remain after the warm-up."""
+    if staleness < 1:
+        raise HflowError(f"a pipelined mode needs a staleness bound of at least 1, got {staleness}")
+    sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
+    update = _actor_node(graph, "actor_update")
+    after_gen = [n for n, a in graph.nodes(data=True) if a["order"] > graph.nodes[gen]["order"]]
+    period_sync = None
+    for j in range(1, copies):
+        s, g = (j, sync), (j, gen)
+        big.remove_edges_from([((j - 1, update), s), ((j - 1, update), g)])
+        prev_order = big.nodes[(j - 1, gen)]["order"]
+        big.nodes[g].update(order=prev_order + 0.2)  # issued right after the rollout before it
+        if is_sync_batch(j, staleness):
+            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1)
+            big.add_edge((j - 2, update), s)
+            # the trainers hand over before they score batch j−1 (the controller waits for both sides)
+            big.add_edges_from((s, (j - 1, n)) for n in after_gen if (j - 1, n) in big)
+            period_sync = s
+        else:  # generated with the weights of the last sync (the initial ones before the first)
+            big.remove_node(s)
+            del big_lanes[s]
+            if period_sync is not None:
+                big.add_edge(period_sync, g)
+    for n in [n for n in big if n[0] == copies - 1 and n[1] != sync]:
+        big.remove_node(n)
+        del big_lanes[n]
+    forget_order(big)

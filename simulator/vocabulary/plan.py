@@ -1,0 +1,216 @@
+"""Plan: the planner's output and the runtime's input — one JSON document, validated and versioned.
+
+For each model role: the colocation group it lives in (groups own disjoint devices), its training
+ParallelConfig and, for the actor, its generation ParallelConfig. The actor's generation either
+runs in its own group through the 3D-HybridEngine (`generate_group` unset) or on a separate group
+of inference devices (OpenRLHF-style, `generate_group` set), with the generation engine the
+actor's `rollout` names: the native KV-cache engine or vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hybridflow.simulator.algorithms import ROLES, SCALAR_HEAD_ROLES, get_algorithm
+from hybridflow.simulator.errors import HflowError, describe_validation_error
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.model import Head, ModelSpec, preset_if_named
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.workload import Workload
+
+PLAN_VERSION = 1
+
+Role = Literal[ROLES]  # the role vocabulary (algorithms/registry.py); each algorithm uses some of them
+ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
+RolloutBackend = Literal["native", "vllm"]  # the engine that generates the actor's responses
+ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
+# How rollout and training take turns: `sync` generates each batch with the newest weights;
+# `one-step-off` generates batch i+1 (on separate rollout devices) while the actor trains on batch
+# i, so a batch's policy is at most one update old (staleness ≤ 1); `async` streams rollouts into
+# a bounded queue and trains on a batch whose policy is at most `max_staleness` updates old.
+ExecutionMode = Literal["sync", "one-step-off", "async"]
+EXECUTION_MODES: tuple[str, ...] = get_args(ExecutionMode)
+
+
+def known_algorithm(name: str) -> str:
+    """Pydantic validator: an algorithm name the registry knows (ValueError with the known names)."""
+    try:
+        get_algorithm(name)
+    except HflowError as e:
+        raise ValueError(str(e)) from None
+    return name
+
+
+AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
+
+
+def algorithm_name(name: str) -> str:
+    """The algorithm `name` means (any case; one-line error with "did you mean" otherwise)."""
+    return get_algorithm(name).name
+
+
+def role_head(role: str) -> Head:
+    return "scalar" if role in SCALAR_HEAD_ROLES else "lm"
+
+
+class Device(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: int = Field(ge=0)
+    index: int = Field(ge=0)
+
+
+class DeviceGroup(BaseModel):
+    """A colocation group: the models in it take turns on these devices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    devices: list[Device]
+
+
+class RolePlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec
+    group: str
+    train: ParallelConfig = ParallelConfig()
+    generate: ParallelConfig | None = None  # actor only
+    generate_group: str | None = None  # actor only: separate inference devices (OpenRLHF-style)
+    path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
+    rollout: RolloutBackend = "native"  # actor only: the generation engine (a run config may override it)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_by_name(cls, data):
+        return preset_if_named(data)
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = PLAN_VERSION
+    algorithm: AlgorithmName = "ppo"
+    cluster: ClusterSpec
+    workload: Workload = Workload()
+    groups: list[DeviceGroup]
+    roles: dict[Role, RolePlan]
+    reshard: ReshardMode = "hybridflow"
+    reward_function: str | None = None  # "module:function" when the reward is rule-based
+    cost_function: str | None = None
+    offload: bool = False  # colocated models move their states to host memory when idle
+    mode: ExecutionMode = "sync"
+    max_staleness: int = Field(1, ge=1)  # `async`: the most updates a trained batch's policy may lag behind
+    notes: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_by_name(cls, data):
+        # `"algorithm": "PPO"` means ppo; a near miss is answered with "did you mean"
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), str):
+            data = {**data, "algorithm": algorithm_name(data["algorithm"])}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        groups = {g.name: g for g in self.groups}
+        if len(groups) != len(self.groups):
+            raise ValueError("group names must be unique")
+        seen: dict[tuple[int, int], str] = {}
+        n, per = self.cluster.nodes, self.cluster.devices_per_node
+        for g in self.groups:
+            if not g.devices:
+                raise ValueError(f"group '{g.name}' has no devices")
+            for d in g.devices:
+                if d.node >= n or d.index >= per:
+                    raise ValueError(f"group '{g.name}' names device {d.node}:{d.index}, outside the {n}x{per} cluster")
+                if (d.node, d.index) in seen:
+                    raise ValueError(f"device {d.node}:{d.index} is in both '{seen[(d.node, d.index)]}' and '{g.name}'")
+                seen[(d.node, d.index)] = g.name
+        actor = self.roles.get("actor")
+        if self.mode != "sync" and (actor is None or not actor.generate_group):
+            raise ValueError(f"mode '{self.mode}' overlaps rollout with training, which needs the actor's generation "
+                             "on devices of its own: give the actor a generate_group, or use mode 'sync'")
+        get_algorithm(self.algorithm).check_roles(self.roles, {"reward": self.reward_function,
+                                                               "cost": self.cost_function})
+        for role, rp in self.roles.items():
+            for gname in (rp.group, rp.generate_group):
+                if gname is not None and gname not in groups:
+                    raise ValueError(f"role '{role}' names unknown group '{gname}' (groups: {', '.join(groups)})")
+            size = len(groups[rp.group].devices)
+            if rp.train.world_size != size:
+                raise ValueError(f"role '{role}': train config {rp.train} uses {rp.train.world_size} devices "
+                                 f"but group '{rp.group}' has {size}")
+            if rp.generate is not None and rp.generate.backend != "fsdp":
+                raise ValueError(f"role '{role}': backend is a training setting; set train.backend, not "
+                                 "generate.backend")
+            if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
+                raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
+        return self
+
+    # ---- views ------------------------------------------------------------------------------
+    def group(self, name: str) -> DeviceGroup:
+        return next(g for g in self.groups if g.name == name)
+
+    def roles_in(self, group: str) -> list[str]:
+        return [r for r, rp in self.roles.items() if rp.group == group]
+
+    def generation_config(self) -> ParallelConfig:
+        """The actor's generation layout; defaults to its training layout."""
+        a = self.roles["actor"]
+        return a.generate or a.train
+
+    def weight_sync_mode(self) -> str:
+        """How the actor's weights reach its generation engine, as a reshard mode (simulator/pricing/reshard.py):
+        `broadcast` to separate generation devices; with the vLLM rollout every device gathers the
+        whole model and vLLM takes its own tensor-parallel slice — DS-Chat's gather (volume and peak);
+        else the plan's 3D-HybridEngine mode."""
+        actor = self.roles.get("actor")
+        if actor is not None and actor.generate_group:
+            return "broadcast"
+        if actor is not None and actor.rollout == "vllm":
+            return "ds-chat"
+        return self.reshard
+
+    @property
+    def staleness(self) -> int:
+        """How many updates a trained batch's policy may lag behind the newest, by execution mode."""
+        return {"sync": 0, "one-step-off": 1}.get(self.mode, self.max_staleness)
+
+    def with_mode(self, mode: str) -> Plan:
+        """This plan run in execution `mode` (validated: an overlapping mode needs rollout devices)."""
+        return Plan.from_json_text(self.model_copy(update={"mode": mode}).model_dump_json(), f"plan in mode '{mode}'")
+
+    def placement(self) -> list[list[str]]:
+        return [self.roles_in(g.name) for g in self.groups if self.roles_in(g.name)]
+
+    def validate_parallel(self) -> Plan:
+        """Check every config divides its model (raises HflowError with the first problem)."""
+        per = self.cluster.devices_per_node
+        for rp in self.roles.values():
+            rp.train.validate_for(rp.model, per)
+            if rp.generate:
+                rp.generate.validate_for(rp.model, per)
+                gsize = len(self.group(rp.generate_group).devices) if rp.generate_group else rp.train.world_size
+                if rp.generate.world_size != gsize:
+                    raise HflowError(f"actor generation config {rp.generate} uses {rp.generate.world_size} devices "
+                                     f"but its group has {gsize}")
+                if not rp.generate_group and (rp.train.tp % rp.generate.tp or rp.train.pp % rp.generate.pp):
+                    raise HflowError(f"actor generation config {rp.generate} must have tp | {rp.train.tp} and "
+                                     f"pp | {rp.train.pp} (3D-HybridEngine); pick divisors of the training layout")
+        return self
+
+    @classmethod
+    def from_json_text(cls, text: str, source: str = "plan") -> Plan:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as e:
+            raise HflowError(describe_validation_error(e, source)) from None
+
+    @classmethod
+    def load(cls, path) -> Plan:
+        from hybridflow.simulator.io import load_model_file
+
+        return load_model_file(cls, path).validate_parallel()
