@@ -23,11 +23,11 @@ from hybridflow.planner.configs import train_configs
 from hybridflow.planner.placement import allocations, assign_devices, size_options
 from hybridflow.planner.plans import group_name, plan_summary, scored_to_plan
 from hybridflow.planner.request import SearchRequest
-from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.vocabulary.hardware import GiB
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan, role_head
+from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
+from hybridflow.simulator.vocabulary.units import GiB
 
 BASELINES = ("ds-chat", "openrlhf", "nemo-aligner", "hybridflow-v")
 

@@ -12,13 +12,14 @@ from collections.abc import Iterator
 
 from hybridflow.planner.configs import generate_configs
 from hybridflow.planner.placement import allocations, set_partitions
-from hybridflow.planner.pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
+from hybridflow.planner.pricing import Candidate, RolePricer
 from hybridflow.planner.request import SearchRequest
-from hybridflow.planner.search import Planner, Rollout, Scored
-from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.planner.scored import Rollout, Scored
+from hybridflow.planner.search import Planner
 from hybridflow.simulator.pricing.megatron_limits import colocation_problem
 from hybridflow.simulator.pricing.memory import MemoryBreakdown
-from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, WEIGHT_SYNC_OPS
 
 
 def _set_layouts(rp: RolePricer, members, n):
@@ -56,7 +57,7 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
         mine = []
         for x in rp.role_nodes.get(r, []):
             op = rp.node_attrs[x]["op"]
-            if op in GEN_OPS:
+            if op in GENERATE_OPS:
                 v = gens[r][1][x]
             elif op in WEIGHT_SYNC_OPS:
                 v = gens[r][2]

@@ -7,10 +7,10 @@ import sys
 from hybridflow.planner.configs import generate_configs, train_configs
 from hybridflow.planner.placement import allocations, set_partitions
 from hybridflow.planner.request import SearchRequest
-from hybridflow.simulator.algorithms import TRAINED_ROLES
-from hybridflow.simulator.pricing.memory import MemoryBreakdown, role_memory
-from hybridflow.simulator.vocabulary.hardware import ClusterSpec, GiB
-from hybridflow.simulator.vocabulary.plan import role_head
+from hybridflow.simulator.pricing.memory import PARTS, MemoryBreakdown, role_memory
+from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
+from hybridflow.simulator.vocabulary.units import GiB
 
 MAX_NODES = 4096
 
@@ -80,8 +80,7 @@ def explain_infeasible(req: SearchRequest, cost_model, stream=None) -> str:
             t.add_row(role, "no layout divides the model", *[""] * 7)
             continue
         m, cfg = got
-        t.add_row(role, cfg, *[f"{getattr(m, k) / GiB:.1f} GiB" for k in
-                               ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")],
+        t.add_row(role, cfg, *[f"{getattr(m, k) / GiB:.1f} GiB" for k in PARTS],
                   f"{m.total / GiB:.1f} GiB")
         if worst is None or m.total > worst[1].total:
             worst = (role, m)

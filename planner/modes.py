@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hybridflow.planner.search import Planner, Rollout, SearchResult
+from hybridflow.planner.scored import Rollout
+from hybridflow.planner.search import Planner, SearchResult
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from hybridflow.planner.placement import assign_devices
-from hybridflow.planner.pricing import ROLLOUT
 from hybridflow.planner.request import SearchRequest
-from hybridflow.planner.search import Scored
+from hybridflow.planner.scored import Scored
 from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
+from hybridflow.simulator.vocabulary.roles import ROLLOUT
 
 
 def group_name(members: tuple[str, ...] | list[str]) -> str:

@@ -31,11 +31,11 @@ import networkx as nx
 
 from hybridflow.planner.configs import generate_configs, standalone_generate_configs, train_configs
 from hybridflow.planner.request import SearchRequest
-from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import price_op
 from hybridflow.simulator.pricing.megatron_limits import megatron_state
 from hybridflow.simulator.pricing.memory import (
+    PARTS,
     MemoryBreakdown,
     decode_batch,
     forward_transient,
@@ -47,14 +47,8 @@ from hybridflow.simulator.pricing.memory import (
 )
 from hybridflow.simulator.schedule.dataflow import call_order
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.plan import role_head
-from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
-
-GEN_OPS = ("generate", "generate_baseline")
-TRAIN_OPS = ("actor_update", "critic_update")
-# The set of a plan's separate rollout devices (the actor's generate_group): its "member" generates and
-# holds no states; the actor's other ops stay with the actor's training set.
-ROLLOUT = "rollout"
+from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES, role_head
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, UPDATE_OPS, WEIGHT_SYNC_OPS
 
 
 @dataclass(frozen=True)
@@ -87,9 +81,6 @@ def pareto(items: Sequence, vec) -> list:
         out.append(it)
         vecs.append(v)
     return out
-
-
-PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
 
 
 def parts(b: MemoryBreakdown) -> tuple[float, ...]:
@@ -126,7 +117,7 @@ class RolePricer:
                 self.driver_nodes.append(n)
             elif separate_rollout and a["op"] in WEIGHT_SYNC_OPS:
                 self.sync_nodes.append(n)
-            elif separate_rollout and a["op"] in GEN_OPS:
+            elif separate_rollout and a["op"] in GENERATE_OPS:
                 self.role_nodes.setdefault(ROLLOUT, []).append(n)
             else:
                 self.role_nodes.setdefault(a["role"], []).append(n)
@@ -135,7 +126,7 @@ class RolePricer:
         self._gen: dict[tuple, tuple | None] = {}
         self._gen_weights: dict[tuple, float] = {}
         self._gen_by_batch: dict[tuple, tuple | None] = {}
-        self._gen_nodes = [x for x in self.role_nodes.get("actor", ()) if self.node_attrs[x]["op"] in GEN_OPS]
+        self._gen_nodes = [x for x in self.role_nodes.get("actor", ()) if self.node_attrs[x]["op"] in GENERATE_OPS]
         self._reshard: dict[tuple, float] = {}
         self._fronts: dict[tuple, list[Candidate]] = {}
         self._bounds: dict[tuple, float] = {}
@@ -193,10 +184,10 @@ class RolePricer:
             secs = {False: {}, True: {}}
             for node in self.role_nodes.get(role, ()):
                 op = self.node_attrs[node]["op"]
-                if op in TRAIN_OPS:
+                if op in UPDATE_OPS:
                     for f in (False, True):
                         secs[f][node] = cm.train(model, head, cfg, w, recompute=f).seconds
-                elif op not in GEN_OPS and op not in WEIGHT_SYNC_OPS:
+                elif op not in GENERATE_OPS and op not in WEIGHT_SYNC_OPS:
                     s = cm.forward(model, head, cfg, w, self._seqs(node)).seconds
                     secs[False][node] = secs[True][node] = s
             out.append((cfg, self.states(role, cfg), fwd, trans, secs))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import ModelSpec
-from hybridflow.simulator.vocabulary.plan import AlgorithmName, Role
+from hybridflow.simulator.vocabulary.parallel import TrainBackend
+from hybridflow.simulator.vocabulary.plan import AlgorithmName
+from hybridflow.simulator.vocabulary.roles import Role
 from hybridflow.simulator.vocabulary.workload import Workload
 
 
@@ -26,7 +26,7 @@ class SearchRequest(BaseModel):
     max_pp: PositiveInt | None = None  # largest training pipeline size
     max_gen_pp: PositiveInt | None = None  # largest generation pipeline size (the runtime runs pp_g = 1)
     # training engines the search may give each role (ParallelConfig.backend); more than one: it picks per role
-    backends: tuple[Literal["fsdp", "megatron"], ...] = Field(("fsdp",), min_length=1)
+    backends: tuple[TrainBackend, ...] = Field(("fsdp",), min_length=1)
     top_k: PositiveInt = 5
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ fast without losing exactness:
 - order: few-set placements first (one set of all devices gives a good first incumbent) and the
   actor's set sized first, where the bound bites hardest.
 
-With `Rollout(separate=True)` the actor generates on a set of devices of its own (pricing.ROLLOUT,
+With `Rollout(separate=True)` (scored.py) the actor generates on a set of devices of its own (ROLLOUT,
 sized like any other set: how many devices go to rollout vs training is searched too) and every
 placement of the models gets that set beside it; in a pipelined mode (one-step-off, async with
 bound k) a plan is priced by its steady iteration, the period of the unrolled pipeline
@@ -40,56 +40,20 @@ from hybridflow.planner.placement import (
     set_partitions,
     size_options,
 )
-from hybridflow.planner.pricing import GEN_OPS, ROLLOUT, Candidate, RolePricer
+from hybridflow.planner.plans import scored_to_plan
+from hybridflow.planner.pricing import RolePricer
 from hybridflow.planner.request import SearchRequest
+from hybridflow.planner.scored import Rollout, Scored
 from hybridflow.planner.sets import SetPricer
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.schedule.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share
 from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
 from hybridflow.simulator.schedule.schedule import call_gaps, makespan, pipeline_period, schedule_shared
-from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
-from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.roles import ROLLOUT
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, WEIGHT_SYNC_OPS
 
 INF = math.inf
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """Where the actor generates and how rollout and training take turns (Plan.mode, Plan.staleness)."""
-
-    mode: str = "sync"
-    staleness: int = 0  # 0 sync, 1 one-step-off, k async
-    separate: bool = False  # on devices of its own (a ROLLOUT set), not the actor's (3D-HybridEngine)
-
-    def __post_init__(self):
-        if self.mode not in EXECUTION_MODES:
-            raise ValueError(f"unknown mode {self.mode!r}")
-        if (self.mode == "sync") != (self.staleness == 0) or (self.mode == "one-step-off" and self.staleness != 1):
-            raise ValueError(f"mode {self.mode!r} has staleness {self.staleness}")
-        if self.mode != "sync" and not self.separate:
-            raise ValueError(f"mode {self.mode!r} needs separate rollout devices")
-
-
-@dataclass(frozen=True)
-class Scored:
-    """One priced plan: iteration seconds, placement, devices per set, each role's configs."""
-
-    seconds: float
-    placement: Placement
-    counts: tuple[int, ...]
-    choice: tuple[tuple[str, Candidate], ...]  # (role, candidate) in the request's role order (+ ROLLOUT)
-    rollout: Rollout = Rollout()
-
-    def devices(self) -> dict[str, int]:
-        return {r: self.counts[i] for i, s in enumerate(self.placement) for r in s}
-
-    def rollout_devices(self) -> int:
-        """Devices that only generate (0: the actor generates on its training devices)."""
-        return self.devices().get(ROLLOUT, 0)
-
-    def candidate(self, role: str) -> Candidate:
-        return dict(self.choice)[role]
 
 
 @dataclass
@@ -222,7 +186,7 @@ class Planner:
         for n, a in self.graph.nodes(data=True):
             if a["driver"]:
                 out[n] = DRIVER
-            elif self.rollout.separate and a["op"] in GEN_OPS:
+            elif self.rollout.separate and a["op"] in GENERATE_OPS:
                 out[n] = set_of[ROLLOUT]
             elif self.rollout.separate and a["op"] in WEIGHT_SYNC_OPS:  # a broadcast holds both sides
                 out[n] = (set_of["actor"], set_of[ROLLOUT])
@@ -313,7 +277,6 @@ class Planner:
         """Insurance for "never return a plan the memory model calls infeasible": the winners are
         checked against memory.plan_memory on real Plans (the search's own test agrees with it by
         construction; tests/planner/test_agreement.py checks that it does)."""
-        from hybridflow.planner.plans import scored_to_plan
         from hybridflow.simulator.pricing.memory import plan_memory
 
         ok = []

@@ -33,10 +33,10 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from hybridflow.planner.pricing import ROLLOUT, Candidate, RolePricer, SetCandidate, pareto, total
-from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.planner.pricing import Candidate, RolePricer, SetCandidate, pareto, total
 from hybridflow.simulator.pricing.megatron_limits import megatron_state
 from hybridflow.simulator.pricing.memory import MemoryBreakdown
+from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
 from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 
 # Most combinations of the members' options the merged way enumerates; beyond it the fronts over

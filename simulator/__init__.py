@@ -9,7 +9,8 @@ from hybridflow.simulator.vocabulary.hardware import (
 )
 from hybridflow.simulator.vocabulary.model import MODEL_PRESETS, ModelSpec, model_preset, resolve_model
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan, RolePlan, role_head
+from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan, RolePlan
+from hybridflow.simulator.vocabulary.roles import role_head
 from hybridflow.simulator.vocabulary.timeline import OPS, Event, Timeline
 from hybridflow.simulator.vocabulary.workload import Workload
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 
 M = TypeVar("M", bound=BaseModel)
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")  # the spec files load_model_file reads
 
 
 def read_text_file(path: str | os.PathLike, what: str) -> str:

@@ -1,7 +1,7 @@
-"""`--profile FILE` for `simulate` and `search`: price on a measured profile's hardware.
+"""`--profile FILE` (tools/flags.py add_profile_arg) for `simulate`, `search` and `run`: price on a measured
+profile's hardware.
 
-    from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile, request_with_profile
-    add_profile_arg(parser)
+    from hybridflow.tools.profile_option import plan_with_profile, request_with_profile
     plan, cm = plan_with_profile(plan, args.profile)        # simulate: simulate(plan, cm)
     req, cm = request_with_profile(req, args.profile)       # search:   Planner(req, cm)
 
@@ -28,11 +28,6 @@ def megatron_note(cal, megatron_roles: bool) -> str | None:
 def _say(note: str | None) -> None:
     if note:
         print(note, file=sys.stderr)
-
-
-def add_profile_arg(parser) -> None:
-    parser.add_argument("--profile", metavar="FILE", help="price on a measured profile's hardware (a file written "
-                        "by `hflow-plan profile`, or a shipped name such as cpu-2core)")
 
 
 def plan_with_profile(plan, ref: str | None):

@@ -168,3 +168,11 @@ def reinforce_pp_baseline_advantages(token_rewards: Tensor, mask: Tensor, settin
         centred = centred / (centred.std() + EPS)
     adv = _on_tokens(centred, mask)
     return adv, adv
+
+
+def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: float, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) with L_max = `budget` and L_cache =
+    `buffer`·budget: 0 up to L_max − L_cache, then ((L_max − L_cache) − |y|) / L_cache down to −1 at
+    L_max (times `penalty`). Responses stop at the budget here, so the −1 beyond it never applies."""
+    cache = buffer * budget
+    return penalty * ((budget - cache - lengths.float()) / cache).clamp(-1.0, 0.0)

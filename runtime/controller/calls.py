@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import re
 import time
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
@@ -25,8 +26,22 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 from hybridflow.runtime.controller.protocols import Protocol, merge_info
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
-if TYPE_CHECKING:
-    from hybridflow.runtime.controller.worker_group import WorkerGroup
+
+class CallGroup(typing.Protocol):
+    """What a call's future needs of the worker group that made it (worker_group.WorkerGroup): its name
+    and call timeout, and how it names a rank and turns a lost or late rank into the error to raise."""
+
+    name: str
+    call_timeout: float | None
+
+    def describe_rank(self, rank: int) -> str: ...
+
+    def rank_on_lost_node(self) -> int | None: ...
+
+    def fail(self, role: str, rank: int, method: str, err: BaseException,
+             upstream: bool = False) -> WorkerDiedError: ...
+
+    def time_out(self, late: list[tuple[str, int, str]], seconds: float) -> WorkerTimeoutError: ...
 
 
 class WorkerDiedError(RuntimeError):
@@ -98,7 +113,7 @@ def resolve_lazy(args: tuple, kwargs: dict, info: dict) -> tuple[tuple, dict, di
 class CallFuture:
     """The pending result of one driver call on a worker group (one object ref per rank)."""
 
-    def __init__(self, group: WorkerGroup, role: str, method: str, protocol: Protocol,
+    def __init__(self, group: CallGroup, role: str, method: str, protocol: Protocol,
                  parallel: ParallelConfig, refs: list, inputs: tuple[CallFuture, ...] = ()):
         self.group, self.role, self.method, self.inputs = group, role, method, inputs
         self.protocol, self.parallel, self.refs = protocol, parallel, refs

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from hybridflow.simulator.vocabulary.units import MiB
+
 
 def cache_dir() -> Path:
     """Where warmed-up policies and probed hardware figures are kept: $HFLOW_CACHE or ~/.cache/hybridflow."""
@@ -64,7 +66,7 @@ def gpu_memory() -> list[float]:
     try:
         out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
                              text=True, timeout=10, check=True).stdout
-        sizes = [float(x) * 2**20 for x in out.split() if x.strip()]
+        sizes = [float(x) * MiB for x in out.split() if x.strip()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
     if visible is not None:

@@ -4,13 +4,9 @@ One bundle per device, in the order the plan lists the devices, so bundle i host
 With GPUs in the cluster a bundle is `{"GPU": 1, "CPU": c}`; without, it is a *virtual device*
 `{"CPU": c}` — one process with its share of the cores — so the same plan runs on a laptop.
 
-Which Ray node is the plan's node i:
-- nodes started with a custom resource `hflow_node_<i>` (`ray start --resources='{"hflow_node_0": 1000}'`)
-  are matched by it (also works for several nodes on one machine);
-- else, with one IP per node, plan node i is the node with the i-th smallest IP (stable across
-  restarts of the same machines);
-- else, on a single-node cluster, every plan node folds onto it (a multi-node plan runs locally).
-Each bundle asks a sliver of its node's resource, so ranks never move to another node.
+Which Ray node is the plan's node i is nodes.py's rule (a `hflow_node_<i>` label, else the i-th smallest
+IP, else the one node). Each bundle asks a sliver of its node's resource, so ranks never move to
+another node.
 
     init_ray()                                           # local; init_ray("auto") joins a cluster
     pools = ResourcePool.from_plan(plan)                 # {group name: pool}
@@ -19,7 +15,6 @@ Each bundle asks a sliver of its node's resource, so ranks never move to another
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import time
@@ -27,10 +22,10 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from hybridflow.runtime.controller.nodes import LABEL_HINT, by_label, node_label, plan_nodes
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan
 
-NODE_LABEL = "hflow_node_{}"
 _PIN = 0.001  # the sliver of a node resource one bundle asks for
 
 
@@ -57,47 +52,23 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
                 raise
 
 
-def _usable(node: dict, use_gpu: bool) -> bool:
-    """Whether a Ray node can host the plan's devices: GPUs for a GPU plan, CPUs for virtual devices
-    (a head node started with --num-gpus=0 or --num-cpus=0 is not a plan node)."""
-    return node["Resources"].get("GPU" if use_gpu else "CPU", 0) > 0
-
-
-def plan_nodes(nodes: list[dict], use_gpu: bool) -> dict[int, dict]:
-    """Plan node index -> its Ray node, from `nodes` (ray.nodes()); {} on a single-node cluster, where
-    every plan node folds onto the one node."""
-    alive = [n for n in nodes if n["Alive"]]
-    labelled = {k: n for n in alive for k in n["Resources"] if k.startswith("hflow_node_")}
-    if labelled:
-        return {int(k.removeprefix("hflow_node_")): n for k, n in labelled.items()
-                if k.removeprefix("hflow_node_").isdigit()}
-    if len(alive) == 1:
-        return {}
-    usable = [n for n in alive if _usable(n, use_gpu)]
-    ips = [n["NodeManagerAddress"] for n in usable]
-    if len(set(ips)) != len(ips):
-        raise HflowError("several Ray nodes share an IP, so plan nodes cannot be told apart; start each node "
-                         "with --resources='{\"hflow_node_<i>\": 1000}' naming its plan node")
-    return dict(enumerate(sorted(usable, key=lambda n: ipaddress.ip_address(n["NodeManagerAddress"]))))
-
-
 def node_pins(wanted: set[int], use_gpu: bool = False) -> dict[int, str]:
     """Plan node index -> the Ray resource that pins a bundle to that node ({} = no pinning)."""
     nodes = plan_nodes(ray.nodes(), use_gpu)
     if not nodes:
         return {}
-    labelled = any(k.startswith("hflow_node_") for n in nodes.values() for k in n["Resources"])
+    labelled = by_label(nodes)
     missing = sorted(i for i in wanted if i not in nodes)
     if missing and labelled:
         raise HflowError(f"the plan uses node(s) {missing} but no Ray node has resource "
-                         f"'{NODE_LABEL.format(missing[0])}'; start that node with "
-                         f"--resources='{{\"{NODE_LABEL.format(missing[0])}\": 1000}}'")
+                         f"'{node_label(missing[0])}'; start that node with "
+                         f"--resources='{{\"{node_label(missing[0])}\": 1000}}'")
     if missing:
         kind = "GPUs" if use_gpu else "CPUs"
         raise HflowError(f"the plan uses node {missing[0]} but the Ray cluster has {len(nodes)} node(s) with {kind}; "
-                         "add nodes or plan for fewer (nodes are numbered by address; label them with "
-                         "--resources='{\"hflow_node_<i>\": 1000}' to choose)")
-    return {i: NODE_LABEL.format(i) if labelled else f"node:{nodes[i]['NodeManagerAddress']}" for i in wanted}
+                         f"add nodes or plan for fewer (nodes are numbered by address; label them with {LABEL_HINT} "
+                         "to choose)")
+    return {i: node_label(i) if labelled else f"node:{nodes[i]['NodeManagerAddress']}" for i in wanted}
 
 
 def describe_node(index: int, node: dict) -> str:

@@ -11,7 +11,7 @@ A worker subclass is plain torch code — no Ray in it — and wraps an engine:
     class CriticWorker(Worker):
         def __init__(self, model_path):
             super().__init__()                         # rank, mesh, device, ... now set
-            self.engine = TrainingEngine(model_path, mesh=self.mesh)
+            self.engine = FsdpEngine(model_path, mesh=self.mesh)
 
         @register("DP_COMPUTE")
         def compute_values(self, batch: Batch) -> Batch:

@@ -23,13 +23,14 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.runtime.controller.host import cache_dir, cpu_count, cpu_name, memory_total
+from hybridflow.runtime.measure.process_group import local_device, run_group
 from hybridflow.simulator.calibration.profile import Fingerprint, ProfilePoint
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
+from hybridflow.simulator.vocabulary.units import BF16, GiB, MiB
 
-BF16 = 2
 MATMUL_N = 512
-COPY_BYTES = 32 * 2**20
-SMALL, LARGE = 4, 4 * 2**20  # all-reduce sizes for the latency and the bandwidth
+COPY_BYTES = 32 * MiB
+SMALL, LARGE = 4, 4 * MiB  # all-reduce sizes for the latency and the bandwidth
 
 
 def default_devices() -> int:
@@ -49,7 +50,7 @@ def fingerprint(devices: int | None = None) -> Fingerprint:
 def memory_bytes() -> float:
     if torch.cuda.is_available():
         return float(torch.cuda.get_device_properties(0).total_memory)
-    return memory_total() or 8.0 * 2**30
+    return memory_total() or 8.0 * GiB
 
 
 # ---- the measurements (run inside the process group) ------------------------------------------
@@ -66,10 +67,8 @@ def _best(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _probe_rank(rank: int, world: int, repeats: int) -> dict:
-    from hybridflow.runtime.measure.profiling import _device
-
-    dev = _device()
+def probe_rank(rank: int, world: int, repeats: int) -> dict:
+    dev = local_device()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     n = MATMUL_N * (8 if dev.type == "cuda" else 1)
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
@@ -124,10 +123,8 @@ def spec_from_probe(raw: dict, world: int, name: str | None = None) -> HardwareS
 
 def run_probe(devices: int | None = None, repeats: int = 5) -> tuple[HardwareSpec, list[ProfilePoint]]:
     """Measure now (a few seconds): the HardwareSpec and the raw points."""
-    from hybridflow.runtime.measure.profiling import run_group
-
     world = devices or default_devices()
-    raws = run_group(_probe_rank, world, repeats, timeout=300)
+    raws = run_group(probe_rank, world, repeats, timeout=300)
     # the slowest rank sets the pace of a synchronous group
     raw = {k: max(r[k] for r in raws) if k.endswith("_s") else raws[0][k] for k in raws[0]}
     return spec_from_probe(raw, world), probe_points(raw, world)

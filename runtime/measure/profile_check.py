@@ -58,7 +58,8 @@ def check_speed(profile: Profile, devices: int | None = None, model: str = REFER
     """Re-time `profile`'s reference points on this machine, on as many devices as it used (every
     device runs its own copy at once, as when profiled); `max_seconds`: only the points that took at
     most that long when profiled (the quick check `run` and `quickstart` make at the start)."""
-    from hybridflow.runtime.measure.profiling import measure_jobs, run_group
+    from hybridflow.runtime.measure.process_group import run_group
+    from hybridflow.runtime.measure.profiling import measure_jobs
 
     jobs, profiled = reference_jobs(profile, model, max_seconds)
     rows = run_group(measure_jobs, devices or profile.fingerprint.devices, jobs, 1, 3)[0]

@@ -2,7 +2,7 @@
 
 A profile run starts one torch.distributed group of `devices` processes (gloo on CPU — each a
 "virtual device" with one thread, as the Ray workers run — NCCL on GPUs) and runs a list of
-measurement jobs in it. Every job runs the very engine code a plan runs: TrainingEngine.train_step
+measurement jobs in it. Every job runs the very engine code a plan runs: FsdpEngine.train_step
 and compute_log_probs/compute_values, GenerationEngine.generate (prefill + decode with its KV
 cache), the 3D-HybridEngine Resharder (after the training engine's FSDP gather, as the hybrid
 engine runs it), and the collectives. Each is warmed up, then timed at least `repeats` times (ops
@@ -22,20 +22,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from hybridflow.runtime.engines.launch import ENGINE_PRELOAD, MEGATRON_PRELOAD, report_progress, run_local
-from hybridflow.simulator.calibration.profile import MEGATRON_OPS, ProfilePoint
+from hybridflow.runtime.engines.launch import report_progress
+from hybridflow.runtime.measure.hardware_probe import probe_points, probe_rank, spec_from_probe
+from hybridflow.runtime.measure.process_group import local_device, run_group
+from hybridflow.simulator.calibration.profile import COLLECTIVE_OPS, MEGATRON_OPS, ProfilePoint
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-
-
-# ---- a group of processes ------------------------------------------------------------------------
-def run_group(fn: Callable, world: int, *args, timeout: float = 1800.0,
-              on_progress: Callable[[int], None] | None = None, megatron: bool = False) -> list:
-    """`fn(rank, world, *args)` on `world` fresh processes of one process group; results by rank.
-    megatron.core takes seconds to import: preloaded (once, in the forkserver) only for Megatron jobs."""
-    preload = ENGINE_PRELOAD + (MEGATRON_PRELOAD if megatron else [])
-    return run_local(fn, world, *args, timeout=timeout, preload=preload, on_progress=on_progress)
 
 
 def _has_megatron(jobs: list[dict]) -> bool:
@@ -82,17 +75,13 @@ def timed_repeats(fn: Callable[[], object], warmup: int, repeats: int) -> tuple[
     return statistics.median(times), statistics.pstdev(times) if len(times) > 1 else 0.0
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 # ---- the jobs ------------------------------------------------------------------------------------
 def _build(spec: ModelSpec, head: str, seed: int = 0):
     from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
 
     torch.manual_seed(seed)
     cfg = spec.decoder_config(max_position_embeddings=4096)
-    return (ScoreModel if head == "scalar" else CausalLM)(cfg).to(_device())
+    return (ScoreModel if head == "scalar" else CausalLM)(cfg).to(local_device())
 
 
 _ENGINES: dict[tuple, object] = {}  # (model, head, layout) -> training engine, for the jobs of one group
@@ -107,9 +96,9 @@ def _engine(spec: ModelSpec, head: str, par: ParallelConfig, micro: int | None):
     if eng is None and par.backend == "megatron":
         eng = _ENGINES[key] = _megatron_engine(spec, head, par)
     elif eng is None:
-        from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+        from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 
-        eng = _ENGINES[key] = TrainingEngine(_build(spec, head), par if par.world_size > 1 else None)
+        eng = _ENGINES[key] = FsdpEngine(_build(spec, head), par if par.world_size > 1 else None)
     eng.micro_batch_size = micro
     return eng
 
@@ -159,7 +148,7 @@ def measure_jobs(rank: int, world: int, jobs: list[dict], warmup: int, repeats: 
             raise HflowError(f"layout {par} needs {par.world_size} ranks; the profile group has {world}")
         # A one-device job runs on every rank at once, each on its own copy (no communication):
         # the runtime's devices share the host's cores, and a plan keeps them busy side by side.
-        _ALL_RANKS[0] = par.world_size == world or job["op"] in ("allreduce", "allgather")
+        _ALL_RANKS[0] = par.world_size == world or job["op"] in COLLECTIVE_OPS
         _LAST_REPEATS[0] = repeats
         seconds, std, extra = _JOBS[job["op"]](rank, par, job, warmup, repeats)
         dist.barrier()
@@ -176,7 +165,7 @@ def _job_train(rank, par, job, warmup, repeats):
     eng = _engine(spec, job.get("head", "lm"), par, job.get("micro_batch"))
     data = _tokens(job["batch"], job["prompt_len"] + job["response_len"], spec.vocab)
     rows = _local_rows(job["batch"], par, rank)
-    local = {k: v[rows].to(_device()) for k, v in data.items()}
+    local = {k: v[rows].to(local_device()) for k, v in data.items()}
     steps = job.get("steps", 1)
     chunks = [{k: v[i::steps] for k, v in local.items()} for i in range(steps)]
 
@@ -192,7 +181,7 @@ def _job_forward(rank, par, job, warmup, repeats):
     head = job.get("head", "lm")
     eng = _engine(spec, head, par, job.get("micro_batch"))
     data = _tokens(job["batch"], job["prompt_len"] + job["response_len"], spec.vocab)
-    local = {k: v[_local_rows(job["batch"], par, rank)].to(_device()) for k, v in data.items()}
+    local = {k: v[_local_rows(job["batch"], par, rank)].to(local_device()) for k, v in data.items()}
     fn = eng.compute_values if head == "scalar" else eng.compute_log_probs
     return (*timed_repeats(lambda: fn(local), warmup, repeats), {})
 
@@ -206,12 +195,12 @@ def _job_generate(rank, par, job, warmup, repeats):
     model = _engine(spec, "lm", par, None).model if par.dp == 1 else _build(spec, "lm")
     model.eval()
     data = _tokens(job["batch"], job["prompt_len"], spec.vocab)
-    ids = data["input_ids"][_local_rows(job["batch"], par, rank)].to(_device())
+    ids = data["input_ids"][_local_rows(job["batch"], par, rank)].to(local_device())
     params = SamplingParams(max_new_tokens=job["response_len"], temperature=1.0, eos_token_id=None)
     gen = GenerationEngine(model)
 
     def run():
-        g = torch.Generator(device=_device()).manual_seed(7)
+        g = torch.Generator(device=local_device()).manual_seed(7)
         gen.generate(ids, torch.ones_like(ids), params, g)
 
     return (*timed_repeats(run, warmup, repeats), {})
@@ -243,7 +232,7 @@ def _job_collective(rank, par, job, warmup, repeats):
         for _ in range(2 * repeats - 1):
             dist.barrier()
         return 0.0, 0.0, {}
-    dev = _device()
+    dev = local_device()
     if job["op"] == "allreduce":
         t = torch.ones(elems, device=dev)
 
@@ -294,12 +283,10 @@ def _measure_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats:
 def _profile_rank(rank: int, world: int, jobs: list[dict], warmup: int, repeats: int,
                   passes: int) -> list[tuple[list[dict], list[dict]]]:
     """Per pass: every rank's hardware-probe figures, and the jobs' rows (rank 0's)."""
-    from hybridflow.runtime.measure.hardware_probe import _probe_rank
-
     out = []
     for p in range(passes):
         raws = [None] * world
-        raw = _probe_rank(rank, world, max(repeats, 3))
+        raw = probe_rank(rank, world, max(repeats, 3))
         dist.all_gather_object(raws, raw)
         out.append((raws, measure_jobs(rank, world, jobs, warmup, repeats, progress_offset=p * len(jobs))))
     return out
@@ -325,8 +312,6 @@ def profile_machine(jobs: list[dict], devices: int, warmup: int = 1, repeats: in
     """The hardware probe and then every job, in one process group, `passes` times over (a shared
     machine's speed drifts from minute to minute: several passes minutes apart, merged by median,
     record its usual speed rather than one moment's): (HardwareSpec, probe points + measured points)."""
-    from hybridflow.runtime.measure.hardware_probe import probe_points, spec_from_probe
-
     if passes < 1:
         raise HflowError(f"passes={passes}: give at least 1")
     runs = run_group(_profile_rank, devices, jobs, warmup, repeats, passes, timeout=timeout * passes,

@@ -216,7 +216,7 @@ def attention_bias_mask(key_mask: torch.Tensor, q_len: int, past: int, window: i
 class DecoderModel(nn.Module):
     """Embeddings, decoder layers and the final norm: hidden states [B, S, hidden].
 
-    A pipeline stage (engines/pipeline.py) sets `embed_tokens` / `norm` to None where another stage
+    A pipeline stage (engines/train/fsdp/pipeline.py) sets `embed_tokens` / `norm` to None where another stage
     holds them and keeps only its layers; the model then maps hidden states to hidden states."""
 
     def __init__(self, cfg: DecoderConfig):

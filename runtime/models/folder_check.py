@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from hybridflow.runtime.tasks.char_vocab import TOKENIZER_FILE as HFLOW_TOKENIZER_FILE
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.families import HFModelConfig, read_hf_config, tensor_shapes
+from hybridflow.simulator.vocabulary.roles import ROLE_HEADS, Role, role_head
+from hybridflow.simulator.vocabulary.units import MiB
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -30,12 +32,8 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TOKENIZER_FILES = (*HF_TOKENIZER_FILES, HFLOW_TOKENIZER_FILE)
 # Tensors a checkpoint may hold that the config does not ask for (old Llama exports kept RoPE buffers).
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
-_MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+_MAX_HEADER_BYTES = 100 * MiB  # safetensors' own limit
 
-Role = Literal["actor", "ref", "critic", "reward", "cost"]
-# The heads a role accepts: a critic may start from a causal LM (its backbone, a fresh scalar head).
-ROLE_HEADS: dict[str, tuple[str, ...]] = {"actor": ("lm",), "ref": ("lm",), "critic": ("scalar", "lm"),
-                                          "reward": ("scalar",), "cost": ("scalar",)}
 
 
 class ModelFolder(BaseModel):
@@ -155,7 +153,7 @@ def check_model_folder(path: str | Path, role: Role, *, tokenizer: bool = True) 
     folder = Path(path)
     cfg = read_folder_config(folder)
     if cfg.head not in ROLE_HEADS[role]:
-        need = "a causal LM (*ForCausalLM)" if role in ("actor", "ref") else "a *ForSequenceClassification model"
+        need = "a causal LM (*ForCausalLM)" if role_head(role) == "lm" else "a *ForSequenceClassification model"
         raise HflowError(f"{folder}: the {role} needs {need}, but config.json says {cfg.architecture}; "
                          f"give the {role} a {cfg.family.architecture(ROLE_HEADS[role][0])} folder")
     files = weight_files(folder)

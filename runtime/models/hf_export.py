@@ -1,7 +1,7 @@
 """Hugging Face folders out of training: from a live engine (every rank calls, rank 0 writes) or from a
 saved checkpoint (one process, no Ray, no process group).
 
-A checkpoint's role folder (`iter_N/actor`, `iter_N/critic`: see TrainingEngine.save) holds the sharded
+A checkpoint's role folder (`iter_N/actor`, `iter_N/critic`: see FsdpEngine.save) holds the sharded
 DCP weights and, beside them, the `config.json`, `generation_config.json` and tokenizer files of the
 folder the role was loaded from (`copy_model_files`), so a checkpoint copied to another machine still
 exports without the original folder. The export class follows the role, not the source folder: a
@@ -25,7 +25,7 @@ from hybridflow.runtime.models.decoder import CausalLM, ScoreModel, rope_inv_fre
 from hybridflow.runtime.models.folder_check import CONFIG_FILE, read_json
 from hybridflow.runtime.models.hf_format import CARRIED_FILES, read_config, save_pretrained
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.vocabulary.plan import role_head
+from hybridflow.simulator.vocabulary.roles import role_head
 
 MODEL_CLASS = {"lm": CausalLM, "scalar": ScoreModel}
 # What a checkpoint keeps of the folder its weights came from: everything but the weights.

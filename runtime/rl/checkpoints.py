@@ -6,14 +6,22 @@ checkpoint is the latest, which ones go.
     CKPT/latest                     "iter_000004": published last, so it names only complete checkpoints
 
 A checkpoint is complete once its driver.json is there; `latest` moves to it only then (a crash
-mid-save leaves the previous one as the one a resume reads).
+mid-save leaves the previous one as the one a resume reads). `RunCheckpoints` writes and reads a
+running Trainer's: the trained roles' shards (each worker writes its own), the driver's state (data
+order, the algorithm's driver state such as Safe-RLHF's Lagrange multiplier, the KL coefficient) and,
+with an export dir, every checkpoint also as Hugging Face folders.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.rl.metrics_file import drop_after
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 
 LATEST = "latest"
 DRIVER_STATE = "driver.json"
@@ -51,3 +59,70 @@ def prune_checkpoints(folder: Location, keep_last: int) -> list[Location]:
     for p in doomed:
         p.remove()
     return doomed
+
+
+class RunCheckpoints:
+    """A Trainer's checkpoints in its checkpoint dir (and their HF exports in its export dir)."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+
+    def _driver_state(self) -> dict:
+        t = self.t
+        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again,
+        # and then jumps over any drawn after them, trained already
+        mode = t.df.mode
+        after = mode.prompts_drawn_after_in_flight()
+        sampler = t.sampler.state_dict(rewind=mode.prompts_in_flight() + after, skip=after)
+        return {"iteration": t.iteration, "algorithm": t.plan.algorithm, "sampler": sampler,
+                "algorithm_state": t.df.state.state_dict() if t.df.state is not None else None,
+                "kl_coef": t.df.kl.state_dict(), "placement": t.plan.placement()}
+
+    def save(self) -> Location:
+        t = self.t
+        if not t.checkpoint_dir:
+            raise HflowError("no checkpoint directory; pass checkpoint_dir")
+        path = t.checkpoint_dir / f"iter_{t.iteration:06d}"
+        for role in TRAINED_ROLES:
+            if role in t.groups:
+                t.groups[role].call(role, "save", str(path))  # returns once every rank's shards are written
+        (path / DRIVER_STATE).write(json.dumps(self._driver_state(), indent=2) + "\n")
+        if t.export_dir:
+            self.export_hf(t.export_dir / path.name)
+        publish_latest(t.checkpoint_dir, path.name)  # last: the checkpoint is complete
+        for old in prune_checkpoints(t.checkpoint_dir, t.config.checkpoint.keep_last):
+            if t.export_dir:  # a pruned checkpoint's HF export goes with it
+                (t.export_dir / old.name).remove()
+        return path
+
+    def export_hf(self, folder: str | Path | Location | None = None) -> list[Location]:
+        t = self.t
+        folder = Location(str(folder)) if folder is not None else t.export_dir
+        if folder is None:
+            raise HflowError("no export directory; pass export_dir or a folder")
+        roles = [r for r in TRAINED_ROLES if r in t.groups]
+        for role in roles:
+            t.groups[role].call(role, "export_hf", str(folder / role))
+        return [folder / r for r in roles]
+
+    def load(self) -> Location:
+        t = self.t
+        name = latest_name(t.checkpoint_dir)
+        if name is None:
+            raise HflowError(f"nothing to resume in {t.checkpoint_dir}: no 'latest' checkpoint; run without "
+                             "--resume first")
+        path = t.checkpoint_dir / name
+        state = json.loads((path / DRIVER_STATE).read_text())
+        if state["algorithm"] != t.plan.algorithm or state["placement"] != t.plan.placement():
+            raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
+                             "resume with the same plan")
+        for role in TRAINED_ROLES:
+            if role in t.groups:
+                t.groups[role].call(role, "load", str(path))
+        t.iteration = state["iteration"]
+        t.sampler.load_state_dict(state["sampler"])
+        if t.df.state is not None and state["algorithm_state"] is not None:
+            t.df.state.load_state_dict(state["algorithm_state"])
+        t.df.kl.load_state_dict(state["kl_coef"])
+        drop_after(t.metrics_path, t.iteration)  # iterations after the checkpoint run again
+        return path

@@ -5,8 +5,10 @@ simulator runs the same loops on a recording dataflow, so every call made here i
 prices (tests compare `calls`, the (op, role) of each call in issue order, with that graph). Ops on
 disjoint groups overlap: `ref_logprob`, `actor_logprob` and `values` return pending calls that
 `gather` waits for together, and `update` steps the critics and the actor at the same time. Every
-op lands in the measured Timeline with the worker's own start and end (workers time themselves;
-see workers/common.py); rule-based scores and advantages run in the driver (group "driver").
+op lands in the measured Timeline with the worker's own start and end (workers time themselves:
+controller/timing.py; recorder.py keeps the record); rule-based scores and advantages run in the
+driver (group "driver"). Where the rollouts run and when they are generated is the execution mode's
+(rl/modes/, chosen by Plan.mode, driving rl/rollout.py's RolloutDevices).
 Algorithm-specific steps are the entry's hooks (Safe-RLHF's λ, DAPO's group filter), called here.
 
 With one PPO epoch of one mini-batch and no KL in the reward, `actor_logprob` is skipped: the
@@ -22,29 +24,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from hybridflow.runtime.algorithms.advantages import get_advantage_estimator
+from hybridflow.runtime.algorithms.advantages import get_advantage_estimator, overlong_penalty
 from hybridflow.runtime.algorithms.functional import masked, masked_mean
 from hybridflow.runtime.algorithms.losses import KLController, kl_penalty, scores_to_token_rewards
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.calls import CallFuture
-from hybridflow.runtime.controller.protocols import join, shard
 from hybridflow.runtime.controller.worker_group import WorkerGroup
 from hybridflow.runtime.engines.train.packing import inverse_order
+from hybridflow.runtime.rl.batches import (
+    RETURN_FIELD,
+    SEQ_FIELDS,
+    VALUE_FIELD,
+    batch_origin,
+    dp_balanced_order,
+    left_pad_prompts,
+    rule_scores,
+)
+from hybridflow.runtime.rl.modes import MODES
+from hybridflow.runtime.rl.recorder import OpRecorder
+from hybridflow.runtime.rl.rollout import RolloutDevices
 from hybridflow.runtime.rl.run_config import RunConfig
-from hybridflow.runtime.tasks.rewards import check_finite_scores, score_responses
+from hybridflow.runtime.tasks.rewards import check_finite_scores
 from hybridflow.runtime.tasks.tokenizer import Tokenizer
-from hybridflow.simulator.algorithms import CRITIC_OF, get_algorithm
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.schedule.dataflow import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.plan import Plan
-from hybridflow.simulator.vocabulary.timeline import Event
-
-SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
-VALUE_FIELD = {"critic": "values", "cost_critic": "cost_values"}  # each critic's values in the batch
-RETURN_FIELD = {"critic": "returns", "cost_critic": "cost_returns"}  # and the returns it learns
-PROMPT_FIELDS = ("prompt_ids", "prompt_mask")  # left-padded prompts
-FULL_FIELDS = ("input_ids", "attention_mask", "position_ids")  # left-padded prompt + response
+from hybridflow.simulator.vocabulary.roles import CRITIC_OF
 
 
 @dataclass
@@ -55,124 +61,64 @@ class Pending:
     rename: dict[str, str] = field(default_factory=dict)  # result field → batch field
 
 
-@dataclass
-class PendingRollout:
-    batch: Batch  # the prompts
-    future: CallFuture
-    pad: int  # rows padded to split the prompts evenly over the replicas
-    iteration: int  # its ops' iteration in the Timeline: the launching one, until a pipeline sets the one it serves
-
-
-def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:
-    """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
-    sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
-    The ranks then hold equal token counts and, with the engine's length buckets, micro-batches of
-    equal widths, so they reach FSDP's collectives together. `group`: consecutive rows that share a
-    prompt (samples per prompt) are dealt out together, by their total length, so a rank's engine
-    computes each prompt once (engines/shared_prompts.py); where the groups do not split evenly over
-    the ranks, rows are dealt one by one. None when there is nothing to balance."""
-    n = attention_mask.shape[0]
-    if dp < 2 or n % dp:
-        return None
-    group = group if group > 1 and n % (group * dp) == 0 else 1
-    units = n // group
-    ranked = torch.sort(attention_mask.long().sum(-1).view(units, group).sum(-1), stable=True).indices
-    j = torch.arange(units)
-    rank = torch.where((j // dp) % 2 == 0, j % dp, dp - 1 - j % dp)  # 0 1 1 0 0 1 … for dp = 2
-    dealt = ranked[torch.sort(rank, stable=True).indices]
-    return (dealt[:, None] * group + torch.arange(group)).flatten()
-
-
-def overlong_penalty(lengths: torch.Tensor, budget: int, buffer: float, penalty: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) with L_max = `budget` and L_cache =
-    `buffer`·budget: 0 up to L_max − L_cache, then ((L_max − L_cache) − |y|) / L_cache down to −1 at
-    L_max (times `penalty`). Responses stop at the budget here, so the −1 beyond it never applies."""
-    cache = buffer * budget
-    return penalty * ((budget - cache - lengths.float()) / cache).clamp(-1.0, 0.0)
-
-
-def left_pad_prompts(batch: Batch, width: int) -> Batch:
-    """The batch with its left-padded prompt part widened to `width` columns (to concatenate rollouts
-    whose longest prompts differ)."""
-    extra = width - batch["prompt_ids"].shape[1]
-    if extra <= 0:
-        return batch
-    out = Batch(dict(batch.tensors.items()), dict(batch.non_tensors), dict(batch.meta))
-    for k in (*PROMPT_FIELDS, *FULL_FIELDS):
-        if k in batch:
-            out[k] = F.pad(batch[k], (extra, 0))
-    return out
-
-
-def batch_origin(batch: Batch) -> dict:
-    """The data rows and source of the samples, for errors that name them (see Trainer.prompt_batch)."""
-    rows = batch["data_row"].tolist() if "data_row" in batch else None
-    return {"rows": rows, "source": batch.meta.get("data_source", "")}
-
-
-def rule_scores(fn: Callable, batch: Batch, tok: Tokenizer, name: str) -> torch.Tensor:
-    """A rule-based function's scores of a rollout batch, as the driver computes them (the `reward` or
-    `cost` op; runtime/measure/reward_probe.py times this): each response decoded, then fn(prompt, response,
-    **the prompt row's other fields), every score checked."""
-    fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
-    return score_responses(fn, list(batch["prompt"]), tok.decode_responses(batch["responses"], batch["response_mask"]),
-                           fields, name=name, **batch_origin(batch))
-
-
 class Dataflow:
     def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], config: RunConfig, tokenizer: Tokenizer,
-                 functions: dict | None = None, prompts: Callable[[int], Batch] | None = None,
+                 functions: dict | None = None, prompts: Callable[[int | None], Batch] | None = None,
                  origin: float | None = None):
-        """config: the run's settings resolved for the plan's algorithm (RunConfig.for_algorithm);
-        functions: rule-based scores by stream ("reward", "cost"); prompts(n): n more prompts, each
-        repeated samples_per_prompt times (dynamic sampling)."""
+        """config: the run's settings resolved for the plan's algorithm (rl/resolve.py); functions:
+        rule-based scores by stream ("reward", "cost"); prompts(n): n more prompts (None: a batch's
+        worth), each repeated samples_per_prompt times (dynamic sampling, pipelined modes); origin: the
+        run's clock (the Timeline's 0)."""
         self.plan, self.groups, self.config, self.tok = plan, groups, config, tokenizer
         self.algo = get_algorithm(plan.algorithm)
         self.functions, self.prompts = functions or {}, prompts
-        self.origin = time.time() if origin is None else origin
-        self.events: list[Event] = []
+        self.recorder = OpRecorder(origin)
         self.state = self.algo.hooks.driver_state(config)  # e.g. Safe-RLHF's Lagrange multiplier
         self.kl = KLController(config.kl)
         self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.roles, config.kl_in_reward)
-        self._gen_ranks: list[tuple[int, int]] | None = None
+        self.rollout = RolloutDevices(plan, groups, self.recorder)
+        self.mode = MODES[plan.mode](self.rollout, plan.workload, prompts, plan.staleness)
         self.start_iteration(0)
 
     def start_iteration(self, iteration: int) -> None:
         self.iteration = iteration
         self.stats: dict[str, float] = {}
-        self.calls: list[tuple[str, str]] = []  # (op, role) as issued; the simulator's graph has the same
-        self.resampled_calls: list[tuple[str, str]] = []  # dynamic sampling's extra rounds
-        self._resampling = False
+        self.recorder.start_iteration(iteration)
+        self.mode.start_iteration(iteration, self.stats)
         self.rollout_scores: torch.Tensor | None = None  # fill_batch: the first round's rewards, unfiltered
 
     # ---- bookkeeping --------------------------------------------------------------------------
+    @property
+    def calls(self) -> list[tuple[str, str]]:
+        return self.recorder.calls
+
+    @property
+    def resampled_calls(self) -> list[tuple[str, str]]:
+        return self.recorder.resampled_calls
+
+    @property
+    def events(self):
+        return self.recorder.events
+
+    @property
+    def origin(self) -> float:
+        return self.recorder.origin
+
     def has(self, role: str) -> bool:
         return role in self.groups
 
     def _group_name(self, role: str) -> str:
         return self.plan.roles[role].group
 
-    def _log(self, op: str, role: str) -> None:
-        (self.resampled_calls if self._resampling else self.calls).append((op, role))
-
-    def _record(self, role: str, group: str, timing: dict, iteration: int | None = None) -> None:
-        for op, (start, end, *nbytes) in timing.items():
-            self.events.append(Event(op=op, role=role, group=group, start=start - self.origin, end=end - self.origin,
-                                     iteration=self.iteration if iteration is None else iteration, bytes=sum(nbytes)))
-
-    def _take_timing(self, role: str, out: Batch) -> Batch:
-        self._record(role, self._group_name(role), out.meta.pop("timing", {}))
-        return out
-
     @contextmanager
     def _on_driver(self, op: str, role: str):
-        self._log(op, role)
+        self.recorder.log(op, role)
         start = time.time()
         yield
-        self._record(role, "driver", {op: (start, time.time())})
+        self.recorder.span(op, role, start)
 
     def _call(self, op: str, role: str, method: str, batch: Batch) -> Pending:
-        self._log(op, role)
+        self.recorder.log(op, role)
         return Pending(role, self.groups[role].call_async(role, method, batch))
 
     def _call_balanced(self, op: str, role: str, method: str, batch: Batch) -> Pending:
@@ -181,51 +127,14 @@ class Dataflow:
                                   self.plan.workload.samples_per_prompt)
         if order is None:
             return self._call(op, role, method, batch)
-        self._log(op, role)
+        self.recorder.log(op, role)
         return Pending(role, self.groups[role].call_async(role, method, batch[order]), inverse_order(order))
 
     # ---- rollout ------------------------------------------------------------------------------
-    rollout_role = "actor"  # the role whose workers generate (DisaggregatedDataflow: "rollout")
-
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
-        """Responses for the prompts: one shard per generation replica, read from its tp_g rank 0.
-        greedy (ReMax's baseline): one response per prompt, not per sample (its consecutive copies)."""
-        return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
-
-    def launch_rollout(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> PendingRollout:
-        """`generate`'s first half: the call is on its way; `collect_rollout` waits for it."""
-        if greedy:
-            batch = batch[torch.arange(0, len(batch), self.plan.workload.samples_per_prompt)]
-        role = self.rollout_role
-        group = self.groups[role]
-        if self._gen_ranks is None:
-            self._gen_ranks = group.call(role, "generation_ranks")  # [(replica, tp_g rank)] by rank
-        replicas = 1 + max(rep for rep, _ in self._gen_ranks)
-        shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), replicas)
-        self._log("generate_baseline" if greedy else "generate", "actor")
-        future = group.call_async(role, "generate", [shards[rep] for rep, _ in self._gen_ranks],
-                                  iteration=self.iteration, greedy=greedy, sample_round=sample_round)
-        return PendingRollout(batch, future, pad, self.iteration)
-
-    def collect_rollout(self, pending: PendingRollout) -> Batch:
-        group = self.groups[self.rollout_role]
-        outs = pending.future.get(group.call_timeout)
-        readers = sorted((rep, r) for r, (rep, tp) in enumerate(self._gen_ranks) if tp == 0)
-        timing: dict[str, list[float]] = {}
-        for _, r in readers:  # an op spans from the first replica's start to the last one's end
-            for op, (s, e, *nbytes) in outs[r].meta.pop("timing", {}).items():
-                old = timing.get(op, [s, e, 0.0])
-                timing[op] = [min(old[0], s), max(old[1], e), old[2] + sum(nbytes)]
-        self._record("actor", group.name, timing, pending.iteration)
-        return pending.batch.union(join([outs[r] for _, r in readers], pending.pad))
-
-    def prompts_in_flight(self) -> int:
-        """Prompts drawn for a rollout still running (a pipelined mode's look-ahead, disaggregated.py)."""
-        return 0
-
-    def prompts_drawn_after_in_flight(self) -> int:
-        """Prompts drawn, and trained, after those in flight (disaggregated.py: dynamic sampling one step off)."""
-        return 0
+        """Responses for the prompts, as the execution mode makes them (rl/modes/). greedy (ReMax's
+        baseline): one response per prompt, not per sample."""
+        return self.mode.generate(batch, greedy, sample_round)
 
     # ---- scores -------------------------------------------------------------------------------
     def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
@@ -269,11 +178,11 @@ class Dataflow:
             n_kept += int(keep.sum())
             if n_kept >= want or rounds >= self.plan.workload.max_sampling_rounds or self.prompts is None:
                 break
-            self._resampling = True
+            self.recorder.resampling = True
             try:
                 batch = self.score(self.generate(self.prompts(want - n_kept), sample_round=rounds))
             finally:
-                self._resampling = False
+                self.recorder.resampling = False
             rounds, generated = rounds + 1, generated + (want - n_kept)
         parts = [b for b in kept + rejected if len(b)]
         width = max(b["prompt_ids"].shape[1] for b in parts)
@@ -305,7 +214,8 @@ class Dataflow:
     def gather(self, batch: Batch, *pending: Pending | None) -> Batch:
         for p in pending:
             if p is not None:
-                out = self._take_timing(p.role, p.future.get())
+                out = p.future.get()
+                self.recorder.record_outputs(p.role, self._group_name(p.role), [out])
                 out = out if p.back is None else out[p.back]
                 if p.rename:
                     out = Batch({p.rename.get(k, k): v for k, v in out.tensors.items()})
@@ -366,6 +276,7 @@ class Dataflow:
                 sub = Batch({**{k: batch[k] for k in fields}, "values": batch[VALUE_FIELD[critic]],
                              "returns": batch[RETURN_FIELD[critic]]})
                 calls.append(self._call_balanced("critic_update", critic, "update", sub))
+        batch = self.mode.before_update(batch)
         extra = [k for k in ("old_log_probs", "behaviour_log_probs") if k in batch]  # behaviour: off-policy
         if "ref_log_probs" in batch and (self.config.kl.placement == "loss" or "old_log_probs" not in batch):
             # a KL loss term, or the KL statistic of a one-pass update
@@ -374,12 +285,7 @@ class Dataflow:
         metrics: dict[str, float] = {}
         for p in calls:
             per_rank = p.future.get()
-            timing = {}
-            for m in per_rank:
-                for op, (s, e) in m.pop("timing").items():
-                    old = timing.get(op, [s, e])
-                    timing[op] = [min(old[0], s), max(old[1], e)]
-            self._record(p.role, self._group_name(p.role), timing)
+            self.recorder.record_outputs(p.role, self._group_name(p.role), per_rank)
             for k in per_rank[0]:
                 metrics[f"{p.role}/{k}"] = sum(float(m[k]) for m in per_rank) / len(per_rank)
         if "actor/kl" in metrics and "kl" not in self.stats:  # one pass: KL(π_old ‖ π_ref) from the update

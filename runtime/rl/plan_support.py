@@ -5,11 +5,13 @@ before it imports torch or starts Ray (tools/preflight/checks.py)."""
 from __future__ import annotations
 
 from hybridflow.runtime.rl.run_config import RunConfig
-from hybridflow.simulator.algorithms import TRAINED_ROLES
+from hybridflow.simulator.algorithms import get_algorithm
+from hybridflow.simulator.algorithms.recording import record_dataflow
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.megatron_limits import colocation_problem, moe_tp_problem
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 
 
 def check_runnable(plan: Plan, config: RunConfig) -> None:
@@ -21,11 +23,12 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     if plan.mode != "sync" and separate and _greedy_baseline(plan):
         raise HflowError(f"{plan.algorithm}'s greedy baseline is generated for the prompts the iteration is handed, "
                          f"and mode '{plan.mode}' trains on prompts launched earlier; use --mode sync")
+    sampling = config.sampling
     if (separate and actor.rollout == "vllm" and plan.mode != "sync"
-            and (config.top_k or config.top_p < 1)):  # the behaviour log-probs would not be the loss's
+            and (sampling.top_k or sampling.top_p < 1)):  # the behaviour log-probs would not be the loss's
         raise HflowError(f"mode '{plan.mode}' corrects with the behaviour log-probs, which vLLM renormalises over "
-                         f"top-k/top-p (top_k {config.top_k}, top_p {config.top_p}) and the actor does not; "
-                         "set top_k 0 and top_p 1, use --rollout native or --mode sync")
+                         f"top-k/top-p (top_k {sampling.top_k}, top_p {sampling.top_p}) and the actor does not; "
+                         "set sampling.top_k 0 and sampling.top_p 1, use --rollout native or --mode sync")
     if actor is not None and actor.generate is not None and actor.generate.pp != 1:  # both engines refuse it
         raise HflowError(f"the actor generates with pp={actor.generate.pp}; generation is not pipelined on this "
                          "runtime (training may use any pp): plan with `hflow-plan search --max-gen-pp 1` or give "
@@ -56,10 +59,9 @@ def _check_megatron(plan: Plan) -> None:
 
 
 def _greedy_baseline(plan: Plan) -> bool:
-    """Whether the algorithm's loop generates a greedy baseline (ReMax), read from its dataflow graph."""
-    from hybridflow.simulator.schedule.schedule import plan_dataflow
-
-    graph, _ = plan_dataflow(plan)
+    """Whether the algorithm's loop generates a greedy baseline (ReMax): its ops, recorded (no schedule)."""
+    graph = record_dataflow(get_algorithm(plan.algorithm), plan.roles, reward_model="reward" in plan.roles,
+                            cost_model="cost" in plan.roles, hybrid_engine=True, old_logprob_pass=True)
     return any(a["op"] == "generate_baseline" for _, a in graph.nodes(data=True))
 
 

@@ -5,6 +5,9 @@
             print(m["reward_mean"])
     t.timeline                                  # the measured Timeline (source="measured")
 
+The trainer takes a plan and a run config (resolved here, rl/resolve.py) or a ResolvedRun (what
+`hflow-plan run` resolved before torch loaded), and resolves nothing twice.
+
 One WorkerGroup per device group of the plan, hosting the roles the plan puts there (colocated
 roles share a process per device). The algorithm's loop (its registry entry, simulator/algorithms/)
 calls the ops of runtime/rl/dataflow.py, with the run's settings resolved against the algorithm's
@@ -18,14 +21,20 @@ checkpoint is complete, so a crash mid-save leaves the previous one intact and r
 iteration that fails (a reward that raises, a NaN score) writes nothing. With an export dir, every
 checkpoint is also written as HF folders (export_dir/iter_N/actor, …) and `export_hf()` writes the
 current weights (export_dir/actor, export_dir/critic).
+
+`run` is the one iteration loop. After a lost worker or node (or a call past its timeout) it restarts,
+at most `cluster.max_restarts` times: the worker groups start again and resume from the last
+checkpoint this run completed (from the models' folders when none was complete yet). The run still
+ends at the iteration it was asked for and, since a resume is bit-exact, so do the final parameters.
+Iterations after the checkpoint run again; their metrics lines are replaced (metrics_file.py), never
+doubled, and every attempt's ops share the run's clock, so no iteration's seconds span the restart.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ray
@@ -35,26 +44,21 @@ from hybridflow.runtime.algorithms.advantages import get_advantage_estimator
 from hybridflow.runtime.algorithms.functional import masked_mean
 from hybridflow.runtime.algorithms.losses import get_policy_loss
 from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.calls import WorkerDiedError, WorkerTimeoutError
 from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.controller.resource_pool import ResourcePool, init_ray, place_pool
 from hybridflow.runtime.controller.storage import model_folder, output_markers
 from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
+from hybridflow.runtime.engines.rollout.base import RolloutSettings
 from hybridflow.runtime.engines.rollout.generation import SamplingParams
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig
-from hybridflow.runtime.rl.async_rollout import AsyncDataflow
-from hybridflow.runtime.rl.checkpoints import (
-    DRIVER_STATE,
-    check_checkpoint_dir,
-    latest_name,
-    prune_checkpoints,
-    publish_latest,
-)
+from hybridflow.runtime.rl.checkpoints import RunCheckpoints, check_checkpoint_dir, latest_name
 from hybridflow.runtime.rl.dataflow import Dataflow
-from hybridflow.runtime.rl.disaggregated import ROLLOUT, DisaggregatedDataflow, start_rollout_group
 from hybridflow.runtime.rl.loggers import MetricsLogger
-from hybridflow.runtime.rl.metrics_file import append_metrics, drop_after
-from hybridflow.runtime.rl.plan_support import check_runnable, role_weights
-from hybridflow.runtime.rl.run_config import RunConfig, with_rollout
+from hybridflow.runtime.rl.metrics_file import append_metrics
+from hybridflow.runtime.rl.plan_support import role_weights
+from hybridflow.runtime.rl.resolve import ResolvedRun, resolve_run
+from hybridflow.runtime.rl.rollout import start_rollout_group
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.runtime.rl.run_events import RunEvents
 from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.runtime.tasks.data import PromptDataset, PromptSampler
@@ -63,23 +67,30 @@ from hybridflow.runtime.tasks.policy_cache import cached_policy, check_warmup_sh
 from hybridflow.runtime.tasks.rewards import load_function
 from hybridflow.runtime.tasks.tokenizer import CharTokenizer, Tokenizer
 from hybridflow.runtime.tasks.warmup import warm_policy
-from hybridflow.runtime.workers.policy import PolicyWorker
+from hybridflow.runtime.workers.common import UpdateSettings
+from hybridflow.runtime.workers.policy import PolicyObjective, PolicyWorker
 from hybridflow.runtime.workers.value import ValueWorker
-from hybridflow.simulator.algorithms import TRAINED_ROLES, get_algorithm
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
 from hybridflow.simulator.vocabulary.timeline import Timeline, throughput
+
+RESTARTABLE = (WorkerDiedError, WorkerTimeoutError)  # a lost worker or node, a call past its timeout
 
 
 class Trainer:
-    def __init__(self, plan: Plan, config: RunConfig | None = None, *, metrics_path: str | Path | None = None,
-                 checkpoint_dir: str | Path | None = None, address: str | None = None,
-                 loggers: Sequence[MetricsLogger] = (), events: RunEvents | None = None,
+    def __init__(self, run: ResolvedRun | Plan, config: RunConfig | None = None, *,
+                 metrics_path: str | Path | None = None, checkpoint_dir: str | Path | None = None,
+                 address: str | None = None, loggers: Sequence[MetricsLogger] = (), events: RunEvents | None = None,
                  export_dir: str | Path | None = None):
+        if isinstance(run, Plan):
+            run = resolve_run(run, config)
+        elif config is not None:
+            raise HflowError("a ResolvedRun carries its run config; pass the plan and the config instead")
+        self.plan, self.config = plan, cfg = run.plan, run.config
         self.events = events or RunEvents()
-        self.config = config or RunConfig()
-        self.plan = plan = with_rollout(plan, self.config).validate_parallel()
         # absolute here, on the driver: workers on other nodes run in other folders (docs/cluster.md)
         self.metrics_path = Path(metrics_path).absolute() if metrics_path else None
         self.checkpoint_dir = Location(checkpoint_dir) if checkpoint_dir else None  # a path or a URL
@@ -87,17 +98,14 @@ class Trainer:
         self.address = address
         self.loggers = list(loggers)  # each iteration's metrics go to them too (opened and closed by the caller)
         self.algo = get_algorithm(plan.algorithm)
-        given = self.config
-        check_runnable(plan, given)
         check_checkpoint_dir(plan, self.checkpoint_dir)
-        self.config = given.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)
-        get_advantage_estimator(self.config.advantage.estimator)  # one-line errors before anything starts
-        get_policy_loss(self.config.loss.kind)
+        get_advantage_estimator(cfg.advantage.estimator)  # one-line errors before anything starts
+        get_policy_loss(cfg.loss.kind)
         self.tok = self._tokenizer()
-        cfg = self.config
-        self.dataset = (PromptDataset.from_file(cfg.prompts_file) if cfg.prompts_file
-                        else PromptDataset.from_task(cfg.task, cfg.dataset_size, cfg.seed))
-        if cfg.chat_template or self.dataset.has_chat():
+        data = cfg.data
+        self.dataset = (PromptDataset.from_file(data.prompts_file) if data.prompts_file
+                        else PromptDataset.from_task(data.task, data.dataset_size, cfg.seed))
+        if data.chat_template or self.dataset.has_chat():
             self.tok.require_chat_template()
         self.sampler = PromptSampler(len(self.dataset), plan.workload.prompts, cfg.seed)
         self.functions = {s: self._function(getattr(plan, f"{s}_function"), s)
@@ -108,6 +116,8 @@ class Trainer:
                                  meta={"algorithm": plan.algorithm, "placement": plan.placement(), "mode": plan.mode,
                                        "staleness": plan.staleness})
         self.df: Dataflow | None = None
+        self.origin: float | None = None  # the run's clock: set at the first start, kept across restarts
+        self.checkpoints = RunCheckpoints(self)
         self._owns_ray = False
 
     @staticmethod
@@ -116,12 +126,15 @@ class Trainer:
             raise HflowError(f"the plan has neither a '{what}' model nor a {what}_function ('module:function')")
         return load_function(ref, f"{what} function")
 
+    def _reward_example(self) -> str:
+        return get_task(self.config.data.task).reward_function
+
     def _tokenizer(self) -> Tokenizer:
         """The actor folder's tokenizer; the character tokenizer for the built-in warmed-up policy, after
         checking that every model the warm-up would build has its vocabulary (before anything starts)."""
         actor = self.plan.roles["actor"]
         for role, rp in self.plan.roles.items():
-            if role_weights(self.plan, role, get_task(self.config.task).reward_function) is None:
+            if role_weights(self.plan, role, self._reward_example()) is None:
                 check_warmup_shape(rp.model)  # the built-in policy: warmed up here, character vocabulary only
         if actor.path:
             return load_tokenizer(actor.path, model_vocab=ModelSpec.from_hf_config(actor.path).vocab)
@@ -129,7 +142,7 @@ class Trainer:
 
     # ---- placement ----------------------------------------------------------------------------
     def _model_path(self, role: str) -> str:
-        path = role_weights(self.plan, role, get_task(self.config.task).reward_function)
+        path = role_weights(self.plan, role, self._reward_example())
         if path:
             return path
         rp = self.plan.roles[role]
@@ -140,31 +153,31 @@ class Trainer:
                               f"{cfg.target_greedy_accuracy:.0%} of held-out prompts come out exact)", total=cfg.max_steps)
         return str(warm_policy(rp.model, cfg, on_step=lambda step, _: self.events.advance(step)))
 
-    def _sampling(self) -> SamplingParams:
-        cfg = self.config
-        return SamplingParams(max_new_tokens=self.plan.workload.response_len, temperature=cfg.temperature,
-                              top_p=cfg.top_p, top_k=cfg.top_k, eos_token_id=self.tok.eos_ids,
-                              pad_token_id=self.tok.pad_id)
+    def _rollout_settings(self, on_trainer: bool) -> RolloutSettings:
+        s, w, actor = self.config.sampling, self.plan.workload, self.plan.roles["actor"]
+        sampling = SamplingParams(max_new_tokens=w.response_len, temperature=s.temperature, top_p=s.top_p,
+                                  top_k=s.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id)
+        return RolloutSettings(backend=actor.rollout, generation=self.plan.generation_config() if on_trainer else None,
+                               reshard=self.plan.reshard, sampling=sampling, prompt_len=w.prompt_len)
 
     def _role_spec(self, role: str) -> RoleSpec:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
         common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed)
+
+        def update(optim) -> UpdateSettings:
+            return UpdateSettings(optim=optim, epochs=w.ppo_epochs, mini_batches=w.mini_batches)
+
         if role in ("actor", "ref"):
-            kw = dict(trainable=role == "actor", epochs=w.ppo_epochs, mini_batches=w.mini_batches,
-                      temperature=cfg.temperature, **common)  # log-probs at the sampling temperature
+            kw = dict(temperature=cfg.sampling.temperature, **common)  # log-probs at the sampling temperature
             if role == "actor":
-                separate = rp.generate_group is not None  # generation on rollout devices (disaggregated.py)
-                kw.update(
-                    reshard=self.plan.reshard, rollout=None if separate else rp.rollout, prompt_len=w.prompt_len,
-                    optim=OptimConfig(lr=cfg.actor_lr, grad_clip=cfg.grad_clip),
-                    generate_parallel=None if separate else self.plan.generation_config(),
-                    sampling=self._sampling(), loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len)
+                kw.update(update=update(cfg.optimizer.actor),
+                          objective=PolicyObjective(loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len),
+                          # generation on rollout devices of its own: rl/rollout.py
+                          rollout=None if rp.generate_group else self._rollout_settings(on_trainer=True))
             return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
-        kw = dict(**common)
         if role in TRAINED_ROLES:  # a critic
-            kw.update(optim=OptimConfig(lr=cfg.critic_lr, grad_clip=cfg.grad_clip), value_clip=cfg.value_clip,
-                      epochs=w.ppo_epochs, mini_batches=w.mini_batches)
-        return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), kw)
+            common.update(update=update(cfg.optimizer.critic), value_loss=cfg.value_loss)
+        return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), common)
 
     def _start_ray(self) -> None:
         if ray.is_initialized():
@@ -184,8 +197,8 @@ class Trainer:
             return self
         self._start_ray()
         specs = {role: self._role_spec(role) for role in self.plan.roles}  # warm-up happens here, once
-        cfg = self.config
-        pools = ResourcePool.from_plan(self.plan, timeout_s=cfg.start_timeout_s)
+        cluster = self.config.cluster
+        pools = ResourcePool.from_plan(self.plan, timeout_s=cluster.start_timeout_s)
         try:
             with output_markers({"--checkpoint-dir": self.checkpoint_dir, "--export-hf": self.export_dir}) as shared:
                 for g in self.plan.groups:
@@ -197,7 +210,7 @@ class Trainer:
                         folders = [model_folder(specs[r].args[0], f"the {r}'s weights folder") for r in roles]
                         group = WorkerGroup(
                             pools[g.name], {r: specs[r] for r in roles}, name=g.name,
-                            init_timeout_s=cfg.start_timeout_s, call_timeout=cfg.call_timeout_s,
+                            init_timeout_s=cluster.start_timeout_s, call_timeout=cluster.call_timeout_s,
                             on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"),
                             on_wait=lambda stage, s, g=g: self.events.say(f"group '{g.name}': {stage}: {s:.0f} s…"),
                             shared_paths=shared + folders)
@@ -207,11 +220,12 @@ class Trainer:
                     self.events.phase("workers", f"starting {len(self.plan.group(rollout_devices).devices)} "
                                       f"rollout worker process(es) for group '{rollout_devices}'")
                     self.groups[ROLLOUT] = start_rollout_group(self.plan, pools[rollout_devices],
-                                                               specs["actor"].args[0], self._sampling(),
-                                                               self.config.seed)
-            flow = (Dataflow if not rollout_devices else AsyncDataflow if self.plan.mode == "async"
-                    else DisaggregatedDataflow)
-            self.df = flow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch)
+                                                               specs["actor"].args[0],
+                                                               self._rollout_settings(on_trainer=False), self.config.seed)
+            if self.origin is None:
+                self.origin = time.time()
+            self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch,
+                               origin=self.origin)
         except BaseException:
             self.shutdown()
             raise
@@ -222,14 +236,15 @@ class Trainer:
         """The next `count` prompts (default: the workload's), each repeated samples_per_prompt times."""
         rows = self.sampler.next_indices(count)
         prompts, cols = self.dataset.take(rows)
-        ids, mask = self.tok.encode_prompts(prompts, self.config.chat_template, max_len=self.plan.workload.prompt_len)
+        ids, mask = self.tok.encode_prompts(prompts, self.config.data.chat_template,
+                                            max_len=self.plan.workload.prompt_len)
         batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "data_row": torch.tensor(rows)},
                       non_tensors={"prompt": prompts, **cols}, meta={"data_source": self.dataset.source})
         return batch.repeat_interleave(self.plan.workload.samples_per_prompt)
 
     def samples(self, batch: Batch) -> list[dict]:
         """A few of the iteration's samples (spread over the batch): prompt, response and scores."""
-        n, k = len(batch), self.config.sample_log_count
+        n, k = len(batch), self.config.logging.sample_log_count
         idx = sorted({i * n // k for i in range(min(k, n))})
         texts = self.tok.decode_responses(batch["responses"][idx], batch["response_mask"][idx])
         out = []
@@ -270,91 +285,74 @@ class Trainer:
                "tokens_per_second": throughput(self.plan.workload.tokens_per_iteration, seconds), "op_seconds": ops}
         if "cost_scores" in batch:
             out["cost_mean"] = batch["cost_scores"].float().mean().item()
-        every = self.config.sample_log_every
+        every = self.config.logging.sample_log_every
         if every and (self.iteration - 1) % every == 0:
             out["samples"] = self.samples(batch)
         if self.metrics_path:
             append_metrics(self.metrics_path, out)
         for logger in self.loggers:
             logger.log(out)
-        if self.checkpoint_dir and self.iteration % self.config.save_every == 0:
+        if self.checkpoint_dir and self.iteration % self.config.checkpoint.save_every == 0:
             self.save_checkpoint()
         return out
 
-    def run(self, iterations: int, resume: bool = False, on_iteration=None) -> list[dict]:
-        self.start()
-        if resume:
-            self.resume()
-        out = []
-        for _ in range(iterations):
-            m = self.step()
-            out.append(m)
-            if on_iteration:
-                on_iteration(m)
-        return out
+    def run(self, iterations: int, resume: bool = False,
+            on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
+        """`iterations` more iterations (after the checkpoint with `resume`); restarted after each lost
+        worker or node while `cluster.max_restarts` allow. The metrics of every iteration up to the
+        target, each once (a rerun's values)."""
+        limit = self.config.cluster.max_restarts
+        metrics = self.metrics_path
+        metrics_size = metrics.stat().st_size if metrics and metrics.is_file() else 0  # what earlier runs wrote
+        before = latest_name(self.checkpoint_dir)  # an earlier run's: resumed only if asked to (`resume`)
+        done: dict[int, dict] = {}
+        target: int | None = None
+        restarts = 0
+        while True:
+            try:
+                self.start()
+                if resume:
+                    self.resume()  # drops the metrics lines of iterations after the checkpoint
+                if target is None:
+                    target = self.iteration + iterations
+                done = {i: m for i, m in done.items() if i <= self.iteration}
+                self.timeline.events[:] = [e for e in self.timeline.events if e.iteration <= self.iteration]
+                while self.iteration < target:
+                    m = self.step()
+                    done[m["iteration"]] = m
+                    if on_iteration:
+                        on_iteration(m)
+                return [done[i] for i in sorted(done)]
+            except RESTARTABLE as e:
+                if restarts >= limit:
+                    raise
+                restarts += 1
+                self.stop_workers()
+                now = latest_name(self.checkpoint_dir)
+                resume = resume or (now is not None and now != before)  # this run's own checkpoint, if it saved one
+                if not resume and metrics and metrics.is_file():  # from the start again: this run's lines go
+                    with open(metrics, "r+b") as f:
+                        f.truncate(metrics_size)
+                where = "the last checkpoint" if resume else "the start (no checkpoint was complete)"
+                self.events.phase("restart", f"restart {restarts} of {limit} after: {str(e).splitlines()[0]}; "
+                                  f"starting the worker groups again, from {where}")
 
-    # ---- checkpoints --------------------------------------------------------------------------
-    def _driver_state(self) -> dict:
-        # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again,
-        # and then jumps over any drawn after them, trained already
-        after = self.df.prompts_drawn_after_in_flight()
-        sampler = self.sampler.state_dict(rewind=self.df.prompts_in_flight() + after, skip=after)
-        return {"iteration": self.iteration, "algorithm": self.plan.algorithm, "sampler": sampler,
-                "algorithm_state": self.df.state.state_dict() if self.df.state is not None else None,
-                "kl_coef": self.df.kl.state_dict(), "placement": self.plan.placement()}
-
+    # ---- checkpoints (rl/checkpoints.py) ------------------------------------------------------
     def save_checkpoint(self) -> Location:
-        if not self.checkpoint_dir:
-            raise HflowError("no checkpoint directory; pass checkpoint_dir")
-        path = self.checkpoint_dir / f"iter_{self.iteration:06d}"
-        for role in TRAINED_ROLES:
-            if role in self.groups:
-                self.groups[role].call(role, "save", str(path))  # returns once every rank's shards are written
-        (path / DRIVER_STATE).write(json.dumps(self._driver_state(), indent=2) + "\n")
-        if self.export_dir:
-            self.export_hf(self.export_dir / path.name)
-        publish_latest(self.checkpoint_dir, path.name)  # last: the checkpoint is complete
-        for old in prune_checkpoints(self.checkpoint_dir, self.config.keep_last):
-            if self.export_dir:  # a pruned checkpoint's HF export goes with it
-                (self.export_dir / old.name).remove()
-        return path
+        return self.checkpoints.save()
 
-    def export_hf(self, folder: str | Path | Location | None = None) -> list[Location]:
-        """The trained roles' current weights as HF folders: folder/actor (and folder/critic); folder
-        (a path or a URL) defaults to the export dir."""
-        folder = Location(str(folder)) if folder is not None else self.export_dir
-        if folder is None:
-            raise HflowError("no export directory; pass export_dir or a folder")
-        roles = [r for r in TRAINED_ROLES if r in self.groups]
-        for role in roles:
-            self.groups[role].call(role, "export_hf", str(folder / role))
-        return [folder / r for r in roles]
+    def load_checkpoint(self) -> Location:
+        return self.checkpoints.load()
 
     def resume(self) -> Location:
         path = self.load_checkpoint()
         self.events.phase("resume", f"resumed from checkpoint {path} (after iteration {self.iteration})")
         return path
 
-    def load_checkpoint(self) -> Location:
-        name = latest_name(self.checkpoint_dir)
-        if name is None:
-            raise HflowError(f"nothing to resume in {self.checkpoint_dir}: no 'latest' checkpoint; run without "
-                             "--resume first")
-        path = self.checkpoint_dir / name
-        state = json.loads((path / DRIVER_STATE).read_text())
-        if state["algorithm"] != self.plan.algorithm or state["placement"] != self.plan.placement():
-            raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
-                             "resume with the same plan")
-        for role in TRAINED_ROLES:
-            if role in self.groups:
-                self.groups[role].call(role, "load", str(path))
-        self.iteration = state["iteration"]
-        self.sampler.load_state_dict(state["sampler"])
-        if self.df.state is not None and state["algorithm_state"] is not None:
-            self.df.state.load_state_dict(state["algorithm_state"])
-        self.df.kl.load_state_dict(state["kl_coef"])
-        drop_after(self.metrics_path, self.iteration)  # iterations after the checkpoint run again
-        return path
+    def export_hf(self, folder: str | Path | Location | None = None) -> list[Location]:
+        """The trained roles' current weights as HF folders: folder/actor (and folder/critic); folder
+        (a path or a URL) defaults to the export dir."""
+        return self.checkpoints.export_hf(folder)
 
     def fingerprints(self) -> dict[str, list[str]]:
         """Per trained role, each rank's hash of parameters + optimizer state (resume checks)."""
@@ -363,7 +361,7 @@ class Trainer:
     # ---- lifetime -----------------------------------------------------------------------------
     def stop_workers(self) -> None:
         """End the worker groups (Ray stays up); the next `start` builds them again, from the models'
-        folders, at iteration 0 of the data order unless a checkpoint is loaded then (runtime/rl/elastic.py)."""
+        folders, at iteration 0 of the data order unless a checkpoint is loaded then (`run`'s restarts)."""
         self._end_groups()
         self.df, self.iteration = None, 0
         self.sampler = PromptSampler(len(self.dataset), self.plan.workload.prompts, self.config.seed)

@@ -1,38 +1,33 @@
-"""What every role worker shares: loading models from HF folders, op timing, batch slicing.
+"""What every role worker shares: loading models from HF folders, the sampling seed, the batch fields of
+a rollout, the update loop, and a trained role's checkpoint, export and step-breakdown methods.
 
-Workers time their own ops (wall clock of the process, `time.time()`), because only the worker
-knows when a call really started: calls queued on a busy colocated process wait their turn. The
-timings travel back in the output Batch's meta as `{"timing": {op: [start, end]}}`.
+Workers time their own ops (controller/timing.py): `timed` around the op, `with_timing` on its output.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.protocols import register
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.base import TrainEngine
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
 from hybridflow.runtime.models.hf_format import load_pretrained
 
 
-@contextmanager
-def timed(timing: dict, op: str):
-    start = time.time()
-    try:
-        yield
-    finally:
-        timing[op] = [start, time.time()]
+class UpdateSettings(BaseModel):
+    """How a trained role steps (passed whole): its optimizer, and the PPO epochs × mini-batches of
+    optimizer steps each update takes over its shard of the batch."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-def with_timing(batch: Batch, timing: dict) -> Batch:
-    batch.meta["timing"] = dict(timing)
-    return batch
+    optim: OptimConfig = OptimConfig()
+    epochs: PositiveInt = 1
+    mini_batches: PositiveInt = 1
 
 
 def generation_seed(seed: int, iteration: int, replica: int, sample_round: int = 0) -> int:
@@ -42,7 +37,7 @@ def generation_seed(seed: int, iteration: int, replica: int, sample_round: int =
 
 
 def rollout_fields(out) -> dict[str, torch.Tensor]:
-    """A Rollout (engines/generation.py) as the batch fields the dataflow reads, on the CPU."""
+    """A Rollout (engines/rollout/generation.py) as the batch fields the dataflow reads, on the CPU."""
     return {"input_ids": out.tokens.cpu(), "attention_mask": out.attention_mask.cpu(),
             "position_ids": out.position_ids.cpu(), "responses": out.response.cpu(),
             "response_mask": out.response_mask.cpu()}
@@ -58,67 +53,25 @@ def load_score_model(path: str | Path) -> ScoreModel:
     return load_pretrained(path, head="scalar")
 
 
-def make_engine(model, parallel, optim: OptimConfig | None, micro_batch_size: int | None,
-                temperature: float = 1.0) -> TrainingEngine:
-    """The training engine the role's train config names (`backend`): FSDP2, or megatron-core (same interface)."""
-    if parallel is not None and parallel.backend == "megatron":
-        from hybridflow.runtime.engines.train.megatron.engine import MegatronEngine  # megatron-core: an extra
-
-        return MegatronEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
-    return TrainingEngine(model, parallel, optim=optim, micro_batch_size=micro_batch_size, temperature=temperature)
-
-
 def response_slice(per_token: torch.Tensor, width: int) -> torch.Tensor:
     """The response columns of a [B, P+R] per-token tensor (aligned with input_ids)."""
     return per_token[:, -width:]
 
 
-def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
-    """The torch optimizers holding the states: itself, or those inside megatron's (chained) optimizer."""
-    chained = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    return [getattr(o, "optimizer", o) for o in chained]
-
-
-def exact_bytes(t: torch.Tensor) -> bytes:
-    """A tensor's exact bytes, read from a CPU copy (never a numpy view of live, possibly device,
-    storage) as raw bytes: numpy has no bfloat16, and a 0-d tensor (an optimizer's step) has no byte view."""
-    return t.detach().to("cpu", copy=True).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def engine_fingerprint(engine: TrainingEngine) -> str:
-    """sha256 over this rank's parameters and optimizer state (exact bytes): resume checks compare it."""
-    h = hashlib.sha256()
-    for name, p in sorted(engine.model.state_dict().items()):
-        if not isinstance(p, torch.Tensor):  # megatron's `_extra_state` entries
-            continue
-        t = p.to_local() if hasattr(p, "to_local") else p
-        h.update(name.encode())
-        h.update(exact_bytes(t))
-    for i, optimizer in enumerate(_torch_optimizers(engine.optimizer)):
-        for pid, st in sorted(optimizer.state_dict()["state"].items()):
-            for k, v in sorted(st.items()):
-                if isinstance(v, torch.Tensor):
-                    v = v.to_local() if hasattr(v, "to_local") else v
-                    h.update(f"{i}.{pid}.{k}".encode() if i else f"{pid}.{k}".encode())
-                    h.update(exact_bytes(v))
-    h.update(str(engine.step).encode())
-    return h.hexdigest()
-
-
-def run_updates(engine: TrainingEngine, batch: Batch, loss_fn, epochs: int, mini_batches: int,
-                micro_batch_size: int | None, entropy: bool = True,
-                token_weights: str | None = "response_mask", score_width: int | None = None) -> dict[str, float]:
-    """`epochs` passes over the local batch in `mini_batches` optimizer steps each (fixed order, so a
+def run_updates(engine: TrainEngine, batch: Batch, loss_fn, update: UpdateSettings, micro_batch_size: int | None,
+                entropy: bool = True, token_weights: str | None = "response_mask",
+                score_width: int | None = None) -> dict[str, float]:
+    """`update.epochs` passes over the local batch in `update.mini_batches` optimizer steps each (fixed order, so a
     resumed run repeats it exactly); returns the metrics averaged over the steps taken, and
     `skipped_steps`, the steps the engine skipped for a non-finite gradient. `token_weights`: the
     mask of a token-mean loss (micro-batches count by their share of its tokens); None for a loss
     that is a mean over sequences (they count by rows). `score_width`: the loss reads only the last
-    columns of the LM outputs (TrainingEngine.train_step)."""
+    columns of the LM outputs (FsdpEngine.train_step)."""
     td = batch.tensors
-    parts = max(1, min(mini_batches, len(batch)))
+    parts = max(1, min(update.mini_batches, len(batch)))
     sums: dict[str, float] = {}
     steps = skipped = 0
-    for _ in range(epochs):
+    for _ in range(update.epochs):
         for mb in td.chunk(parts):
             m = engine.train_step(mb, loss_fn, micro_batch_size, token_weights=token_weights, entropy=entropy,
                                   score_width=score_width)
@@ -146,7 +99,7 @@ class PhaseTiming:
 
 
 class EngineState:
-    """Checkpoint, HF export and fingerprint of a worker's `self.engine` (a TrainingEngine), under
+    """Checkpoint, HF export and fingerprint of a worker's `self.engine` (a TrainEngine), under
     path/role. Mixed into the trained workers (actor, critic), which set `self.model_path` (the folder
     their weights came from), so they share one implementation."""
 
@@ -177,4 +130,4 @@ class EngineState:
 
     @register("ONE_TO_ALL")
     def fingerprint(self) -> str:
-        return engine_fingerprint(self.engine)
+        return self.engine.fingerprint()

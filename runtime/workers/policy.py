@@ -6,8 +6,8 @@ the reference loads the same initial weights and only computes log-probs (it nev
 optimizer never allocates state). When a plan colocates them they share one process per device.
 
 Rollout runs in the plan's generation layout (tp_g | tp) on the actor's own devices, through the
-rollout interface (engines/rollout.py) with the plan's backend: `native` (the 3D-HybridEngine,
-engines/hybrid.py, and our KV-cache engine) or `vllm` (engines/vllm_rollout.py). Before each
+rollout interface (engines/rollout/base.py) with the plan's backend: `native` (the 3D-HybridEngine,
+engines/rollout/hybrid.py, and our KV-cache engine) or `vllm` (engines/rollout/vllm_rollout.py). Before each
 rollout after a training step the weights move from the training layout into the rollout engine
 (`update_weights`: the `reshard` op, bytes counted). The driver hands each rank the prompt shard
 of its generation data-parallel replica (`generate` is ALL_TO_ALL; `generation_ranks` says who is
@@ -21,74 +21,66 @@ engine: RolloutWorkers generate there, and this worker sends them its weights (w
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, ConfigDict, PositiveInt
 
 from hybridflow.runtime.algorithms.losses import actor_loss
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.timing import timed, with_timing
 from hybridflow.runtime.controller.worker import Worker
-from hybridflow.runtime.engines.rollout.base import RolloutEngine
-from hybridflow.runtime.engines.rollout.generation import SamplingParams
-from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
-from hybridflow.runtime.engines.rollout.reshard import MODES as RESHARD_MODES
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig
-from hybridflow.runtime.models.decoder import CausalLM
+from hybridflow.runtime.engines.rollout.backends import ROLLOUT_ENGINES
+from hybridflow.runtime.engines.rollout.base import RolloutEngine, RolloutSettings
+from hybridflow.runtime.engines.train.base import build_train_engine
 from hybridflow.runtime.workers.common import (
     EngineState,
     PhaseTiming,
+    UpdateSettings,
     generation_seed,
     load_causal_lm,
-    make_engine,
     response_slice,
     rollout_fields,
     run_updates,
-    timed,
-    with_timing,
 )
 from hybridflow.runtime.workers.weight_source import WeightSource
 from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.plan import ROLLOUT_BACKENDS, RolloutBackend
+
+
+class PolicyObjective(BaseModel):
+    """The actor's loss (passed whole): the policy loss, the KL to the reference, and the response
+    budget a length-normalised aggregation divides by."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    loss: PolicyLossSettings = PolicyLossSettings()
+    kl: KLSettings = KLSettings()
+    norm_length: PositiveInt | None = None
 
 
 class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
-    def __init__(self, model_path: str, *, trainable: bool = True, optim: OptimConfig | None = None,
-                 micro_batch_size: int | None = None, generate_parallel: ParallelConfig | None = None,
-                 sampling: SamplingParams | None = None, loss: PolicyLossSettings | None = None,
-                 kl: KLSettings | None = None, norm_length: int | None = None, temperature: float = 1.0,
-                 epochs: int = 1, mini_batches: int = 1, seed: int = 0, reshard: str = "hybridflow",
-                 rollout: RolloutBackend | None = "native", prompt_len: int | None = None):
-        """temperature: the sampling temperature; every log-prob (old, reference, training) is taken from
-        logits / temperature, the distribution the responses were drawn from (greedy, 0: at 1).
-        rollout None: the actor generates on separate rollout devices (workers/rollout.py), not here."""
+    def __init__(self, model_path: str, *, seed: int = 0, micro_batch_size: int | None = None,
+                 temperature: float = 1.0, update: UpdateSettings | None = None,
+                 objective: PolicyObjective | None = None, rollout: RolloutSettings | None = None):
+        """update: how the actor steps (None: the reference, never trained); objective: its loss;
+        rollout: how it generates on its own devices (None: on separate rollout devices,
+        workers/rollout.py, or not at all). temperature: the sampling temperature; every log-prob
+        (old, reference, training) is taken from logits / temperature, the distribution the
+        responses were drawn from (greedy, 0: at 1)."""
         super().__init__()
         torch.manual_seed(seed)
-        if trainable and loss is None:
-            raise HflowError("the actor needs its loss settings (PolicyLossSettings)")
-        self.trainable, self.seed, self.model_path = trainable, seed, model_path
-        self.engine = make_engine(load_causal_lm(model_path), self.parallel, optim, micro_batch_size,
-                                  temperature=temperature or 1.0)
+        if update is not None and objective is None:
+            raise HflowError("the actor needs its loss settings (PolicyObjective)")
+        self.seed, self.model_path = seed, model_path
+        self.update_settings, self.objective = update, objective
+        self.engine = build_train_engine(load_causal_lm(model_path), self.parallel,
+                                         optim=update.optim if update else None, micro_batch_size=micro_batch_size,
+                                         temperature=temperature or 1.0)
         self.micro_batch_size = micro_batch_size
-        self.gen_parallel = generate_parallel or self.parallel
-        self.sampling = sampling or SamplingParams()
-        self.loss, self.kl, self.norm_length = loss, kl, norm_length
-        self.epochs, self.mini_batches = epochs, mini_batches
+        self.sampling = rollout.sampling if rollout else None
         self.rollout: RolloutEngine | None = None
-        if trainable and rollout is not None:
-            if self.gen_parallel.pp != 1 or reshard not in RESHARD_MODES:
-                raise HflowError(f"actor generation needs pp_g = 1 and a reshard mode of {', '.join(RESHARD_MODES)} "
-                                 f"(got {self.gen_parallel}, '{reshard}')")
-            gen = ParallelConfig(tp=self.gen_parallel.tp, dp=self.world_size // self.gen_parallel.tp)
-            if rollout == "vllm":  # imported here: vLLM is an optional extra
-                from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout
-
-                max_len = prompt_len + self.sampling.max_new_tokens if prompt_len else None
-                self.rollout = VllmRollout(model_path, self.engine, tensor_parallel_size=gen.tp, seed=seed,
-                                           max_model_len=max_len)
-            elif rollout == "native":
-                self.rollout = HybridEngine(self.engine, CausalLM(self.engine.decoder_config), gen, mode=reshard)
-            else:
-                raise HflowError(f"unknown rollout backend '{rollout}'; choose one of {', '.join(ROLLOUT_BACKENDS)}")
+        if rollout is not None:
+            self.rollout = ROLLOUT_ENGINES.get(rollout.backend).on_trainer(self.engine, model_path, rollout,
+                                                                           seed=seed)
         self._gen_version = -1  # engine step the generation weights were taken at
 
     # ---- rollout ------------------------------------------------------------------------------
@@ -103,9 +95,8 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
         `sample_round`: dynamic sampling's later rounds of the same iteration draw fresh randomness."""
         timing: dict = {}
         if self._gen_version != self.engine.step:  # weights changed since the last switch
-            with timed(timing, "reshard"):
-                received = self.rollout.update_weights()
-            timing["reshard"].append(float(received))
+            with timed(timing, "reshard") as span:
+                span[2] = float(self.rollout.update_weights())
             self._gen_version = self.engine.step
         replica, _ = self.generation_ranks()
         g = torch.Generator(device=self.device).manual_seed(generation_seed(self.seed, iteration, replica,
@@ -137,32 +128,34 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
         # log-probs, detached, are the old ones (ratio 1, gradient of the plain policy gradient).
         old = micro["old_log_probs"] if "old_log_probs" in micro.keys() else logprobs.detach()
         entropy = outputs.get("entropy")
-        return actor_loss(logprobs, old, micro["advantages"], micro["response_mask"], self.loss,
-                          norm_length=self.norm_length,
+        obj = self.objective
+        return actor_loss(logprobs, old, micro["advantages"], micro["response_mask"], obj.loss,
+                          norm_length=obj.norm_length,
                           entropy=None if entropy is None else response_slice(entropy, width),
-                          ref_logprobs=micro.get("ref_log_probs", None), kl=self.kl,
+                          ref_logprobs=micro.get("ref_log_probs", None), kl=obj.kl,
                           behaviour_logprobs=micro.get("behaviour_log_probs", None))
 
     @register("DP_COMPUTE")
     def update(self, batch: Batch) -> list[dict]:
         """PPO epochs × mini-batches of optimizer steps on this rank's shard; [metrics] per dp rank.
         Without `old_log_probs` (one epoch of one mini-batch only) the update's own serve as the old ones."""
-        if not self.trainable:
+        up = self.update_settings
+        if up is None:
             raise RuntimeError(f"role '{self.role}' is not trainable")
-        if "old_log_probs" not in batch and (self.epochs > 1 or self.mini_batches > 1):
-            raise HflowError(f"the actor update needs old_log_probs with {self.epochs} epochs × {self.mini_batches} "
+        if "old_log_probs" not in batch and (up.epochs > 1 or up.mini_batches > 1):
+            raise HflowError(f"the actor update needs old_log_probs with {up.epochs} epochs × {up.mini_batches} "
                              "mini-batches (the policy moves between steps); run compute_log_prob first")
         timing: dict = {}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         keys += [k for k in ("old_log_probs", "ref_log_probs", "behaviour_log_probs") if k in batch]
         # A token-mean loss weighs micro-batches by their response tokens; a mean over sequences by rows.
-        weights = "response_mask" if self.loss.aggregation == "token-mean" else None
+        loss = self.objective.loss
+        weights = "response_mask" if loss.aggregation == "token-mean" else None
         with timed(timing, "actor_update"):
-            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs,
-                                  self.mini_batches, self.micro_batch_size,
-                                  entropy=bool(self.loss.entropy_coef), token_weights=weights,
+            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, up, self.micro_batch_size,
+                                  entropy=bool(loss.entropy_coef), token_weights=weights,
                                   score_width=batch["responses"].shape[1])
-        return [{**metrics, "timing": timing}]
+        return [with_timing(metrics, timing)]
 
     # ---- state --------------------------------------------------------------------------------
     @register("ONE_TO_ALL")

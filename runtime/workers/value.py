@@ -15,29 +15,32 @@ import torch
 from hybridflow.runtime.algorithms.losses import value_loss
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.timing import timed, with_timing
 from hybridflow.runtime.controller.worker import Worker
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig
+from hybridflow.runtime.engines.train.base import build_train_engine
 from hybridflow.runtime.models.decoder import last_token_values
 from hybridflow.runtime.workers.common import (
     EngineState,
     PhaseTiming,
+    UpdateSettings,
     load_score_model,
-    make_engine,
     run_updates,
-    timed,
-    with_timing,
 )
+from hybridflow.simulator.algorithms.settings import ValueLossSettings
 
 
 class ValueWorker(EngineState, PhaseTiming, Worker):
-    def __init__(self, model_path: str, *, optim: OptimConfig | None = None, micro_batch_size: int | None = None,
-                 value_clip: float | None = 0.2, epochs: int = 1, mini_batches: int = 1, seed: int = 0):
+    def __init__(self, model_path: str, *, seed: int = 0, micro_batch_size: int | None = None,
+                 update: UpdateSettings | None = None, value_loss: ValueLossSettings | None = None):
+        """update: how a critic steps (None: a reward or cost model, never trained); value_loss: the
+        critic's objective."""
         super().__init__()
         torch.manual_seed(seed)
         self.model_path = model_path
-        self.engine = make_engine(load_score_model(model_path), self.parallel, optim, micro_batch_size)
+        self.engine = build_train_engine(load_score_model(model_path), self.parallel,
+                                         optim=update.optim if update else None, micro_batch_size=micro_batch_size)
         self.micro_batch_size = micro_batch_size
-        self.value_clip, self.epochs, self.mini_batches = value_clip, epochs, mini_batches
+        self.update_settings, self.value_loss = update, value_loss or ValueLossSettings()
 
     def _values(self, batch: Batch):
         return self.engine.compute_values(batch.select("input_ids", "attention_mask", "position_ids").tensors,
@@ -63,14 +66,14 @@ class ValueWorker(EngineState, PhaseTiming, Worker):
     def _loss_fn(self, outputs: dict, micro):
         width = micro["responses"].shape[1]
         return value_loss(outputs["values"][:, -width - 1:-1], micro["values"], micro["returns"],
-                          micro["response_mask"], self.value_clip)
+                          micro["response_mask"], self.value_loss.clip)
 
     @register("DP_COMPUTE")
     def update(self, batch: Batch) -> list[dict]:
         timing: dict = {}
         keys = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
         with timed(timing, "critic_update"):
-            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.epochs, self.mini_batches,
+            metrics = run_updates(self.engine, batch.select(*keys), self._loss_fn, self.update_settings,
                                   self.micro_batch_size)
-        return [{**metrics, "timing": timing}]
+        return [with_timing(metrics, timing)]
 

@@ -8,13 +8,14 @@ broadcasts them to the rollout ranks.
 from __future__ import annotations
 
 from hybridflow.runtime.controller.protocols import register
+from hybridflow.runtime.controller.timing import timed, with_timing
+from hybridflow.runtime.engines.rollout.base import weights_digest
 from hybridflow.runtime.engines.rollout.weight_sync import (
     DEFAULT_BUCKET_BYTES,
     TensorSpec,
     WeightSyncGroup,
     master_store,
 )
-from hybridflow.runtime.workers.common import timed
 
 
 class WeightSource:
@@ -39,19 +40,16 @@ class WeightSource:
     @register("ONE_TO_ALL")
     def send_weights(self, specs: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> dict:
         """Broadcast the current weights (rank 0; the others only help gather them). Returns
-        {"bytes": sent to each receiver (0 off rank 0), "timing": {"weight_sync": [start, end]}}."""
+        {"timing": {"weight_sync": [start, end, 0]}} (the bytes are counted where they arrive)."""
         timing: dict = {}
-        sent = 0
         with timed(timing, "weight_sync"):
             state = self.engine.full_state_dict(rank0_only=True)
             if self.sync is not None:
-                sent = self.sync.send(specs, state, bucket_bytes)
-        return {"bytes": sent, "timing": timing}
+                self.sync.send(specs, state, bucket_bytes)
+        return with_timing({}, timing)
 
     @register("ONE_TO_ALL")
     def weights_digest(self, specs: list[TensorSpec]) -> str:
         """sha256 of the whole current weights, in the rollout layout's names and dtypes."""
-        from hybridflow.runtime.workers.rollout import weights_digest
-
         state = self.engine.full_state_dict()
         return weights_digest({s.name: state[s.name].to(s.torch_dtype) for s in specs})

@@ -9,10 +9,6 @@ import importlib
 import pkgutil
 
 from hybridflow.simulator.algorithms.registry import (
-    CRITIC_OF,
-    ROLES,
-    SCALAR_HEAD_ROLES,
-    TRAINED_ROLES,
     Algorithm,
     Hooks,
     algorithm,
@@ -24,5 +20,4 @@ from hybridflow.simulator.algorithms.settings import RLSettings, merge_settings
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CRITIC_OF", "ROLES", "SCALAR_HEAD_ROLES", "TRAINED_ROLES", "Algorithm", "Hooks", "RLSettings", "algorithm",
-           "algorithm_names", "get_algorithm", "merge_settings"]
+__all__ = ["Algorithm", "Hooks", "RLSettings", "algorithm", "algorithm_names", "get_algorithm", "merge_settings"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from hybridflow.simulator.algorithms.registry import CRITIC_OF, Algorithm
+from hybridflow.simulator.algorithms.registry import Algorithm
+from hybridflow.simulator.vocabulary.roles import CRITIC_OF
 
 DRIVER = "driver"  # the lane and role of controller-side work
 

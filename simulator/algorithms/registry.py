@@ -36,13 +36,7 @@ from typing import Any
 
 from hybridflow.simulator.algorithms.settings import RLSettings
 from hybridflow.simulator.names import lookup
-
-# The role vocabulary. A plan names a subset of an algorithm's roles; `reward`/`cost` may instead
-# be rule-based functions on the driver.
-ROLES = ("actor", "critic", "cost_critic", "ref", "reward", "cost")
-TRAINED_ROLES = ("actor", "critic", "cost_critic")
-SCALAR_HEAD_ROLES = ("critic", "cost_critic", "reward", "cost")
-CRITIC_OF = MappingProxyType({"reward": "critic", "cost": "cost_critic"})  # the critic of each score stream
+from hybridflow.simulator.vocabulary.roles import ROLES
 
 Loop = Callable[[Any, Any], tuple[dict, Any]]
 

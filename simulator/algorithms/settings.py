@@ -79,6 +79,14 @@ class AdvantageSettings(BaseModel):
     normalize_std: bool = True  # GRPO: divide by the group's std (Dr.GRPO does not)
 
 
+class ValueLossSettings(BaseModel):
+    """The critics' objective (runtime/algorithms/losses.py value_loss): PPO's clipped value loss."""
+
+    model_config = _FROZEN
+
+    clip: PositiveFloat | None = 0.2  # each value stays within ±clip of the value it had at the rollout; None: off
+
+
 class RewardShaping(BaseModel):
     """Changes to the score before advantages: DAPO's soft overlong penalty."""
 
@@ -110,6 +118,7 @@ class RLSettings(BaseModel):
     advantage: AdvantageSettings = AdvantageSettings()
     shaping: RewardShaping = RewardShaping()
     lagrange: LagrangeSettings = LagrangeSettings()
+    value_loss: ValueLossSettings = ValueLossSettings()
 
     @property
     def kl_in_reward(self) -> bool:

@@ -40,9 +40,9 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
+from hybridflow.simulator.vocabulary.units import BF16
 from hybridflow.simulator.vocabulary.workload import Workload
 
-BF16 = 2
 UNLIMITED = 1e18  # free bytes for a profile's generate points: its batch ran whole, as measured
 _START_OVERHEADS = EngineOverheads(layer_seconds=1e-4, backward_layer_seconds=2e-4, decode_layer_seconds=1e-4,
                                    tp_layer_seconds=1e-3, tp_backward_layer_seconds=1e-3, tp_decode_layer_seconds=1e-3,

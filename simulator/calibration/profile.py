@@ -5,7 +5,7 @@ hardware figures (a HardwareSpec: the starting point of the fit) and a list of m
 Each point names an op kind, the model shape, the parallel layout, the batch and lengths it ran
 with, and the seconds it took (median over `repeats` runs after warm-up, with their spread). The
 schema is versioned and documented in profiles/README.md; `hflow-plan profile` writes it,
-`calibration.py` fits the cost model to it. Pure pydantic: no torch needed to read one.
+`calibration/fit.py` fits the cost model to it. Pure pydantic: no torch needed to read one.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from pydantic import (
 )
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import SPEC_SUFFIXES
 from hybridflow.simulator.names import lookup
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec, preset_if_named
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.units import MiB
 
 PROFILE_VERSION = 1
 
@@ -44,8 +46,7 @@ MEGATRON_OPS = ("megatron_train", "megatron_forward")
 MODEL_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS)
 PASS_OPS = ("train", "forward", *MEGATRON_OPS)  # whole sequences through the training engine
 COLLECTIVE_OPS = ("allreduce", "allgather")
-OP_KINDS: tuple[str, ...] = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce", "allgather",
-                             "dispatch", "reward", "alone", "matmul", "memory")
+OP_KINDS: tuple[str, ...] = (*MODEL_OPS, *COLLECTIVE_OPS, "dispatch", "reward", "alone", "matmul", "memory")
 
 
 class Fingerprint(BaseModel):
@@ -138,7 +139,7 @@ class ProfilePoint(BaseModel):
     def label(self) -> str:
         """A short human name: op, model, layout and shape."""
         if self.op in COLLECTIVE_OPS:
-            return f"{self.op} {self.size_bytes / 2**20:.2f} MiB ×{self.group_size}"
+            return f"{self.op} {self.size_bytes / MiB:.2f} MiB ×{self.group_size}"
         if self.op == "dispatch":
             return f"dispatch {self.mode or 'dependent'} b{self.batch}×{self.prompt_len} ×{self.group_size}"
         if self.op == "reward":
@@ -216,6 +217,6 @@ def shipped_profile_path(name: str = "cpu-2core") -> Path:
 def resolve_profile(ref: str | Path) -> Profile:
     """A profile file path, or the name of a shipped profile ("cpu-2core")."""
     p = Path(ref)
-    if p.suffix in (".json", ".yaml", ".yml") or p.exists():
+    if p.suffix in SPEC_SUFFIXES or p.exists():
         return Profile.load(p)
     return Profile.load(shipped_profile_path(str(ref)))

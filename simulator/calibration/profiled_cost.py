@@ -31,9 +31,8 @@ from hybridflow.simulator.pricing.memory import decode_batch
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.units import BF16
 from hybridflow.simulator.vocabulary.workload import Workload
-
-BF16 = 2
 
 
 class EngineOverheads(BaseModel):
@@ -206,7 +205,7 @@ class ProfiledCostModel(CostModel):
         weights are whole on every data-parallel replica (Megatron); the training engine shards them
         over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
         the dp ranks ((d-1)/d · M/(t·p) per device, one all-gather per FSDP unit: each decoder layer
-        and the root, TrainingEngine.gathered_tp_shards). Then the generation weights are written
+        and the root, FsdpEngine.gathered_tp_shards). Then the generation weights are written
         into the generation model (a local copy of M/(t_g·p_g)). DS-Chat's gather over every device
         is that dp gather when nothing is tensor- or pipeline-parallel (t·p = 1): the engines then
         move no more bytes, and neither does this price."""

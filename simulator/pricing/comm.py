@@ -104,3 +104,37 @@ def pp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
 def model_parallel_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
     """One model replica: its tp × pp devices (HybridFlow-V gathers over these)."""
     return tuple(k * cfg.tp * cfg.dp + j for k in range(cfg.pp) for j in range(cfg.tp))
+
+
+class Collectives:
+    """(bandwidth seconds, latency seconds) of one collective over a group of ranks on one cluster: what
+    the cost model and the expert-parallel terms (expert_parallel.py) price collectives with."""
+
+    def __init__(self, cluster: ClusterSpec, params: EfficiencyParams):
+        self.cluster, self.params = cluster, params
+
+    def link(self, world: int, ranks: tuple[int, ...]) -> Link:
+        return group_link(self.cluster, self.params, world, ranks)
+
+    def allreduce(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        """One ring all-reduce over `ranks`."""
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks)
+        return ring_allreduce_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+
+    def allgather(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks)
+        return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+
+    # One all-to-all of `size_bytes` per device over `ranks` moves the all-gather's volume (alltoall_seconds).
+    alltoall = allgather
+
+    def p2p(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
+        """One pipeline send between adjacent stages (the first two ranks of `ranks`)."""
+        if len(ranks) <= 1:
+            return 0.0, 0.0
+        lk = self.link(world, ranks[:2])
+        return size_bytes / lk.bandwidth, lk.latency

@@ -26,26 +26,26 @@ from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
-from hybridflow.simulator.pricing.comm import (
-    Link,
-    dp_ranks,
-    group_link,
-    pp_ranks,
-    ring_allgather_seconds,
-    ring_allreduce_seconds,
-    tp_ranks,
-)
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, tp_ranks
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
-from hybridflow.simulator.pricing.memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
+from hybridflow.simulator.pricing.memory import (
+    InfeasibleError,
+    decode_batch,
+    kv_bytes_per_sequence,
+    kv_free_bytes,
+    plan_recompute,
+    state_bytes,
+)
 from hybridflow.simulator.pricing.reshard import reshard_spec, weight_sync_buckets
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, OFFLOAD_OPS, UPDATE_OPS, WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.units import BF16, GiB
 from hybridflow.simulator.vocabulary.workload import Workload
-
-BF16 = 2
 
 
 class OpCost(BaseModel):
@@ -103,50 +103,23 @@ def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[flo
     return series(a1, b1, 0, k), series(a2, b2, k, n)
 
 
-class CostModel:
+class CostModel(Collectives):
     """Prices ops on one cluster. Cheap per call (plain floats inside): the planner calls it a lot."""
 
     def __init__(self, cluster: ClusterSpec, params: EfficiencyParams | None = None):
-        self.cluster = cluster
-        self.params = params or EfficiencyParams.for_hardware(cluster.hardware)
+        super().__init__(cluster, params or EfficiencyParams.for_hardware(cluster.hardware))
         hw = cluster.hardware
         self.peak = hw.peak_flops
         self.hbm = hw.hbm_bandwidth * self.params.hbm_efficiency
         self.usable_bytes = self.params.usable_bytes(hw.hbm_bytes)
 
-    # ---- building blocks ----------------------------------------------------------------------
+    # ---- building blocks (and the collectives of comm.Collectives) ------------------------------
     def matmul_efficiency(self, tokens: float | None, width: float) -> float:
         """Saturating efficiency: e_max · tokens/(tokens + t½) · width/(width + w½); tokens=None for
         decode steps, whose few-row bound is priced as memory traffic instead."""
         p = self.params
         e = p.matmul_efficiency * width / (width + p.width_half)
         return e if tokens is None else e * tokens / (tokens + p.tokens_half)
-
-    def link(self, world: int, ranks: tuple[int, ...]) -> Link:
-        return group_link(self.cluster, self.params, world, ranks)
-
-    def allreduce(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
-        """(bandwidth seconds, latency seconds) of one ring all-reduce over `ranks`."""
-        if len(ranks) <= 1:
-            return 0.0, 0.0
-        lk = self.link(world, ranks)
-        return ring_allreduce_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
-
-    def allgather(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
-        if len(ranks) <= 1:
-            return 0.0, 0.0
-        lk = self.link(world, ranks)
-        return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
-
-    # One all-to-all of `size_bytes` per device over `ranks` moves the all-gather's volume (comm.alltoall_seconds).
-    alltoall = allgather
-
-    def p2p(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
-        """One pipeline send between adjacent stages (the first two ranks of `ranks`)."""
-        if len(ranks) <= 1:
-            return 0.0, 0.0
-        lk = self.link(world, ranks[:2])
-        return size_bytes / lk.bandwidth, lk.latency
 
     # ---- forward / train ------------------------------------------------------------------------
     def _passes(self, model: ModelSpec, head: Head, par: ParallelConfig, workload: Workload, sequences: int,
@@ -280,8 +253,8 @@ class CostModel:
         if batch < 1:
             need = kv_bytes_per_sequence(model, gen, workload.seq_len)
             raise InfeasibleError(
-                f"generation of {model.name} with {gen}: one sequence's KV cache needs {need / 2**30:.2f} GiB per "
-                f"device but only {max(free_bytes_per_device, 0) / 2**30:.2f} GiB is free; raise tp·pp or free memory")
+                f"generation of {model.name} with {gen}: one sequence's KV cache needs {need / GiB:.2f} GiB per "
+                f"device but only {max(free_bytes_per_device, 0) / GiB:.2f} GiB is free; raise tp·pp or free memory")
         per_replica = -(-seqs // gen.dp)
         waves = -(-per_replica // batch)
         batch = -(-per_replica // waves)  # balance the waves
@@ -343,11 +316,6 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
     """The OpCost of one op of `plan` run by `role` ("driver" or a rule-based reward/cost: the single
     controller's CPU). baseline: the ReMax greedy pass (one sequence per prompt, not per sample);
     resampled: a dynamically sampled rollout or score (the expected extra rounds, Workload.op_sequences)."""
-    from hybridflow.simulator.algorithms import TRAINED_ROLES
-    from hybridflow.simulator.errors import HflowError
-    from hybridflow.simulator.pricing.memory import kv_free_bytes, plan_recompute, state_bytes
-    from hybridflow.simulator.vocabulary.plan import role_head
-
     w, p = plan.workload, cm.params
     seqs = w.op_sequences(baseline=baseline or op == "generate_baseline", resampled=resampled)
     if op == "advantage" or role not in plan.roles:
@@ -357,17 +325,17 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
             return _cost(0.0, 0.0, driver=w.sequences * w.response_len * p.driver_seconds_per_token)
         raise HflowError(f"op '{op}' names role '{role}', which the plan does not have (roles: {', '.join(plan.roles)})")
     rp, head = plan.roles[role], role_head(role)
-    if op in ("generate", "generate_baseline"):
+    if op in GENERATE_OPS:
         # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
         # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
         return cm.generate(rp.model, plan.generation_config(), w, seqs, kv_free_bytes(plan, p))
     if op in FORWARD_OPS:
         return cm.forward(rp.model, head, rp.train, w, seqs)
-    if op in ("actor_update", "critic_update"):
+    if op in UPDATE_OPS:
         return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False))
     if op in WEIGHT_SYNC_OPS:
         return cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode())
-    if op in ("offload", "onload"):
+    if op in OFFLOAD_OPS:
         states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES)
         return cm.offload(states.total)
     raise HflowError(f"unknown op '{op}'; known ops: generate, generate_baseline, {', '.join(FORWARD_OPS)}, "

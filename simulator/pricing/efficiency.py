@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-GiB = 2**30
+from hybridflow.simulator.vocabulary.units import GiB
 
 
 class EfficiencyParams(BaseModel):
@@ -99,7 +99,7 @@ class EfficiencyParams(BaseModel):
     def for_hardware(cls, hardware, **overrides) -> EfficiencyParams:
         """The defaults for one device kind: vLLM schedules bigger batches on >= 70 GB devices other than
         the A100 (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults)."""
-        big = hardware.hbm_bytes >= 70 * 2**30 and "a100" not in hardware.name.lower()
+        big = hardware.hbm_bytes >= 70 * GiB and "a100" not in hardware.name.lower()
         base = {"max_decode_batch": 1024, "prefill_chunk_tokens": 16384} if big else {}
         return _cached(cls, tuple(sorted({**base, **overrides}.items())))
 

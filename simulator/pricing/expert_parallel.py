@@ -12,19 +12,13 @@ the active parameters as at ep = 1); skewed routing would make the busiest rank 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hybridflow.simulator.pricing.comm import dp_ranks, ep_ranks, expert_dp_ranks
+from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, ep_ranks, expert_dp_ranks
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-
-if TYPE_CHECKING:
-    from hybridflow.simulator.pricing.cost import CostModel
-
-BF16 = 2
+from hybridflow.simulator.vocabulary.units import BF16
 
 
-def expert_dispatch(cm: CostModel, model: ModelSpec, par: ParallelConfig, tokens: float,
+def expert_dispatch(cm: Collectives, model: ModelSpec, par: ParallelConfig, tokens: float,
                     alltoalls: int) -> tuple[float, float, float]:
     """(bandwidth seconds, latency seconds, bytes sent per device) of one micro-batch's token exchanges
     on one pipeline stage: per MoE layer `alltoalls` all-to-alls over the ep group (a dispatch and a
@@ -39,7 +33,7 @@ def expert_dispatch(cm: CostModel, model: ModelSpec, par: ParallelConfig, tokens
     return n * bw, n * lat, n * (par.ep - 1) / par.ep * size
 
 
-def megatron_expert_dp(cm: CostModel, model: ModelSpec, par: ParallelConfig,
+def megatron_expert_dp(cm: Collectives, model: ModelSpec, par: ParallelConfig,
                        n_params: float) -> tuple[float, float, float]:
     """Megatron's distributed optimizer under ep > 1, per optimizer step: (bandwidth seconds, latency
     seconds, bytes per device) of reduce-scattering the fp32 gradients and all-gathering the bf16 weights.
@@ -55,7 +49,7 @@ def megatron_expert_dp(cm: CostModel, model: ModelSpec, par: ParallelConfig,
     return 3 * (d_bw + e_bw), 2 * (d_lat + e_lat), nbytes  # fp32 gradients: twice the bf16 bytes
 
 
-def expert_gather(cm: CostModel, model: ModelSpec, train: ParallelConfig) -> tuple[float, float, float]:
+def expert_gather(cm: Collectives, model: ModelSpec, train: ParallelConfig) -> tuple[float, float, float]:
     """(bandwidth seconds, latency seconds, bytes received per device) of gathering the other ep ranks'
     experts when the actor switches from training layout `train` to generation: an all-gather over the
     ep group of the experts (split as memory.state_bytes holds them), one collective per local expert

@@ -1,7 +1,7 @@
 """What our Megatron engine can run, as torch-free rules: the planner proposes only layouts that pass them
 (planner/configs.py, planner/sets.py, planner/brute.py), `check_runnable` refuses a plan that breaks them
 before Ray starts (runtime/rl/plan_support.py), and the engine checks the same against megatron-core's live
-state (runtime/engines/train/megatron/engine.py, megatron_model.py).
+state (runtime/engines/train/megatron/engine.py, megatron/model.py).
 
 - megatron-core keeps ONE parallel state per process (tp, pp, ep: `initialize_model_parallel`), and the
   roles of one device group share their worker processes: Megatron roles colocated in a group must

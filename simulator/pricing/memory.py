@@ -20,18 +20,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.reshard import reshard_spec
-from hybridflow.simulator.vocabulary.hardware import GiB, HardwareSpec
+from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
+from hybridflow.simulator.vocabulary.units import BF16, FP32, GiB
 from hybridflow.simulator.vocabulary.workload import Workload
 
-WEIGHT_BYTES = 2  # bf16
-GRAD_BYTES = 2  # bf16
-MEGATRON_GRAD_BYTES = 4  # Megatron's fp32 main-grad buffer (grad_reduce_in_fp32)
+MEGATRON_GRAD_BYTES = FP32  # Megatron's fp32 main-grad buffer (grad_reduce_in_fp32)
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v
 LOGIT_BYTES = 6  # bf16 logits + their fp32 log-softmax (forward)
 LOGIT_TRAIN_BYTES = 8  # … + the bf16 gradient of the logits (backward)
@@ -109,12 +108,12 @@ def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainabl
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
     # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
     weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
-    return _mb(weights=WEIGHT_BYTES * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
+    return _mb(weights=BF16 * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
     """The largest FSDP unit, unsharded over dp (still split over tp): a layer or the embedding."""
-    return WEIGHT_BYTES * max(model.layer_params(), model.vocab * model.hidden) / tp
+    return BF16 * max(model.layer_params(), model.vocab * model.hidden) / tp
 
 
 def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
@@ -126,7 +125,7 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
     layers = model.layers / pp
     if recompute:  # keep each layer's input, rebuild one layer at a time in the backward
-        acts = in_flight * layers * WEIGHT_BYTES * model.hidden * tokens + per_layer
+        acts = in_flight * layers * BF16 * model.hidden * tokens + per_layer
     else:
         acts = in_flight * layers * per_layer
     if head == "lm":
@@ -134,7 +133,7 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank (of its own experts); no gathers
         return _mb(gradients=MEGATRON_GRAD_BYTES * megatron_local_params(model, head, parallel), activations=acts)
     bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
-    return _mb(gradients=GRAD_BYTES * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
+    return _mb(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
 
 def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload) -> MemoryBreakdown:
@@ -158,7 +157,7 @@ def generate_weights(model: ModelSpec, train: ParallelConfig, gen: ParallelConfi
                      resident_train_weights: float) -> float:
     """Extra weight bytes per device while generating: the reshard's peak, minus the training shard
     when it lies inside the generation shard (HybridFlow's zero redundancy)."""
-    spec = reshard_spec(WEIGHT_BYTES * model.num_params("lm"), train, gen, mode)
+    spec = reshard_spec(BF16 * model.num_params("lm"), train, gen, mode)
     overlap = resident_train_weights if mode == "hybridflow" else 0.0
     return max(spec.peak_memory - overlap, 0.0)
 
@@ -219,8 +218,6 @@ def _configs(model: ModelSpec, n: int, devices_per_node: int) -> list[ParallelCo
 def _least_transient(model: ModelSpec, role: str, n: int, workload: Workload, devices_per_node: int) -> float | None:
     """The smallest transient any config over n devices gives this role (None: no config exists).
     States do not depend on the config (everything is sharded over all n devices)."""
-    from hybridflow.simulator.vocabulary.plan import role_head
-
     head, best = role_head(role), None
     for cfg in _configs(model, n, devices_per_node):
         t = (train_transient(model, head, cfg, workload, recompute=True) if role in TRAINED_ROLES
@@ -240,8 +237,6 @@ def fits_on(models: list[tuple[ModelSpec, str]], devices: int, workload: Workloa
     """Can these colocated (model, role) pairs share `devices` devices under some parallel configs?
     Roles say which are trained (actor, critic: Adam states, recomputation allowed) and which
     generate (actor). Offload: idle models' states live in host memory."""
-    from hybridflow.simulator.vocabulary.plan import role_head
-
     p = params or EfficiencyParams.for_hardware(cluster.hardware)
     key = (tuple(models), devices, workload, cluster, offload, p)
     hit = _FITS_CACHE.get(key)
@@ -255,7 +250,7 @@ def fits_on(models: list[tuple[ModelSpec, str]], devices: int, workload: Workloa
         if t is None:
             ok = False
             break
-        s = ((WEIGHT_BYTES + (OPTIMIZER_BYTES if role in TRAINED_ROLES else 0)) * model.num_params(role_head(role))
+        s = ((BF16 + (OPTIMIZER_BYTES if role in TRAINED_ROLES else 0)) * model.num_params(role_head(role))
              / devices)
         states.append(s)
         peaks.append(s + t if offload else t)
@@ -300,8 +295,6 @@ _OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", 
 
 def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
     """(states by role, [(role, op, resident states, transient)]) for one device group."""
-    from hybridflow.simulator.vocabulary.plan import role_head
-
     usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
     states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES)
               for r, rp in plan.roles.items() if rp.group == group}

@@ -30,9 +30,11 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 
 import networkx as nx
 
-from hybridflow.simulator.algorithms import ROLES, get_algorithm
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import DRIVER, record_dataflow
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.roles import ROLES
+from hybridflow.simulator.vocabulary.timeline import OFFLOAD_OPS, UPDATE_OPS
 
 Lanes = str | tuple[str, ...]  # the device group(s) an op occupies
 
@@ -120,7 +122,7 @@ def add_offload_ops(graph: nx.DiGraph, lane_of: dict[Hashable, Lanes], roles: Co
     for n in order:
         a = graph.nodes[n]
         lanes = lanes_tuple(lane_of[n])
-        if a["driver"] or len(lanes) != 1 or a["op"] in ("offload", "onload"):
+        if a["driver"] or len(lanes) != 1 or a["op"] in OFFLOAD_OPS:
             continue  # the broadcast spans two groups; the model is on both already
         by_lane.setdefault(lanes[0], []).append(n)
     for lane, seq in by_lane.items():
@@ -175,7 +177,7 @@ def unroll(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], iterations: int
     rank = {n: i for i, n in enumerate(order)}
     out = nx.DiGraph(**{k: v for k, v in graph.graph.items() if not k.startswith("_")})  # no stale caches
     lanes: dict[Hashable, Lanes] = {}
-    updates = {a["role"]: n for n, a in graph.nodes(data=True) if a["op"] in ("actor_update", "critic_update")}
+    updates = {a["role"]: n for n, a in graph.nodes(data=True) if a["op"] in UPDATE_OPS}
     for it in range(iterations):
         for n in order:
             out.add_node((it, n), **{**graph.nodes[n], "order": it * span + rank[n], "iteration": it})

@@ -34,7 +34,7 @@ from hybridflow.simulator.schedule.dataflow import (
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share, reprice
 from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
 from hybridflow.simulator.vocabulary.plan import Plan
-from hybridflow.simulator.vocabulary.timeline import Event, Timeline
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, Event, Timeline
 
 
 def schedule(graph: nx.DiGraph, lane_of: Mapping[Hashable, Lanes], seconds: Mapping[Hashable, float],
@@ -135,7 +135,7 @@ def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGr
             lane_of[n] = DRIVER
         elif a.get("broadcast"):
             lane_of[n] = (actor.group, actor.generate_group)
-        elif a["op"] in ("generate", "generate_baseline") and actor.generate_group:
+        elif a["op"] in GENERATE_OPS and actor.generate_group:
             lane_of[n] = actor.generate_group
         else:
             lane_of[n] = plan.roles[a["role"]].group

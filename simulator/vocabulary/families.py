@@ -65,7 +65,7 @@ class Family(BaseModel):
     default_head_dim: PositiveInt | None = None  # when config.json has none (None: hidden / heads)
     default_sliding_window: PositiveInt | None = None
     default_max_positions: PositiveInt
-    fused_decode: bool  # engines/fast_decode.py runs it (else the module path generates)
+    fused_decode: bool  # engines/cpu_decode/fast_decode.py runs it (else the module path generates)
     experts: bool = False  # a sparse MoE in every layer: `num_local_experts`, `num_experts_per_tok` (Mixtral)
     tp_plan: TensorParallelPlan
     stage_cut: StageCut = StageCut()

@@ -12,8 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from hybridflow.simulator.names import lookup
-
-GiB = 2**30
+from hybridflow.simulator.vocabulary.units import GiB, MiB
 
 
 class HardwareSpec(BaseModel):
@@ -45,7 +44,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         source="NVIDIA H100 SXM5 datasheet; NVLink4 900 GB/s bidirectional; 8x400 Gb/s NICs per node",
     ),
     "h200-141g": HardwareSpec(
-        name="h200-141g", peak_flops=989e12, hbm_bandwidth=4.8e12, hbm_bytes=143771 * 2**20,
+        name="h200-141g", peak_flops=989e12, hbm_bandwidth=4.8e12, hbm_bytes=143771 * MiB,
         intra_node_bandwidth=450e9, inter_node_bandwidth=400e9, host_bandwidth=50e9,
         source="NVIDIA H200 SXM datasheet; NVLink4 900 GB/s bidirectional; 8x400 Gb/s NICs per node",
     ),

@@ -17,9 +17,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import SPEC_SUFFIXES, load_model_file
 from hybridflow.simulator.names import lookup
 from hybridflow.simulator.vocabulary.decoder_config import DecoderConfig, Head
 from hybridflow.simulator.vocabulary.families import FAMILIES, read_hf_config
+from hybridflow.simulator.vocabulary.units import BF16
 
 __all__ = ["MODEL_PRESETS", "Head", "ModelSpec", "model_preset", "preset_if_named", "resolve_model"]
 
@@ -109,10 +111,10 @@ class ModelSpec(BaseModel):
         """Forward FLOPs of a whole causal sequence: each token attends to (seq_len+1)/2 on average."""
         return seq_len * self.forward_flops_per_token((seq_len + 1) / 2, head)
 
-    def kv_bytes_per_token(self, bytes_per_elem: int = 2) -> int:
+    def kv_bytes_per_token(self, bytes_per_elem: int = BF16) -> int:
         return 2 * self.layers * self.kv_heads * self.dim_head * bytes_per_elem
 
-    def weight_bytes(self, head: Head = "lm", bytes_per_param: int = 2) -> int:
+    def weight_bytes(self, head: Head = "lm", bytes_per_param: int = BF16) -> int:
         return self.num_params(head) * bytes_per_param
 
     # ---- constructors -----------------------------------------------------------------------
@@ -217,8 +219,6 @@ def resolve_model(ref: str) -> ModelSpec:
     if folder is not None:
         return ModelSpec.from_hf_config(folder)
     p = Path(ref)
-    if p.suffix in (".yaml", ".yml", ".json") and p.exists():
-        from hybridflow.simulator.io import load_model_file
-
+    if p.suffix in SPEC_SUFFIXES and p.exists():
         return load_model_file(ModelSpec, p)
     return model_preset(ref)

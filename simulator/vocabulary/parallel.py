@@ -9,12 +9,15 @@ fastest, so a tensor-parallel group is consecutive devices and stays inside a no
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec
+
+TrainBackend = Literal["fsdp", "megatron"]  # the training engines (a train config's `backend`)
+TRAIN_BACKENDS: tuple[str, ...] = get_args(TrainBackend)
 
 
 class ParallelConfig(BaseModel):
@@ -24,8 +27,8 @@ class ParallelConfig(BaseModel):
     tp: PositiveInt = 1
     dp: PositiveInt = 1
     # The training engine of a train config: FSDP2 + DTensor TP, or megatron-core (runtime/engines/
-    # megatron_training.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
-    backend: Literal["fsdp", "megatron"] = "fsdp"
+    # engines/train/megatron/engine.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
+    backend: TrainBackend = "fsdp"
     ep: PositiveInt = 1  # expert-parallel size (megatron only); not a factor of world_size
 
     @model_validator(mode="after")

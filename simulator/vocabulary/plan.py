@@ -13,17 +13,21 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hybridflow.simulator.algorithms import ROLES, SCALAR_HEAD_ROLES, get_algorithm
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
-from hybridflow.simulator.vocabulary.model import Head, ModelSpec, preset_if_named
+from hybridflow.simulator.vocabulary.model import ModelSpec, preset_if_named
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.roles import Role
 from hybridflow.simulator.vocabulary.workload import Workload
 
 PLAN_VERSION = 1
 
-Role = Literal[ROLES]  # the role vocabulary (algorithms/registry.py); each algorithm uses some of them
+# How the actor's weights reach generation: resharded on its own devices by the 3D-HybridEngine (ours,
+# HybridFlow-V's vanilla gather, DeepSpeed-Chat's full gather), or broadcast to separate rollout devices.
 ReshardMode = Literal["hybridflow", "hybridflow-v", "ds-chat", "broadcast"]
+RESHARD_MODES: tuple[str, ...] = get_args(ReshardMode)
+IN_PLACE_RESHARDS = tuple(m for m in RESHARD_MODES if m != "broadcast")  # the 3D-HybridEngine's reshards
 RolloutBackend = Literal["native", "vllm"]  # the engine that generates the actor's responses
 ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
 # How rollout and training take turns: `sync` generates each batch with the newest weights;
@@ -49,10 +53,6 @@ AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
 def algorithm_name(name: str) -> str:
     """The algorithm `name` means (any case; one-line error with "did you mean" otherwise)."""
     return get_algorithm(name).name
-
-
-def role_head(role: str) -> Head:
-    return "scalar" if role in SCALAR_HEAD_ROLES else "lm"
 
 
 class Device(BaseModel):

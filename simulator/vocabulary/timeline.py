@@ -32,6 +32,9 @@ OPS = (
 # The ops that bring the trained weights to generation: the 3D-HybridEngine reshard on the same
 # devices, the weight sync (a broadcast) to separate rollout devices.
 WEIGHT_SYNC_OPS = ("reshard", "weight_sync")
+GENERATE_OPS = ("generate", "generate_baseline")  # the actor's rollouts (ReMax's greedy baseline too)
+UPDATE_OPS = ("actor_update", "critic_update")  # the optimizer steps
+OFFLOAD_OPS = ("offload", "onload")  # a model's states moved to host memory and back
 
 
 def throughput(tokens_per_iteration: int, seconds: float) -> float:

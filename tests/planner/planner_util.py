@@ -1,7 +1,7 @@
 """Small specs that make memory bind on purpose: tiny devices, models of a few hundred MB."""
 
 from hybridflow.simulator import ClusterSpec, HardwareSpec, ModelSpec, Workload
-from hybridflow.simulator.vocabulary.hardware import GiB
+from hybridflow.simulator.vocabulary.units import GiB
 
 
 def small_hardware(gib: float) -> HardwareSpec:

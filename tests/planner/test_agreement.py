@@ -48,7 +48,7 @@ def test_top_plans_simulate_to_the_searched_seconds(algo, gib, shape):
 @pytest.mark.parametrize("mode,k", [("sync", 0), ("one-step-off", 1), ("async", 2), ("async", 4)])
 def test_separate_rollout_plans_simulate_to_the_searched_seconds(mode, k):
     """In every mode the searched seconds are `simulate`'s: the makespan, or the pipeline's period."""
-    from hybridflow.planner.search import Rollout
+    from hybridflow.planner.scored import Rollout
 
     wl = SMALL_WORKLOAD.model_copy(update={"samples_per_prompt": 4})
     req = SearchRequest.for_algorithm("grpo", small_model(), small_cluster(2, 4, gib=24.0), wl, top_k=3)

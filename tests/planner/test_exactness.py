@@ -8,7 +8,8 @@ from planner_util import SMALL_WORKLOAD, small_cluster, small_model
 
 from hybridflow.planner.brute import brute_force
 from hybridflow.planner.request import SearchRequest
-from hybridflow.planner.search import Rollout, search
+from hybridflow.planner.scored import Rollout
+from hybridflow.planner.search import search
 from hybridflow.simulator import Workload
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.memory import plan_memory

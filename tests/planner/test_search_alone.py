@@ -9,7 +9,8 @@ from planner_util import SMALL_WORKLOAD, small_cluster, small_model
 from hybridflow.planner.brute import brute_force
 from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.request import SearchRequest
-from hybridflow.planner.search import Rollout, search
+from hybridflow.planner.scored import Rollout
+from hybridflow.planner.search import search
 from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
 from hybridflow.simulator.schedule.schedule import simulate
 

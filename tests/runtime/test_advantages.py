@@ -180,7 +180,7 @@ def test_dapo_keeps_only_groups_whose_rewards_differ():
 
 
 def test_dapo_overlong_penalty_by_hand():
-    from hybridflow.runtime.rl.dataflow import overlong_penalty
+    from hybridflow.runtime.algorithms.advantages import overlong_penalty
 
     # L_max = 10, L_cache = .2·10 = 2: 0 up to 8 tokens, then (8 − |y|)/2: 9 → −.5, 10 → −1 (×1.5 penalty).
     got = overlong_penalty(T([1, 8, 9, 10]), budget=10, buffer=0.2, penalty=1.5)
@@ -189,7 +189,7 @@ def test_dapo_overlong_penalty_by_hand():
 
 def test_rollouts_of_different_prompt_widths_concatenate():
     from hybridflow.runtime.controller.batch import Batch
-    from hybridflow.runtime.rl.dataflow import left_pad_prompts
+    from hybridflow.runtime.rl.batches import left_pad_prompts
 
     b = Batch({"prompt_ids": T([[5, 6]]), "prompt_mask": T([[1, 1]]), "input_ids": T([[5, 6, 7]]),
                "attention_mask": T([[1, 1, 1]]), "position_ids": T([[0, 1, 2]]), "responses": T([[7]])},

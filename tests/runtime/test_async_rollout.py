@@ -14,7 +14,7 @@ from rl_util import tiny_plan
 
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.calls import WorkerDiedError
-from hybridflow.runtime.rl.async_rollout import RolloutQueue
+from hybridflow.runtime.rl.modes.streaming import RolloutQueue
 from hybridflow.simulator import Device, DeviceGroup, ParallelConfig, Plan, Workload
 
 WORKLOAD = Workload(prompts=4, prompt_len=16, response_len=8, samples_per_prompt=2, micro_batch_size=8,
@@ -73,7 +73,7 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
 
     k, b = 2, WORKLOAD.prompts
     plan = async_plan("async", ParallelConfig(tp=2), max_staleness=k)  # a slow (tp = 2) rollout
-    with Trainer(plan, RunConfig(save_every=4), checkpoint_dir=tmp_path) as t:
+    with Trainer(plan, RunConfig(checkpoint={"save_every": 4}), checkpoint_dir=tmp_path) as t:
         rows = trained_rows(t)
         out = [t.step() for _ in range(3)]  # the tiny update is fast, the rollout slow
         # the rollout of a wave (k batches; the Timeline puts a chunk's ops in the iteration it serves)
@@ -109,7 +109,7 @@ def test_async_staleness_bounded_both_regimes_resume_and_lost_worker(ray_local, 
     driver = json.loads((tmp_path / "iter_000004" / "driver.json").read_text())
     assert driver["sampler"]["cursor"] == 4 * b
     assert (tmp_path / "latest").read_text() == "iter_000004\n"  # the last one (save_every 4)
-    with Trainer(plan, RunConfig(save_every=4), checkpoint_dir=tmp_path) as t:
+    with Trainer(plan, RunConfig(checkpoint={"save_every": 4}), checkpoint_dir=tmp_path) as t:
         t.resume()
         resumed_rows = trained_rows(t)
         again = [t.step()]
@@ -132,7 +132,7 @@ def test_async_with_k1_and_whole_batch_chunks_is_one_step_off(ray_local):
     for mode in ("one-step-off", "async"):
         with Trainer(async_plan(mode, ParallelConfig(dp=1)), RunConfig()) as t:
             if mode == "async":
-                t.df.chunk_prompts = WORKLOAD.prompts
+                t.df.mode.chunk_prompts = WORKLOAD.prompts
             rows = trained_rows(t)
             runs[mode] = rows, [t.step() for _ in range(3)]
     (rows_a, out_a), (rows_b, out_b) = runs.values()

@@ -1,5 +1,5 @@
 """`hflow-plan run --address`: the joined cluster's resources are checked before any worker starts
-(tools/cmd_run.join_cluster on the session's local Ray cluster, read through ray.nodes())."""
+(tools/reports/run.py join_cluster on the session's local Ray cluster, read through ray.nodes())."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from rl_util import tiny_plan
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import Workload
 from hybridflow.simulator.errors import HflowError
-from hybridflow.tools.commands.run import join_cluster
 from hybridflow.tools.preflight.checks import RunChecks
-from hybridflow.tools.reports.run import ConsoleEvents
+from hybridflow.tools.reports.run import ConsoleEvents, join_cluster
 
 pytestmark = pytest.mark.ray
 

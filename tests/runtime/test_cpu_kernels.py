@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from hybridflow.runtime.engines.cpu_decode import cpu_kernels, fast_decode
+from hybridflow.runtime.engines.cpu_decode import cpu_kernels, fast_decode, token_pick
 from hybridflow.runtime.engines.rollout import generation
 from hybridflow.runtime.engines.rollout.generation import (
     GenerationEngine,
@@ -112,7 +112,7 @@ def test_sample_pick_draws_what_torch_draws(vocab, params):
 def test_sample_pick_leaves_the_whole_vocabulary_sort_to_torch():
     logits = torch.randn(4, 100)
     assert generation._pick_c(logits, SamplingParams(top_p=0.9), None, None, 0) is None
-    assert generation._pick_c(logits, SamplingParams(top_k=generation.C_MAX_TOP_K + 1, top_p=0.9), None, None, 0) is None
+    assert generation._pick_c(logits, SamplingParams(top_k=token_pick.C_MAX_TOP_K + 1, top_p=0.9), None, None, 0) is None
     assert generation._pick_c(logits.double(), SamplingParams(top_k=5), None, None, 0) is None
 
 

@@ -39,7 +39,7 @@ def tiny_model_bytes() -> int:
 
 def step_checked(t) -> dict:
     """One iteration; the weights its rollout synced are the actor's before its update, on every rollout rank."""
-    before = t.groups["actor"].call("actor", "weights_digest", t.df.specs)[0]
+    before = t.groups["actor"].call("actor", "weights_digest", t.df.rollout.sync.specs)[0]
     m = t.step()
     assert set(t.groups["rollout"].call("rollout", "weights_digest")) == {before}
     return m
@@ -73,7 +73,7 @@ def test_one_step_off_overlaps_and_staleness_stays_bounded(ray_local, tmp_path):
     from hybridflow.runtime.rl.trainer import Trainer
 
     plan = plan_for("one-step-off", ParallelConfig(tp=2))  # one rollout replica, tensor-parallel over 2
-    with Trainer(plan, RunConfig(save_every=5), checkpoint_dir=tmp_path) as t:
+    with Trainer(plan, RunConfig(checkpoint={"save_every": 5}), checkpoint_dir=tmp_path) as t:
         out = [step_checked(t) for _ in range(3)]  # the tiny update is fast, the tp=2 rollout slow
         gen = [e.seconds for e in t.timeline.events if e.op == "generate" and e.iteration == 2]
         reward = t.df.functions["reward"]
@@ -127,12 +127,12 @@ def test_one_step_off_dynamic_sampling_resumes_without_replaying_or_losing_promp
         trainer.sampler.next_indices = lambda count=None: draws.append(draw(count)) or draws[-1]
         return draws, [trainer.step() for _ in range(steps)]
 
-    with Trainer(plan, RunConfig(save_every=3), checkpoint_dir=tmp_path) as t:
+    with Trainer(plan, RunConfig(checkpoint={"save_every": 3}), checkpoint_dir=tmp_path) as t:
         before, out = run(t, 3)  # the checkpoint after iteration 3, the 4th batch in flight
-        in_flight = t.df.ahead.batch["data_row"][::plan.workload.samples_per_prompt].tolist()
+        in_flight = t.df.mode.ahead.batch["data_row"][::plan.workload.samples_per_prompt].tolist()
         size = t.sampler.size
     assert out[2]["sampling/rounds"] > 1  # an extra round in its iteration, drawn after the 4th batch
-    with Trainer(plan, RunConfig(save_every=3), checkpoint_dir=tmp_path) as t:
+    with Trainer(plan, RunConfig(checkpoint={"save_every": 3}), checkpoint_dir=tmp_path) as t:
         after, _ = run(t, 2, resume=True)
     drawn, then = sum(before, []), sum(after[1:], [])
     order = PromptSampler(size, plan.workload.prompts, RunConfig().seed).next_indices(len(drawn) + len(then))
@@ -154,7 +154,7 @@ def test_sync_on_rollout_devices_trains_exactly_as_the_hybrid_engine(ray_local):
              "rollout devices": Plan.model_validate(doc).validate_parallel()}
     runs = {}
     for name, plan in plans.items():
-        with Trainer(plan, RunConfig(actor_lr=1e-3)) as t:
+        with Trainer(plan, RunConfig(optimizer={"actor": {"lr": 1e-3}})) as t:
             runs[name] = [t.step() for _ in range(2)], t.fingerprints()["actor"]
     (hybrid, hybrid_weights), (separate, separate_weights) = runs.values()
     for a, b in zip(hybrid, separate, strict=True):

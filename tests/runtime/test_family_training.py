@@ -14,7 +14,8 @@ from dist_util import run_distributed
 from family_util import hf_config
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
 from hybridflow.simulator.vocabulary.families import read_hf_config
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -52,7 +53,7 @@ def _loss(outputs, micro):
 
 
 def _losses(cfg, head, parallel=None, dp_rank=0, dp=1):
-    engine = TrainingEngine(_train_model(cfg, head), parallel, optim=OPTIM, micro_batch_size=2)
+    engine = FsdpEngine(_train_model(cfg, head), parallel, optim=OPTIM, micro_batch_size=2)
     batch = _batch(engine.dp_rank if parallel else dp_rank, dp)
     return [engine.train_step(batch, _loss)["loss"] for _ in range(STEPS)]
 

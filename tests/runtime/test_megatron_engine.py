@@ -15,7 +15,8 @@ from dist_util import needs_megatron, run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 pytestmark = needs_megatron
@@ -154,7 +155,7 @@ def results(tmp_path_factory):
 
 
 def _reference(score: bool, options: dict):
-    engine = TrainingEngine(_model(score, options), optim=OPTIM, micro_batch_size=2)
+    engine = FsdpEngine(_model(score, options), optim=OPTIM, micro_batch_size=2)
     return _run(engine, _batch(), score)
 
 

@@ -126,7 +126,7 @@ def interface_holding(ip: str) -> str:
 
 
 def test_unlabelled_nodes_are_numbered_by_address_among_those_with_the_plans_devices():
-    from hybridflow.runtime.controller.resource_pool import plan_nodes
+    from hybridflow.runtime.controller.nodes import plan_nodes
 
     def node(ip, **res):
         return {"Alive": True, "NodeID": ip, "NodeManagerAddress": ip, "Resources": {"CPU": 8.0, **res}}
@@ -197,7 +197,6 @@ def test_folders_one_node_cannot_see_are_one_line_naming_it_before_anything_load
 @pytest.mark.slow
 def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ray_two_nodes, tmp_path, monkeypatch):
     from hybridflow.runtime.rl.checkpoints import publish_latest
-    from hybridflow.runtime.rl.elastic import run_with_restarts
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.run_events import RunEvents
     from hybridflow.runtime.rl.trainer import Trainer
@@ -220,18 +219,20 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint_and_ends_bit_exact(ra
 
     # One start serves the run without the fault too: 3 iterations straight, then back to the checkpoint
     # of iteration 1 and on to 3 again with a rank killed after iteration 2 (and its checkpoint).
-    t = Trainer(plan, RunConfig(max_restarts=1), checkpoint_dir="ckpt", metrics_path="m.jsonl", events=events)
+    t = Trainer(plan, RunConfig(cluster={"max_restarts": 1}), checkpoint_dir="ckpt", metrics_path="m.jsonl", events=events)
     try:
         t.run(3)
         want = t.fingerprints()
         publish_latest(t.checkpoint_dir, "iter_000001")
         t.resume()  # by hand: the restart must tell this run's own checkpoint (iteration 2's) from this one
-        out = run_with_restarts(t, 2, on_iteration=kill_node_1_rank_after_iteration_2)
+        out = t.run(2, on_iteration=kill_node_1_rank_after_iteration_2)
         got = t.fingerprints()
     finally:
         t.shutdown()
     assert killed and got == want  # every rank's parameters, optimizer state and step
     assert [m["iteration"] for m in out] == [2, 3]
+    # one clock across the restart: the rerun's iterations are timed by their own ops, never negative
+    assert all(m["seconds"] > 0 and m["tokens_per_second"] > 0 for m in out), [m["seconds"] for m in out]
     restarts = [text for name, text in events.seen if name == "restart"]
     assert len(restarts) == 1 and "rank 1 of group 'g0' on node 1 (ip 127.0.0.2" in restarts[0], restarts
     assert "from the last checkpoint" in restarts[0]

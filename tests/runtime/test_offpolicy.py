@@ -78,11 +78,11 @@ def test_modes_and_rollout_devices_in_the_plan():
     assert plan.with_mode("sync").mode == "sync"
     with pytest.raises(HflowError, match="mode 'one-step-off' overlaps rollout with training.*generate_group"):
         tiny_plan("grpo", placement=[["actor", "ref"]]).with_mode("one-step-off")
-    check_runnable(_disaggregated(rollout="vllm"), RunConfig(top_k=5))  # vLLM on rollout devices; on-policy
+    check_runnable(_disaggregated(rollout="vllm"), RunConfig(sampling={"top_k": 5}))  # vLLM on rollout devices; on-policy
     check_runnable(_disaggregated("one-step-off", rollout="vllm"), RunConfig())
     with pytest.raises(HflowError, match="mode 'one-step-off' corrects with the behaviour log-probs, which vLLM "
                                          "renormalises over top-k/top-p"):
-        check_runnable(_disaggregated("one-step-off", rollout="vllm"), RunConfig(top_p=0.9))
+        check_runnable(_disaggregated("one-step-off", rollout="vllm"), RunConfig(sampling={"top_p": 0.9}))
 
 
 def test_cli_mode_flag_is_checked_before_anything_starts(tmp_path, capsys):

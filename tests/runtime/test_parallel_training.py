@@ -10,8 +10,8 @@ from tensordict import TensorDict
 
 from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.engines.train.fsdp.engine import (
+    FsdpEngine,
     OptimConfig,
-    TrainingEngine,
     token_entropy,
     token_log_probs,
 )
@@ -29,7 +29,7 @@ def _local_batch(dp_rank: int, dp: int) -> TensorDict:
 
 
 def _train(rank, world, tp, dp, save_dir=None):
-    engine = TrainingEngine(tiny_model(), ParallelConfig(tp=tp, dp=dp), optim=OPTIM, micro_batch_size=2)
+    engine = FsdpEngine(tiny_model(), ParallelConfig(tp=tp, dp=dp), optim=OPTIM, micro_batch_size=2)
     batch = _local_batch(engine.dp_rank, dp)
     metrics = [engine.train_step(batch, nll_loss) for _ in range(STEPS)]
     state = engine.full_state_dict()
@@ -37,7 +37,7 @@ def _train(rank, world, tp, dp, save_dir=None):
 
 
 def _reference():
-    engine = TrainingEngine(tiny_model(), optim=OPTIM, micro_batch_size=4)
+    engine = FsdpEngine(tiny_model(), optim=OPTIM, micro_batch_size=4)
     batch = _local_batch(0, 1)
     metrics = [engine.train_step(batch, nll_loss) for _ in range(STEPS)]
     return [m["loss"] for m in metrics], [m["grad_norm"] for m in metrics], engine.full_state_dict()
@@ -71,14 +71,14 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient():
     batch = TensorDict(token_batch(n=6), batch_size=[6])
     losses = []
     for micro in (6, 2):
-        engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1e-2, grad_clip=0.0), micro_batch_size=micro)
+        engine = FsdpEngine(tiny_model(), optim=OptimConfig(lr=1e-2, grad_clip=0.0), micro_batch_size=micro)
         losses.append([engine.train_step(batch, nll_loss)["loss"] for _ in range(2)])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_gradient_clipping_bounds_the_update():
     batch = TensorDict(token_batch(n=4), batch_size=[4])
-    engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1.0, grad_clip=1e-3, betas=(0.0, 0.0)))
+    engine = FsdpEngine(tiny_model(), optim=OptimConfig(lr=1.0, grad_clip=1e-3, betas=(0.0, 0.0)))
     engine.train_step(batch, nll_loss)
     grads = [p.grad for p in engine.model.parameters()]
     total = torch.sqrt(sum(g.pow(2).sum() for g in grads))
@@ -86,11 +86,11 @@ def test_gradient_clipping_bounds_the_update():
 
 
 def test_values_from_scalar_head_and_errors():
-    engine = TrainingEngine(tiny_model(score=True))
+    engine = FsdpEngine(tiny_model(score=True))
     out = engine.compute_values(token_batch(n=3), micro_batch_size=2)
     assert out["values"].shape == (3, 12) and out["values"].dtype == torch.float32
     with pytest.raises(HflowError, match="process group|torch.distributed"):
-        TrainingEngine(tiny_model(), ParallelConfig(tp=2))
+        FsdpEngine(tiny_model(), ParallelConfig(tp=2))
 
 
 def _bad_configs(rank, world):
@@ -98,7 +98,7 @@ def _bad_configs(rank, world):
     for cfg, over in ((ParallelConfig(pp=2), dict(tie_word_embeddings=True)), (ParallelConfig(tp=3), {}),
                       (ParallelConfig(tp=2), dict(num_key_value_heads=1))):
         try:
-            TrainingEngine(tiny_model(**over), cfg)
+            FsdpEngine(tiny_model(**over), cfg)
         except HflowError as e:
             messages.append(str(e))
     return messages
@@ -115,13 +115,13 @@ def test_save_load_restores_weights_optimizer_and_rng(tmp_path, store):
     # "url": fsspec's memory:// (DCP's fsspec writer and reader); none of its files is on disk
     root = str(tmp_path) if store == "path" else f"memory://engine-{tmp_path.name}"
     batch = TensorDict(token_batch(n=4), batch_size=[4])
-    engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1e-2))
+    engine = FsdpEngine(tiny_model(), optim=OptimConfig(lr=1e-2))
     engine.train_step(batch, nll_loss)
     engine.save(f"{root}/ckpt")
     expect = [engine.train_step(batch, nll_loss)["loss"] for _ in range(2)]
     expect_rand = torch.rand(3)
 
-    fresh = TrainingEngine(tiny_model(seed=5), optim=OptimConfig(lr=1e-2))
+    fresh = FsdpEngine(tiny_model(seed=5), optim=OptimConfig(lr=1e-2))
     fresh.load(f"{root}/ckpt")
     assert fresh.step == 1
     got = [fresh.train_step(batch, nll_loss)["loss"] for _ in range(2)]
@@ -136,11 +136,11 @@ def test_save_load_restores_weights_optimizer_and_rng(tmp_path, store):
 
 def _save_load_sharded(rank, world, path):
     batch = _local_batch(rank // 2, 2)
-    engine = TrainingEngine(tiny_model(), ParallelConfig(tp=2, dp=2), optim=OptimConfig(lr=1e-2))
+    engine = FsdpEngine(tiny_model(), ParallelConfig(tp=2, dp=2), optim=OptimConfig(lr=1e-2))
     engine.train_step(batch, nll_loss)
     engine.save(path)
     expect = engine.train_step(batch, nll_loss)["loss"]
-    fresh = TrainingEngine(tiny_model(seed=3), ParallelConfig(tp=2, dp=2), optim=OptimConfig(lr=1e-2))
+    fresh = FsdpEngine(tiny_model(seed=3), ParallelConfig(tp=2, dp=2), optim=OptimConfig(lr=1e-2))
     fresh.load(path)
     return expect, fresh.train_step(batch, nll_loss)["loss"]
 
@@ -153,7 +153,7 @@ def test_sharded_save_load(tmp_path):
 def _gather_between_steps(rank, world, tp, dp):
     from hybridflow.runtime.engines.parallelize import tp_local
 
-    engine = TrainingEngine(tiny_model(), ParallelConfig(tp=tp, dp=dp), optim=OPTIM, micro_batch_size=2)
+    engine = FsdpEngine(tiny_model(), ParallelConfig(tp=tp, dp=dp), optim=OPTIM, micro_batch_size=2)
     batch = _local_batch(engine.dp_rank, dp)
     losses, same, resharded = [], [], []
     for _ in range(STEPS):

@@ -6,7 +6,7 @@ import torch
 
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.vocabulary.model import model_preset
 
@@ -56,7 +56,7 @@ def test_generation_phases_and_their_work_on_both_paths():
 
 
 def test_training_phases_count_the_tokens_each_pass_computes():
-    engine = TrainingEngine(_model().train(), micro_batch_size=2)
+    engine = FsdpEngine(_model().train(), micro_batch_size=2)
     ids, mask = left_pad([[3] * 6, [4] * 2, [5] * 5])  # real lengths 6, 2, 5
     batch = {"input_ids": ids, "attention_mask": mask}
     engine.clock.enabled = True

@@ -12,7 +12,8 @@ from torch.distributed.tensor import DTensor
 from hybridflow.runtime.engines.parallelize import tp_plan_dims
 from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
 from hybridflow.runtime.engines.rollout.reshard import ReshardLayout
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -29,7 +30,7 @@ def _switch(rank, world):
     batch = TensorDict(token_batch(n=4), batch_size=[4])
     for p, t, d, t_g in CASES:
         for mode in ("hybridflow", "hybridflow-v") if t_g == 2 else ("hybridflow",):
-            trainer = TrainingEngine(tiny_model(num_hidden_layers=LAYERS), ParallelConfig(pp=p, tp=t, dp=d),
+            trainer = FsdpEngine(tiny_model(num_hidden_layers=LAYERS), ParallelConfig(pp=p, tp=t, dp=d),
                                      optim=OptimConfig(lr=1e-2), micro_batch_size=2)
             trainer.train_step(batch, nll_loss)  # weights that differ from the initial ones
             full = trainer.full_state_dict()

@@ -8,8 +8,9 @@ from dist_util import run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.engines.train.fsdp.pipeline import equal_micro_size, split_stage, stage_layers
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -25,7 +26,7 @@ def _batch(dp_rank: int = 0, dp: int = 1) -> TensorDict:
     return TensorDict({k: v[dp_rank * per:(dp_rank + 1) * per] for k, v in full.items()}, batch_size=[per])
 
 
-def _run(engine: TrainingEngine, batch: TensorDict, score: bool):
+def _run(engine: FsdpEngine, batch: TensorDict, score: bool):
     if score:
         def loss_fn(out, micro):
             return ((out["values"] - 1.0) * micro["attention_mask"]).pow(2).mean()
@@ -39,13 +40,13 @@ def _run(engine: TrainingEngine, batch: TensorDict, score: bool):
 
 
 def _train(rank, world, pp, tp, dp, score):
-    engine = TrainingEngine(tiny_model(score=score, num_hidden_layers=LAYERS), ParallelConfig(pp=pp, tp=tp, dp=dp),
+    engine = FsdpEngine(tiny_model(score=score, num_hidden_layers=LAYERS), ParallelConfig(pp=pp, tp=tp, dp=dp),
                             optim=OPTIM, micro_batch_size=2)
     return (*_run(engine, _batch(engine.dp_rank, dp), score), engine.dp_rank)
 
 
 def _reference(score: bool):
-    engine = TrainingEngine(tiny_model(score=score, num_hidden_layers=LAYERS), optim=OPTIM, micro_batch_size=2)  # same micro split: per-micro means
+    engine = FsdpEngine(tiny_model(score=score, num_hidden_layers=LAYERS), optim=OPTIM, micro_batch_size=2)  # same micro split: per-micro means
     return _run(engine, _batch(), score)
 
 
@@ -82,11 +83,11 @@ def test_stage_split_keeps_hf_names_and_covers_the_model():
 def _save_load(rank, world, path):
     batch = _batch(rank % 2, 2)
     cfg = ParallelConfig(pp=2, dp=2)
-    engine = TrainingEngine(tiny_model(num_hidden_layers=LAYERS), cfg, optim=OptimConfig(lr=1e-2), micro_batch_size=2)
+    engine = FsdpEngine(tiny_model(num_hidden_layers=LAYERS), cfg, optim=OptimConfig(lr=1e-2), micro_batch_size=2)
     engine.train_step(batch, nll_loss)
     engine.save(path)
     expect = engine.train_step(batch, nll_loss)["loss"]
-    fresh = TrainingEngine(tiny_model(seed=3, num_hidden_layers=LAYERS), cfg, optim=OptimConfig(lr=1e-2),
+    fresh = FsdpEngine(tiny_model(seed=3, num_hidden_layers=LAYERS), cfg, optim=OptimConfig(lr=1e-2),
                            micro_batch_size=2)
     fresh.load(path)
     return expect, fresh.train_step(batch, nll_loss)["loss"]

@@ -10,10 +10,11 @@ from dist_util import run_distributed
 from engine_util import tiny_model
 from torch.distributed.tensor import DTensor
 
-from hybridflow.runtime.engines.rollout.reshard import MODES, Resharder, ReshardLayout
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.rollout.reshard import Resharder, ReshardLayout
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.plan import IN_PLACE_RESHARDS
 
 # ---- grouping (no processes) --------------------------------------------------------------------
 
@@ -33,7 +34,7 @@ LAYOUTS = [(t, tg, p, pg, d) for t, p, d in itertools.product((1, 2, 4, 8), (1, 
            for tg in (1, 2, 4, 8) for pg in (1, 2, 4) if t % tg == 0 and p % pg == 0]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", IN_PLACE_RESHARDS)
 def test_groups_partition_devices_and_bytes_follow_table_2(mode):
     model_bytes = 2 ** 20 * 3 * 5 * 7  # divisible by every t·p·d used here
     for t, tg, p, pg, d in LAYOUTS:
@@ -85,12 +86,12 @@ def _reshard_all(rank, world):
     out = []
     for t, d, t_g in CASES:
         full = {n: p.detach().clone() for n, p in tiny_model().named_parameters()}
-        engine = TrainingEngine(tiny_model(), ParallelConfig(tp=t, dp=d))
+        engine = FsdpEngine(tiny_model(), ParallelConfig(tp=t, dp=d))
         dims = engine.tp_shard_dims()
         shards = engine.tp_shards()
         model_bytes = sum(full[n].numel() * 4 for n, dim in dims.items() if dim is not None)
         params_before = {n: _local(p).clone() for n, p in engine.model.named_parameters()}
-        for mode in MODES:
+        for mode in IN_PLACE_RESHARDS:
             rs = Resharder(t=t, t_g=t_g, d=d, mode=mode)
             gen, stats = rs.to_generation(shards, dims)
             for name, g in gen.items():  # exactly the generation slice of the full weights

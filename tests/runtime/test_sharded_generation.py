@@ -10,7 +10,8 @@ from tensordict import TensorDict
 
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
-from hybridflow.runtime.engines.train.fsdp.engine import OptimConfig, TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -27,7 +28,7 @@ def _train_batch(dp_rank=0, dp=1):
 
 def _reference():
     """One process: a training step, then greedy generation with the plain model."""
-    trainer = TrainingEngine(tiny_model(), optim=OPTIM)
+    trainer = FsdpEngine(tiny_model(), optim=OPTIM)
     trainer.train_step(_train_batch(), nll_loss)
     ids, mask = left_pad(PROMPTS)
     rollout = GenerationEngine(trainer.model.eval()).generate(ids, mask, GREEDY)
@@ -43,7 +44,7 @@ def _all_cases(rank, world):
 
 
 def _sharded(rank, world, t, d, t_g, mode):
-    trainer = TrainingEngine(tiny_model(), ParallelConfig(tp=t, dp=d), optim=OPTIM)
+    trainer = FsdpEngine(tiny_model(), ParallelConfig(tp=t, dp=d), optim=OPTIM)
     trainer.train_step(_train_batch(trainer.dp_rank, d), nll_loss)
     before = {n: v.clone() for n, v in trainer.tp_shards().items()}
     hybrid = HybridEngine(trainer, tiny_model(seed=123), ParallelConfig(tp=t_g, dp=world // t_g), mode=mode)

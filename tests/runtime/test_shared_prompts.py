@@ -6,14 +6,14 @@ tokens, and micro-batches and data-parallel shards keep each prompt's rows toget
 import torch
 
 from hybridflow.runtime.engines.rollout.generation import left_pad
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
     micro_batch_rows,
     prompt_groups,
     share_prompts,
 )
 from hybridflow.runtime.models.decoder import CausalLM, positions_from_mask
-from hybridflow.runtime.rl.dataflow import dp_balanced_order
+from hybridflow.runtime.rl.batches import dp_balanced_order
 from hybridflow.simulator.vocabulary.model import model_preset
 
 R = 6  # response columns
@@ -34,10 +34,10 @@ def _batch(groups=4, samples=4, seed=0):
             "response_mask": response_mask}
 
 
-def _engine(sharing: bool, temperature: float = 1.0) -> TrainingEngine:
+def _engine(sharing: bool, temperature: float = 1.0) -> FsdpEngine:
     torch.manual_seed(1)  # GQA and q/k/v biases: the Qwen2 shape's attention
     cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, num_key_value_heads=2, qkv_bias=True)
-    engine = TrainingEngine(CausalLM(cfg), micro_batch_size=8, temperature=temperature)
+    engine = FsdpEngine(CausalLM(cfg), micro_batch_size=8, temperature=temperature)
     engine.prompt_sharing = sharing
     return engine
 
@@ -119,10 +119,10 @@ def test_a_sliding_window_shares_prompts_only_where_the_rows_stay_inside_it():
     for window, shares in ((columns, True), (columns - 1, False)):
         torch.manual_seed(1)
         cfg = model_preset("tiny").decoder_config(num_hidden_layers=2, family="mistral", sliding_window=window)
-        engine = TrainingEngine(CausalLM(cfg), micro_batch_size=8)
+        engine = FsdpEngine(CausalLM(cfg), micro_batch_size=8)
         assert engine._shares_prompts(R, columns) is shares
         assert ModelSpec.from_decoder_config(cfg, "w").attention_window == window
-        reference = TrainingEngine(CausalLM(cfg), micro_batch_size=8)
+        reference = FsdpEngine(CausalLM(cfg), micro_batch_size=8)
         reference.prompt_sharing = False
         reference.model.load_state_dict(engine.model.state_dict())
         a = engine.compute_log_probs(batch, entropy=False, score_width=R)["log_probs"][:, -R:]

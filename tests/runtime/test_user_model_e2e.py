@@ -60,7 +60,7 @@ def test_cli_grpo_on_a_user_folder_until_the_reward_raises(ray_local, user_model
     (tmp_path / "reward.py").write_text(REWARD.replace('MODE = ["ok"]', 'MODE = ["count"]'))
     plan = tmp_path / "plan.json"
     plan.write_text(_plan(user_model, reward_function=f"{tmp_path}/reward.py:score").model_dump_json())
-    (tmp_path / "run.yaml").write_text("sample_log_every: 1\nsample_log_count: 2\n")
+    (tmp_path / "run.yaml").write_text("logging: {sample_log_every: 1, sample_log_count: 2}\n")
     metrics, ckpt, tb = tmp_path / "m.jsonl", tmp_path / "ckpt", tmp_path / "tb"
     capsys.readouterr()  # leave out the set-up's own output
     rc = main(["run", str(plan), "--iterations", "3", "--prompts", str(tmp_path / "data"), "--metrics", str(metrics),
@@ -96,7 +96,7 @@ def test_trainer_reward_nan_or_not_a_number_ends_the_iteration_cleanly(ray_local
     (tmp_path / "reward.py").write_text(REWARD)
     ref = f"{tmp_path}/reward.py:score"
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
-    cfg = RunConfig(prompts_file=str(data), chat_template=True)  # plain text through the chat template
+    cfg = RunConfig(data={"prompts_file": str(data), "chat_template": True})  # plain text through the chat template
     with Trainer(_plan(user_model, reward_function=ref), cfg, metrics_path=metrics, checkpoint_dir=ckpt) as t:
         mode = t.functions["reward"].__globals__["MODE"]  # the user module the trainer loaded
         t.run(1)
@@ -130,7 +130,7 @@ def test_trainer_reward_model_nan_scores_are_one_line(ray_local, user_model, tmp
                      paths={"actor": str(user_model), "reward": str(tmp_path / "rm")})
     from hybridflow.runtime.rl.run_config import RunConfig
 
-    with Trainer(plan, RunConfig(prompts_file=str(data)), metrics_path=tmp_path / "m.jsonl") as t:
+    with Trainer(plan, RunConfig(data={"prompts_file": str(data)}), metrics_path=tmp_path / "m.jsonl") as t:
         with pytest.raises(HflowError, match=f"reward model {tmp_path / 'rm'} scored nan for sample 0 \\(row \\d+ of "
                                              ".*data.jsonl, prompt 'what is .*'\\); a score model must give finite"):
             t.step()

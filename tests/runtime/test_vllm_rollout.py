@@ -13,7 +13,7 @@ from rl_util import tiny_plan
 
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
 from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout, import_vllm, named_tensors
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator import ParallelConfig, Plan, Workload
 from hybridflow.simulator.errors import HflowError
@@ -68,7 +68,7 @@ def test_missing_vllm_is_a_one_line_error(tmp_path):
 def rollout(tmp_path_factory):
     model = _model()
     # Built on a trainer: vLLM starts with dummy weights and update_weights brings the trainer's.
-    return VllmRollout.from_model(model, tmp_path_factory.mktemp("vllm_model"), trainer=TrainingEngine(model), seed=0)
+    return VllmRollout.from_model(model, tmp_path_factory.mktemp("vllm_model"), trainer=FsdpEngine(model), seed=0)
 
 
 @needs_vllm
@@ -146,7 +146,7 @@ def test_grpo_with_vllm_tp2_follows_the_actor_weights(ray_local, tmp_path, backe
     data = plan.model_dump()
     data["roles"]["actor"]["rollout"] = "vllm"  # as a plan file says it
     plan = Plan.model_validate(data)
-    cfg = RunConfig(actor_lr=2e-2)  # large steps: the updated policy answers differently
+    cfg = RunConfig(optimizer={"actor": {"lr": 2e-2}})  # large steps: the updated policy answers differently
     with Trainer(plan, cfg, metrics_path=tmp_path / "m.jsonl") as t:
         t.groups["actor"].call("actor", "export_hf", str(tmp_path / "initial"))
         out = t.run(2)
@@ -213,7 +213,7 @@ def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tm
     doc["groups"].append({"name": "gen", "devices": [{"node": 0, "index": 1}]})
     doc["roles"]["actor"].update(generate_group="gen", rollout="vllm")
     plan = Plan.model_validate({**doc, "mode": "sync"}).validate_parallel()
-    with Trainer(plan, RunConfig(actor_lr=2e-2)) as t:
+    with Trainer(plan, RunConfig(optimizer={"actor": {"lr": 2e-2}})) as t:
         rollout, actor = t.groups["rollout"], t.groups["actor"]
         rollout.call("rollout", "record_digests", True)
         actor.call("actor", "export_hf", str(tmp_path / "initial"))
@@ -221,12 +221,12 @@ def test_disaggregated_grpo_vllm_rollout_device_follows_every_sync(ray_local, tm
         for i in range(2):
             if i == 1:  # the weights iteration 2 syncs: those after update 1
                 actor.call("actor", "export_hf", str(tmp_path / "synced"))
-            before = actor.call("actor", "weights_digest", t.df.specs)[0]
+            before = actor.call("actor", "weights_digest", t.df.rollout.sync.specs)[0]
             out.append(t.step())
             assert rollout.call("rollout", "weights_digest") == [before]  # this iteration's sync
         batch = t.prompt_batch()
         got = t.df.generate(batch, greedy=True)  # still iteration 2's weights (update 2 syncs in iteration 3)
-        model_bytes = t.df.model_bytes
+        model_bytes = t.df.rollout.sync.model_bytes
         timeline = t.timeline
     assert [m["iteration"] for m in out] == [1, 2]
     for m in out:

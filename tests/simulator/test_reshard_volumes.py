@@ -4,12 +4,8 @@ import pytest
 
 from hybridflow.simulator import ClusterSpec, HflowError, ParallelConfig, hardware_preset, model_preset
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.reshard import (
-    RESHARD_MODES,
-    reshard_peak_memory,
-    reshard_spec,
-    reshard_volume,
-)
+from hybridflow.simulator.pricing.reshard import reshard_peak_memory, reshard_spec, reshard_volume
+from hybridflow.simulator.vocabulary.plan import RESHARD_MODES
 
 M = 1.0
 # Paper Fig. 8: 2 nodes × 4 GPUs, training 1-4-2 (p=1, t=4, d=2), generation t_g=2 (so d_g=4).

@@ -1,5 +1,5 @@
 """`hflow-plan export CHECKPOINT --out DIR` on a checkpoint laid out as the trainer writes it (a role's
-TrainingEngine.save plus the model files EngineState.save copies), in a fresh interpreter without Ray;
+FsdpEngine.save plus the model files EngineState.save copies), in a fresh interpreter without Ray;
 its input errors are one line. The sharded case, from a real run, is in tests/runtime/test_hf_export.py."""
 
 import json
@@ -25,12 +25,12 @@ sys.exit(code)
 
 
 def _checkpoint(tmp_path, dtype=None) -> tuple[Path, Path]:
-    from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+    from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
     from hybridflow.runtime.models.hf_export import copy_model_files
     from hybridflow.runtime.models.hf_format import load_pretrained
 
     source = policy_folder(tmp_path / "policy", seed=3, dtype=dtype)
-    engine = TrainingEngine(load_pretrained(source))  # fp32 training weights, whatever the folder's dtype
+    engine = FsdpEngine(load_pretrained(source))  # fp32 training weights, whatever the folder's dtype
     iteration = tmp_path / "ckpt" / "iter_000003"
     engine.save(iteration / "actor")
     copy_model_files(source, iteration / "actor")

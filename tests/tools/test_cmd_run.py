@@ -26,6 +26,11 @@ def test_run_input_errors_are_one_line(tmp_path, capsys):
         (["run", str(plan_file), "--max-staleness", "2"], "--max-staleness 2 bounds mode 'async', and the plan runs "
                                                           "'sync'; add --mode async"),
         (["run", str(plan_file), "--mode", "async"], "mode 'async' overlaps rollout with training"),
+        (["run", str(plan_file), "--set", "optimizer.actor.lr"], "--set optimizer.actor.lr: give KEY=VALUE"),
+        (["run", str(plan_file), "--set", "optimizer.actor.lr=-1"], "optimizer.actor.lr"),
+        (["run", str(plan_file), "--set", "optimizer.actor.betas=[0.9"], "the value is not valid YAML"),
+        (["run", str(plan_file), "--set", "actor_lr=1e-4"], "'actor_lr' is now optimizer.actor.lr"),
+        (["run", str(plan_file), "--set", "seed.x=1"], "'seed' is a value, not a section"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
@@ -78,3 +83,17 @@ def test_rollout_flag_errors_are_one_line(tmp_path, capsys):
         assert main(["run", str(plan_file), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_set_reaches_the_run_config_over_the_file_and_the_flags(tmp_path):
+    from hybridflow.tools.cli import build_parser
+    from hybridflow.tools.commands.run import run_config
+
+    (tmp_path / "run.yaml").write_text("optimizer: {actor: {lr: 3.0e-4, warmup_steps: 5}}\nseed: 7\n")
+    args = build_parser().parse_args(["run", "p.json", "--config", str(tmp_path / "run.yaml"), "--seed", "8",
+                                      "--set", "optimizer.actor.lr=1e-4", "--set", "optimizer.actor.betas=[0.9, 0.99]",
+                                      "--set", "kl.coef=0.02", "--set", "seed=9"])
+    cfg = run_config(args)
+    actor = cfg.optimizer.actor
+    assert (actor.lr, actor.warmup_steps, actor.betas, cfg.seed, cfg.kl.coef) == (1e-4, 5, (0.9, 0.99), 9, 0.02)
+    assert cfg.kl.model_fields_set == {"coef"}  # the algorithm's defaults still fill the rest of kl

@@ -50,6 +50,17 @@ def test_relative_links_resolve_inside_the_repository(doc):
     assert "shared/DESIGN.md" not in doc.read_text()
 
 
+SOURCE_PATH = re.compile(r"(?<![\w/.-])((?:simulator|planner|runtime|tools|tests)/[\w/.-]*\w)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=rel)
+def test_every_source_path_a_doc_names_exists(doc):
+    """A doc that names a file or folder of the repository (`runtime/rl/trainer.py`) names one that is there."""
+    missing = sorted({m for m in SOURCE_PATH.findall(doc.read_text())
+                      if not (ROOT / m).exists() and not (doc.parent / m).exists()})
+    assert not missing, f"{rel(doc)}: {missing}"
+
+
 def test_readme_links_the_architecture_page():
     assert "(docs/architecture.md)" in (ROOT / "README.md").read_text()
 

@@ -100,9 +100,9 @@ def test_cluster_flags_reach_the_run_config_and_bad_values_are_one_line(capsys):
     args = build_parser().parse_args(["run", "p.json", "--start-timeout", "900", "--call-timeout", "1800.5",
                                       "--max-restarts", "2"])
     cfg = run_config(args)
-    assert (cfg.start_timeout_s, cfg.call_timeout_s, cfg.max_restarts) == (900.0, 1800.5, 2)
+    assert (cfg.cluster.start_timeout_s, cfg.cluster.call_timeout_s, cfg.cluster.max_restarts) == (900.0, 1800.5, 2)
     defaults = run_config(build_parser().parse_args(["run", "p.json"]))
-    assert (defaults.start_timeout_s, defaults.call_timeout_s, defaults.max_restarts) == (600.0, None, 0)
+    assert (defaults.cluster.start_timeout_s, defaults.cluster.call_timeout_s, defaults.cluster.max_restarts) == (600.0, None, 0)
     for argv, what in ((["--call-timeout", "0"], "positive number of seconds"),
                        (["--start-timeout", "inf"], "positive number of seconds"),
                        (["--max-restarts", "two"], "a whole number (0 or more)"),

@@ -9,6 +9,7 @@ from hybridflow.runtime.rl.plan_support import check_runnable
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.units import GiB
 from hybridflow.tools.cli import main
 from hybridflow.tools.preflight.checks import (
     MACHINE_CHECKS,
@@ -24,7 +25,6 @@ from hybridflow.tools.preflight.checks import (
     this_machine,
 )
 
-GiB = 2**30
 NO_KL = RunConfig(kl={"coef": 0.0})  # the plans here have no reference model
 CPU_BOX = Machine("a 2-core box", (Node(cpus=2, memory=16 * GiB),))
 GPU_BOX = Machine("a 1-GPU box", (Node(cpus=16, memory=128 * GiB, gpus=(141 * GiB,)),))
@@ -81,7 +81,7 @@ def test_a_preset_without_a_path_is_refused_unless_it_can_be_warmed_up_here():
     with pytest.raises(HflowError, match=r"role 'actor' has no path, and its model 'llama2-7b' \(6.7 B parameters\) "
                                          r"is too large to warm up.*give the role a path .* such as 'tiny'"):
         models_have_weights(RunChecks(plan(model="llama2-7b", devices=8, path=None), None, NO_KL))
-    c = RunChecks(plan(devices=2, path=None), None, RunConfig(task="add", seed=12345, kl={"coef": 0.0}))
+    c = RunChecks(plan(devices=2, path=None), None, RunConfig(seed=12345, kl={"coef": 0.0}, data={"task": "add"}))
     models_have_weights(c)  # the tiny one can (its warm-up is estimated, not refused)
     assert any("'tiny' policy is warmed up first (up to" in f for f in c.facts)
 
@@ -90,7 +90,7 @@ def test_a_reward_role_without_a_path_names_the_rule_to_use_instead():
     p = plan(devices=1).model_dump()
     p["roles"]["reward"] = {"model": "tiny", "group": "g", "train": {"dp": 1}}
     with pytest.raises(HflowError, match="role 'reward' has no path.*hybridflow.runtime.tasks.builtin:add_reward"):
-        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(task="add", kl={"coef": 0.0})))
+        plan_preflight(RunChecks(Plan.model_validate(p), CPU_BOX, RunConfig(kl={"coef": 0.0}, data={"task": "add"})))
 
 
 def test_generation_on_separate_devices_passes_and_its_limits_are_refused_before_anything_starts():
@@ -102,7 +102,7 @@ def test_generation_on_separate_devices_passes_and_its_limits_are_refused_before
     plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX, NO_KL))
     with pytest.raises(HflowError, match="mode 'one-step-off' corrects with the behaviour log-probs.*top_p 0.9"):
         plan_preflight(RunChecks(Plan.model_validate({**p, "mode": "one-step-off"}), CPU_BOX,
-                                 NO_KL.model_copy(update={"top_p": 0.9})))
+                                 NO_KL.with_overrides({"sampling.top_p": 0.9})))
 
 
 TOY_MOE = dict(name="toy-moe", layers=2, hidden=128, heads=4, kv_heads=4, ffn=256, vocab=64, family="mixtral", experts=4)

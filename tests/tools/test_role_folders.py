@@ -176,3 +176,43 @@ def test_score_models_must_read_the_actors_token_ids(tmp_path, folder):
         str(tmp_path / "reward" / "tokenizer.json"))
     with pytest.raises(HflowError, match="tokenizer is not the actor's"):
         check_role_folders(plan_with(tmp_path / "reward"))
+
+
+def test_a_safe_rlhf_plan_with_a_folder_per_role_passes_the_run_checks(tmp_path, folder):
+    """Safe-RLHF with every role its own folder, the cost critic's included (a causal LM, which a critic may
+    start from): `run`'s pre-flight checks pass; a cost-critic folder of another shape is one line naming
+    the cost critic, before torch or Ray."""
+    import torch
+
+    from hybridflow.runtime.models.decoder import CausalLM, ScoreModel
+    from hybridflow.runtime.models.hf_format import save_pretrained
+    from hybridflow.runtime.tasks.tokenizer import CharTokenizer
+    from hybridflow.simulator.vocabulary.roles import ROLES
+    from hybridflow.simulator.vocabulary.units import GiB
+    from hybridflow.tools.preflight.checks import Machine, Node, RunChecks, preflight
+    from hybridflow.tools.preflight.role_folders import resolve_role_paths
+
+    tiny = tiny_plan().roles["actor"].model
+    torch.manual_seed(0)
+    paths = {"actor": folder, "ref": _copy(folder, tmp_path / "ref"),
+             "cost_critic": _copy(folder, tmp_path / "cost_critic")}
+    for role in ("critic", "reward", "cost"):
+        save_pretrained(ScoreModel(tiny.decoder_config()), tmp_path / role)
+        paths[role] = tmp_path / role
+    plan = tiny_plan("safe-rlhf", [["actor", "ref"], ["critic", "cost_critic"], ["reward", "cost"]],
+                     paths={r: str(p) for r, p in paths.items()}, reward_function=None)
+    assert set(plan.roles) == set(ROLES) and len(set(paths.values())) == len(ROLES)
+
+    box = Machine("a 4-core box", (Node(cpus=4, memory=64 * GiB),))
+    checks = preflight(RunChecks(resolve_role_paths(plan), box))
+    assert checks.facts and not any("built-in" in f for f in checks.facts)  # every role reads its own folder
+
+    shallow = tmp_path / "shallow"
+    save_pretrained(CausalLM(tiny.decoder_config(num_hidden_layers=2)), shallow)
+    CharTokenizer().save(shallow)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan.model_dump_json())
+    assert_refused_before_torch_and_ray([
+        (["run", plan_file, "--cost-critic", shallow],
+         f"has layers = 2 but the plan's cost_critic has 4; re-plan with `hflow-plan search --cost-critic {shallow}`"),
+    ])

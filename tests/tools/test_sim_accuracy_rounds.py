@@ -62,7 +62,7 @@ def test_one_plan_trains_the_actor_and_critic_on_megatron_priced_by_its_own_term
     from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
     from hybridflow.simulator.vocabulary.hardware import ClusterSpec
     from hybridflow.tools.bench.sim_accuracy import candidate_plans
-    from hybridflow.tools.commands.replay import predict_plan
+    from hybridflow.tools.reports.comparison import predict_plan
 
     cluster = ClusterSpec(hardware="a100-80g", nodes=1, devices_per_node=2)
     plans = candidate_plans(cluster.model_dump(), megatron=True)

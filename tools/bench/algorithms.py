@@ -25,7 +25,8 @@ import sys
 
 from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
 from hybridflow.simulator.errors import HflowError
-from hybridflow.tools.outputs import positive_int, run_main, write_outputs
+from hybridflow.tools.flags import positive_int
+from hybridflow.tools.outputs import run_main, write_outputs
 
 TASK = "sort"
 COST_FUNCTION = "hybridflow.runtime.tasks.builtin:non_digit_cost"
@@ -62,7 +63,7 @@ def run_algorithm(name: str, args) -> list[float]:
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.trainer import Trainer
 
-    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=5e-4, critic_lr=1e-3)
+    cfg = RunConfig(seed=args.seed, data={"task": TASK}, optimizer={"actor": {"lr": 5e-4}, "critic": {"lr": 1e-3}})
     with Trainer(bench_plan(name, args.prompts, args.samples), cfg) as trainer:
         rewards = []
         for _ in range(args.iterations):

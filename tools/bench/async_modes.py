@@ -9,7 +9,7 @@ The tiny GRPO task on the same 2 devices four ways:
   weights broadcast after every update);
 - `one-step-off`: the same devices, the rollout of batch i+1 running while batch i trains;
 - `async`: the same devices, the rollout streaming prompt groups into a queue of at most k = 2
-  batches (runtime/rl/async_rollout.py).
+  batches (runtime/rl/modes/streaming.py).
 Per plan: the predicted iteration seconds (the simulator with the profile's cost model; a pipelined
 plan's steady iteration), the measured ones (the run's Timeline, by the same definition: an
 iteration's seconds from the end of the one before, since a pipelined iteration's rollout runs
@@ -103,7 +103,7 @@ def measure(plan: Plan, iterations: int, seed: int) -> dict:
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.trainer import Trainer
 
-    with Trainer(plan, RunConfig(seed=seed, actor_lr=5e-4)) as t:
+    with Trainer(plan, RunConfig(seed=seed, optimizer={"actor": {"lr": 5e-4}})) as t:
         rewards, staleness = [], []
         for _ in range(iterations):
             m = t.step()

@@ -20,10 +20,10 @@ import time
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_json_atomic
+from hybridflow.simulator.vocabulary.plan import IN_PLACE_RESHARDS
+from hybridflow.simulator.vocabulary.units import MiB
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
-
-MODES = ("hybridflow", "hybridflow-v", "ds-chat")
 
 
 def _bench_rank(rank, world, t, t_g, model_kw, repeats):
@@ -44,7 +44,7 @@ def _bench_rank(rank, world, t, t_g, model_kw, repeats):
     dims = {n: tp_shard_dim(p) for n, p in model.named_parameters()}
     model_bytes = sum(full[n].numel() * full[n].element_size() for n, d in dims.items() if d is not None)
     out = {}
-    for mode in MODES:
+    for mode in IN_PLACE_RESHARDS:
         rs = Resharder(t=t, t_g=t_g, d=world // t, mode=mode)
         times, stats = [], None
         for rep in range(repeats + 1):  # the first run warms up the groups and the allocator
@@ -81,7 +81,7 @@ def run_benchmark(t: int = 4, t_g: int = 2, world: int | None = None, hidden: in
                     num_attention_heads=heads, num_key_value_heads=heads)
     results = run_local(_bench_rank, world, t, t_g, model_kw, repeats, timeout=1200.0)
     modes = {}
-    for mode in MODES:
+    for mode in IN_PLACE_RESHARDS:
         per = [r["modes"][mode] for r in results]
         modes[mode] = dict(per[0], bytes_max=max(p["bytes"] for p in per),
                            bytes_match=all(abs(p["bytes"] - p["formula"]) < 0.5 for p in per))
@@ -94,15 +94,14 @@ def print_report(res: dict) -> bool:
     from rich.console import Console
     from rich.table import Table
 
-    mb = 2 ** 20
     table = Table(title=f"reshard t={res['t']} → t_g={res['t_g']} on {res['world']} local devices, "
-                        f"M = {res['model_bytes'] / mb:.1f} MiB (tensor-parallel weights)")
+                        f"M = {res['model_bytes'] / MiB:.1f} MiB (tensor-parallel weights)")
     for col in ("mode", "MiB/device", "Table 2 MiB", "match", "peak MiB", "seconds", "× DS-Chat"):
         table.add_column(col, justify="left" if col == "mode" else "right")
     ds = res["modes"]["ds-chat"]["seconds"]
     for mode, m in res["modes"].items():
-        table.add_row(mode, f"{m['bytes'] / mb:.2f}", f"{m['formula'] / mb:.2f}", "yes" if m["bytes_match"] else "NO",
-                      f"{m['peak'] / mb:.1f}", f"{m['seconds']:.3f}", f"{m['seconds'] / ds:.2f}")
+        table.add_row(mode, f"{m['bytes'] / MiB:.2f}", f"{m['formula'] / MiB:.2f}", "yes" if m["bytes_match"] else "NO",
+                      f"{m['peak'] / MiB:.1f}", f"{m['seconds']:.3f}", f"{m['seconds'] / ds:.2f}")
     console = Console(width=max(Console().width, 100))
     console.print(table)
     bytes_ok = all(m["bytes_match"] for m in res["modes"].values())

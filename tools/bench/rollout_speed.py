@@ -83,7 +83,7 @@ def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
     row-major [in, out] copy or oneDNN's prepacked linear (matmul_kernels.MATMUL_KINDS) — or each through
     the kernel the fused path picks for it (`matmul_kernels.matmul_kind`; the C kernel's panels where it
     builds)."""
-    from hybridflow.runtime.engines.cpu_decode import matmul_kernels
+    from hybridflow.runtime.engines import cpu_decode
 
     def hf(m, x):
         return lambda: torch.nn.functional.linear(x, m.weight, m.bias)
@@ -94,13 +94,13 @@ def _steps(linears: list[torch.nn.Linear], xs: dict[int, torch.Tensor]) -> list:
     def fused(kind):
         def make(m, x):
             w = m.weight.detach()
-            operand = matmul_kernels.matmul_operand(w, kind or matmul_kernels.matmul_kind(w, x.shape[0], panels=True),
+            operand = cpu_decode.matmul_operand(w, kind or cpu_decode.matmul_kind(w, x.shape[0], panels=True),
                                                  x.shape[0])
-            return lambda: matmul_kernels.linear(x, operand, m.bias)
+            return lambda: cpu_decode.linear(x, operand, m.bias)
         return make
 
     makers = [hf, weight_first, fused("row_major"), fused(None)]
-    if all(matmul_kernels.packable(m.weight) for m in linears):
+    if all(cpu_decode.packable(m.weight) for m in linears):
         makers.append(fused("packed"))
     steps = []
     for make in makers:

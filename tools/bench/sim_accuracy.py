@@ -46,7 +46,7 @@ from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
 TINY = "tiny"
-# The runtime's PolicyWorker switches layouts with the plan's reshard mode (engines/hybrid.py); under
+# The runtime's PolicyWorker switches layouts with the plan's reshard mode (engines/rollout/hybrid.py); under
 # FSDP it first all-gathers each tensor-parallel shard over dp, in every mode. The plans use the
 # 3D-HybridEngine's own grouping, and the profiled cost model prices what the engines do.
 RESHARD = "hybridflow"
@@ -228,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hybridflow.simulator.calibration.fit import calibrate_file
     from hybridflow.simulator.calibration.profile import resolve_profile
-    from hybridflow.tools.commands.replay import predict_plan
-    from hybridflow.tools.reports.comparison import compare
+    from hybridflow.tools.reports.comparison import compare, predict_plan
 
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")

@@ -75,8 +75,9 @@ def measure_steps(args, folder: str | None, spec) -> list[dict]:
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.trainer import Trainer
 
-    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, temperature=1.0,
-                    loss={"clip_ratio": 0.2}, kl={"coef": args.kl, "placement": "loss", "estimator": "k3"})
+    cfg = RunConfig(seed=args.seed, data={"task": TASK}, sampling={"temperature": 1.0},
+                    optimizer={"actor": {"lr": args.lr, "grad_clip": 1.0}}, loss={"clip_ratio": 0.2},
+                    kl={"coef": args.kl, "placement": "loss", "estimator": "k3"})
     trainer = Trainer(_plan(args, folder, spec), cfg)
     steps = []
     try:

@@ -22,7 +22,7 @@ both (TRL beta=k, its k3 estimator in the loss; ours kl: coef k, placement loss,
 Micro-batches: each side runs the size it is fastest at on this machine. TRL: `--micro-batch`
 (per_device_train_batch_size, default 128; measured here 3,446 / 3,344 / 3,310 tok/s at 128 / 64 / 32,
 so smaller does not help it). Ours: `--our-micro-batch` (default 32): our engine packs each micro-batch
-one row per prompt (the prompt once, its samples' responses behind it: engines/shared_prompts.py),
+one row per prompt (the prompt once, its samples' responses behind it: engines/train/fsdp/shared_prompts.py),
 so a micro-batch of 32 rows is 4 prompts of 8 samples; the gradient is the token-mean over the whole
 batch whatever the micro-batch size. Both sides do the same passes: no old-log-prob pass (one
 iteration of one batch: TRL's and ours take the update's own, detached), plus one reference pass
@@ -123,8 +123,9 @@ def run_ours(args, kl: float) -> dict:
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.trainer import Trainer
 
-    cfg = RunConfig(seed=args.seed, task=TASK, actor_lr=args.lr, grad_clip=1.0, temperature=1.0,
-                    loss={"clip_ratio": 0.2}, kl={"coef": kl, "placement": "loss", "estimator": "k3"})
+    cfg = RunConfig(seed=args.seed, data={"task": TASK}, sampling={"temperature": 1.0},
+                    optimizer={"actor": {"lr": args.lr, "grad_clip": 1.0}}, loss={"clip_ratio": 0.2},
+                    kl={"coef": kl, "placement": "loss", "estimator": "k3"})
     trainer = Trainer(our_plan(args, with_ref=kl > 0), cfg)
     try:
         metrics = trainer.run(args.steps)

@@ -1,6 +1,6 @@
 """`hflow-plan compare`: the searched plan against DeepSpeed-Chat, OpenRLHF, NeMo-Aligner and
 HybridFlow-V, all priced by the same simulator (tokens/s and speedup side by side); with more than
-one `--backends`, also the best plan of each training engine alone and of their mix (backend_choice.py)."""
+one `--backends`, also the best plan of each training engine alone and of their mix (tools/reports/backends.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.commands.search import add_request_args
+from hybridflow.tools.flags import add_request_args
 
 
 def add_parser(subparsers) -> None:
@@ -28,12 +28,12 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
-    from hybridflow.tools.commands.search import request_from_args, run_search
-    from hybridflow.tools.preflight.backend_choice import backend_choices
     from hybridflow.tools.profile_option import request_with_profile
+    from hybridflow.tools.reports.backends import backend_choices
+    from hybridflow.tools.search_request import request_from_args, run_search
 
     req, cm = request_with_profile(request_from_args(args), args.profile)
-    planner, result = run_search(args, req, cm)
+    planner, result = run_search(req, cm)
     best = plan_summary(scored_to_plan(req, result.best), result.best.seconds)
     baselines = {name: b.json() for name, b in price_baselines(req, planner, result).items()}
     speedup = {name: (best["tokens_per_second"] / b["tokens_per_second"] if "tokens_per_second" in b else None)
@@ -46,7 +46,7 @@ def run(args) -> int:
         return 0
     from rich.console import Console
 
-    from hybridflow.tools.preflight.backend_choice import backends_table, ops_table
+    from hybridflow.tools.reports.backends import backends_table, ops_table
     from hybridflow.tools.reports.search import compare_table
 
     console = Console(file=sys.stdout, width=max(Console().width, 140))

@@ -12,8 +12,8 @@ import sys
 
 from hybridflow.runtime.controller.locations import Location, check_url, is_url, readable
 from hybridflow.runtime.rl.checkpoints import latest_name
-from hybridflow.simulator.algorithms import TRAINED_ROLES
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
 
 
@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
 def checkpoint_roles(checkpoint: str) -> dict[str, Location]:
     """The trained roles a checkpoint (a path or a URL) holds: {role: its folder}; one-line errors for
     anything else. The layout is the trainer's (runtime/rl/checkpoints.py): CKPT/latest names CKPT/iter_N,
-    which holds actor/ and critic/, each with dcp/ (TrainingEngine.save) and the model's config.json
+    which holds actor/ and critic/, each with dcp/ (FsdpEngine.save) and the model's config.json
     (EngineState.save)."""
     if is_url(checkpoint):
         check_url(checkpoint, "CHECKPOINT")

@@ -27,10 +27,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hybridflow.simulator.calibration.profile import COLLECTIVE_OPS
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
+from hybridflow.simulator.vocabulary.plan import IN_PLACE_RESHARDS
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import positive_int
+from hybridflow.tools.flags import positive_int
+from hybridflow.tools.reports.fit import print_fit
 
 # Tiny Llama shapes (vocab 64: the character tokenizer's); their widths span the thin-shard fall-off.
 GRID_MODELS = {
@@ -85,7 +88,7 @@ def grid(devices: int, quick: bool = False) -> list[dict]:
                     r = 8  # tensor-parallel decode is slow on gloo: a shorter run tells as much
                 jobs.append(dict(op="generate", model=md, parallel=par, batch=b, prompt_len=p, response_len=r))
         if devices > 1 and layouts(devices, m)[1].get("tp"):
-            for mode in (["hybridflow"] if quick else ["hybridflow", "hybridflow-v", "ds-chat"]):
+            for mode in (["hybridflow"] if quick else IN_PLACE_RESHARDS):
                 jobs.append(dict(op="reshard", model=md, parallel={"tp": devices}, gen={"tp": 1, "dp": devices},
                                  mode=mode))
         if devices > 1 and not quick:  # FSDP-sharded training weights: the dp gather before the switch
@@ -94,7 +97,7 @@ def grid(devices: int, quick: bool = False) -> list[dict]:
                                  mode=mode))
     if devices > 1:
         for size in (COLLECTIVE_SIZES[1:3] if quick else COLLECTIVE_SIZES):
-            for op in ("allreduce", "allgather"):
+            for op in COLLECTIVE_OPS:
                 jobs.append(dict(op=op, size_bytes=float(size), group_size=devices))
     return jobs
 
@@ -366,24 +369,3 @@ def check(name: str) -> int:
                   "another speed than when profiled: predictions scale by about that much (re-profile, or use "
                   "`--passes` for a profile of its usual speed)")
     return 0
-
-
-def print_fit(cal, console, title: str = "") -> None:
-    """The calibration's fitted figures and its error per op kind."""
-    from rich.table import Table
-
-    t = Table(title=title or f"fit of profile '{cal.profile}'")
-    for col in ("op kind", "points", "median |err|", "max |err|", "bias"):
-        t.add_column(col, justify="right" if col != "op kind" else "left")
-    for op, e in cal.errors.items():
-        t.add_row(op, str(e.points), f"{e.median:.1%}", f"{e.max:.1%}", f"{e.bias:+.1%}")
-    console.print(t)
-    hw = cal.hardware
-    if not cal.overheads.megatron_fitted:
-        console.print("no Megatron points: roles with train.backend megatron are priced by the analytic terms on "
-                      "these figures (measure them with --megatron, or --add-megatron FILE.json)")
-    console.print(f"fitted: {hw.peak_flops / 1e9:.2f} GFLOP/s, memory {hw.hbm_bandwidth / 1e9:.2f} GB/s, link "
-                  f"{hw.intra_node_bandwidth / 1e9:.3f} GB/s, latency {hw.intra_node_latency * 1e3:.2f} ms, "
-                  f"tokens_half {cal.params.tokens_half:.3g}, width_half {cal.params.width_half:.3g}, decode step "
-                  f"overhead {cal.params.decode_step_overhead * 1e3:.2f} ms, dispatch "
-                  f"{cal.overheads.dispatch_seconds * 1e3:.1f} ms, alone speedup {cal.overheads.alone_speedup:.2f}")

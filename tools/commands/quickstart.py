@@ -13,10 +13,10 @@ import argparse
 import json
 import sys
 
-from hybridflow.simulator.algorithms import algorithm_names, get_algorithm
+from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import algorithm_arg, positive_int
+from hybridflow.tools.flags import add_algorithm_flag, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -28,8 +28,7 @@ def add_parser(subparsers) -> None:
                     "the tiny policy (a few minutes on 2 cores; cached after).",
         epilog=examples("hflow-plan quickstart", "hflow-plan quickstart --algo ppo --iterations 20",
                         "hflow-plan quickstart --devices 1 --seed 1 --json"))
-    p.add_argument("--algo", default="grpo", type=algorithm_arg, metavar="ALGO",
-                   help=f"{', '.join(algorithm_names())} (any case)")
+    add_algorithm_flag(p, "grpo")
     p.add_argument("--iterations", type=at_least_two, default=40, metavar="N", help="RL iterations (at least 2)")
     p.add_argument("--devices", type=positive_int, metavar="N", help="virtual devices (default: this machine's cores)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -68,22 +67,23 @@ def quickstart_config(seed: int):
     """The run's settings: learning rates for the tiny model, the algorithm's defaults for the rest."""
     from hybridflow.runtime.rl.run_config import RunConfig
 
-    return RunConfig(seed=seed, task="sort", actor_lr=5e-4, critic_lr=1e-3)
+    return RunConfig(seed=seed, data={"task": "sort"}, optimizer={"actor": {"lr": 5e-4}, "critic": {"lr": 1e-3}})
 
 
 def run(args) -> int:
     from rich.console import Console
 
     try:
+        from hybridflow.runtime.rl.resolve import resolve_run
         from hybridflow.runtime.rl.trainer import Trainer
         from hybridflow.tools.profile_option import local_pricing
     except ImportError as e:
         raise HflowError(f"quickstart needs the runtime extra ({e.name} is missing): pip install -e '.[runtime]'") from None
     from hybridflow.planner import plan_summary, scored_to_plan, search
-    from hybridflow.tools.commands.run import check_plan
     from hybridflow.tools.reports.comparison import Comparison, comparison_table, speed_line
     from hybridflow.tools.reports.run import (
         ConsoleEvents,
+        check_plan,
         predicted_timeline,
         quick_speed_check,
         run_with_progress,
@@ -102,7 +102,8 @@ def run(args) -> int:
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
     cfg = quickstart_config(args.seed)
-    predicted = predicted_timeline(plan, cost_model, kl_in_reward=cfg.for_algorithm(args.algo).kl_in_reward)
+    resolved = resolve_run(plan, cfg)
+    predicted = predicted_timeline(plan, cost_model, kl_in_reward=resolved.config.kl_in_reward)
     if not args.json:
         from hybridflow.tools.reports.search import top_plans_table
 
@@ -115,7 +116,7 @@ def run(args) -> int:
     check_plan(plan, cfg, None, events)
     speed, speed_note = (quick_speed_check(profile, events) if profile else
                          (None, "no profile of this machine; the plan is priced on the hardware probe's figures"))
-    trainer = Trainer(plan, cfg, events=events)
+    trainer = Trainer(resolved, events=events)
     try:
         with events:
             metrics = run_with_progress(trainer, args.iterations, False, events)

@@ -69,19 +69,11 @@ def measured_medians(rows: list[dict]) -> tuple[float, dict[str, float]]:
             {op: statistics.median(r["op_seconds"].get(op, 0.0) for r in rows) for op in ops})
 
 
-def predict_plan(plan, cost_model) -> tuple[float, dict[str, float]]:
-    """(iteration seconds, seconds per op) of a plan, simulated with `cost_model`."""
-    from hybridflow.simulator.schedule.schedule import simulate
-
-    tl = simulate(plan, cost_model)
-    return tl.iteration_seconds(0), tl.op_seconds(0)
-
-
 # ---- the command ---------------------------------------------------------------------------------
 def run(args) -> int:
     from hybridflow.simulator.calibration.fit import calibrate_file, plan_on_profile
     from hybridflow.simulator.vocabulary.plan import Plan
-    from hybridflow.tools.reports.comparison import Comparison
+    from hybridflow.tools.reports.comparison import Comparison, predict_plan
 
     if args.metrics and len(args.plan) != 1:
         raise HflowError("--metrics compares one run with one plan: pass exactly one --plan (the plan that ran)")
@@ -119,8 +111,8 @@ def _print(args, cal, priced: list[dict], comparison) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hybridflow.tools.commands.profile import print_fit
     from hybridflow.tools.reports.comparison import comparison_table, speed_line
+    from hybridflow.tools.reports.fit import print_fit
 
     console = Console(file=sys.stdout, width=max(Console().width, 120))
     print_fit(cal, console)

@@ -20,20 +20,22 @@ from pathlib import Path
 from hybridflow.runtime.controller.locations import Location, check_url, is_url, readable
 from hybridflow.runtime.rl.checkpoints import latest_name
 from hybridflow.runtime.rl.loggers import close_loggers, open_loggers, parse_logger_names
-from hybridflow.runtime.rl.run_config import RunConfig
-from hybridflow.simulator.algorithms import ROLES, TRAINED_ROLES
+from hybridflow.runtime.rl.run_config import CheckpointConfig, ClusterConfig, DataConfig, RunConfig
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.commands.search import role_flag
-from hybridflow.tools.outputs import (
+from hybridflow.tools.flags import (
+    add_profile_arg,
+    add_role_flags,
     mode_arg,
     non_negative_int,
     positive_float,
     positive_int,
+    role_values,
     rollout_arg,
     task_arg,
 )
-from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
+from hybridflow.tools.profile_option import plan_with_profile
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
 
@@ -61,26 +63,28 @@ def add_parser(subparsers) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint here every save_every iterations")
     p.add_argument("--export-hf", metavar="DIR", help="write the trained actor (and critic) as Hugging Face folders: "
                    "DIR/actor, DIR/critic at the end, and DIR/iter_N/… with every checkpoint")
-    for r in ROLES:
-        p.add_argument(role_flag(r), dest=r, metavar="FOLDER", help=f"the {r}'s HF model folder (overrides the plan's "
-                       "path)")
+    add_role_flags(p, "FOLDER", lambda r: f"the {r}'s HF model folder (overrides the plan's path)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     p.add_argument("--keep-last", type=positive_int, metavar="N",
                    help="complete checkpoints to keep; older ones are deleted once a newer one is complete "
-                        f"(default: {RunConfig.model_fields['keep_last'].default})")
+                        f"(default: {CheckpointConfig.model_fields['keep_last'].default})")
     p.add_argument("--start-timeout", type=positive_float, metavar="S",
                    help="seconds each start stage of a worker group may take: placement, processes, each role's "
-                        f"weights (default: {RunConfig.model_fields['start_timeout_s'].default:g})")
+                        f"weights (default: {ClusterConfig.model_fields['start_timeout_s'].default:g})")
     p.add_argument("--call-timeout", type=positive_float, metavar="S",
                    help="seconds one call (generate, update, …) may take before the run ends naming the late rank "
                         "(exit 3); default: no limit")
     p.add_argument("--max-restarts", type=non_negative_int, metavar="N",
                    help="after a lost worker or node (or a call past --call-timeout), restart the worker groups and "
                         "resume from the last complete checkpoint, at most N times (default: 0)")
-    p.add_argument("--config", metavar="RUN.yaml", help="RL settings (RunConfig fields: actor_lr, kl, loss, task, ...; "
-                   "unset ones take the algorithm's defaults)")
+    p.add_argument("--config", metavar="RUN.yaml", help="the run config: sections data, sampling, optimizer, "
+                   "checkpoint, cluster, logging and the RL settings loss, kl, advantage, shaping, lagrange, value_loss "
+                   "(docs/rl.md); unset RL settings take the algorithm's defaults")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], dest="overrides",
+                   help="set one run-config field by its dotted path, over --config and the flags (repeatable; the "
+                        "value is read as YAML), e.g. --set optimizer.actor.lr=1e-4 --set kl.coef=0.02")
     p.add_argument("--task", type=task_arg, help="built-in task for prompts and the warm-up policy: sort or add "
-                   f"(default: {RunConfig.model_fields['task'].default}, or the --config file's)")
+                   f"(default: {DataConfig.model_fields['task'].default}, or the --config file's)")
     p.add_argument("--prompts", metavar="PATH", help="prompts from a .jsonl or .parquet file or a `datasets` folder "
                                                     "(save_to_disk) with a 'prompt' column: text or chat messages")
     p.add_argument("--seed", type=int, help="random seed: data order, sampling, initialisation "
@@ -147,42 +151,34 @@ def check_args(args) -> None:
     args.logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
 
 
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """`--set KEY=VALUE` items as {dotted path: value}, each value read as YAML (1e-4, true, [0.9, 0.95])."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise HflowError(f"--set {item}: give KEY=VALUE with a dotted run-config path, e.g. optimizer.actor.lr=1e-4")
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise HflowError(f"--set {item}: the value is not valid YAML; quote it") from None
+    return out
+
+
 def run_config(args) -> RunConfig:
+    """The --config file, then the flags, then each --set: only what they set (every RL setting left
+    unset takes the algorithm's default when the run is resolved)."""
     from hybridflow.simulator.io import load_model_file
 
     cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
-    overrides = {k: v for k, v in (("task", args.task), ("prompts_file", args.prompts), ("seed", args.seed),
-                                   ("keep_last", args.keep_last), ("rollout", args.rollout),
-                                   ("start_timeout_s", args.start_timeout), ("call_timeout_s", args.call_timeout),
-                                   ("max_restarts", args.max_restarts)) if v is not None}
-    # only what the file and the flags set: every RL setting left unset takes the algorithm's default
-    return RunConfig.model_validate({**cfg.model_dump(exclude_unset=True), **overrides})
-
-
-def check_plan(plan, cfg: RunConfig, address: str | None, events):
-    """The plan against this machine (or, to join a cluster, what can be checked before joining)."""
-    from hybridflow.tools.preflight.checks import RunChecks, preflight, this_machine
-
-    checks = preflight(RunChecks(plan, None if address else this_machine(), cfg))
-    events.say(f"checked the plan: {'; '.join(checks.facts)}")
-    for w in checks.warnings:
-        events.say(f"[yellow]warning:[/] {w}")
-    return checks
-
-
-def join_cluster(address: str, checks, events) -> None:
-    """Join the Ray cluster at `address` and check its resources before any worker starts."""
-    import ray
-
-    from hybridflow.runtime.controller.resource_pool import init_ray
-    from hybridflow.tools.preflight.checks import MACHINE_CHECKS, preflight, ray_cluster
-
-    events.phase("ray", f"joining the Ray cluster at {address}")
-    init_ray(address)
-    found = preflight(checks.on(ray_cluster(ray.nodes(), address)), MACHINE_CHECKS)
-    events.say(f"checked the cluster: {'; '.join(found.facts)}")
-    for w in found.warnings:
-        events.say(f"[yellow]warning:[/] {w}")
+    flags = {k: v for k, v in (("data.task", args.task), ("data.prompts_file", args.prompts), ("seed", args.seed),
+                               ("checkpoint.keep_last", args.keep_last), ("sampling.rollout", args.rollout),
+                               ("cluster.start_timeout_s", args.start_timeout),
+                               ("cluster.call_timeout_s", args.call_timeout),
+                               ("cluster.max_restarts", args.max_restarts)) if v is not None}
+    return cfg.with_overrides({**flags, **parse_overrides(args.overrides)})
 
 
 def check_export_dir(folder: str | None) -> None:
@@ -203,13 +199,15 @@ def check_export_dir(folder: str | None) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from hybridflow.runtime.rl.run_config import with_rollout
+    from hybridflow.runtime.rl.resolve import resolve_run
     from hybridflow.simulator.vocabulary.plan import Plan
+    from hybridflow.tools.outputs import rendered_outputs, write_outputs
     from hybridflow.tools.preflight.role_folders import resolve_role_paths
     from hybridflow.tools.reports.comparison import Comparison, comparison_table, speed_line
     from hybridflow.tools.reports.run import (
         ConsoleEvents,
-        export_timeline,
+        check_plan,
+        join_cluster,
         predicted_timeline,
         quick_speed_check,
         run_with_progress,
@@ -217,8 +215,8 @@ def run(args) -> int:
 
     check_args(args)
     cfg = run_config(args)
-    folders = {r: getattr(args, r) for r in ROLES if getattr(args, r)}  # --actor FOLDER … over the plan's
-    plan = with_rollout(resolve_role_paths(Plan.load(args.plan), folders), cfg)  # rollout backend checked here too
+    folders = role_values(args)  # --actor FOLDER … over the plan's
+    plan = resolve_role_paths(Plan.load(args.plan), folders)
     if args.mode:
         plan = plan.with_mode(args.mode)
     if args.max_staleness is not None:
@@ -226,13 +224,14 @@ def run(args) -> int:
             raise HflowError(f"--max-staleness {args.max_staleness} bounds mode 'async', and the plan runs "
                              f"'{plan.mode}'; add --mode async")
         plan = plan.model_copy(update={"max_staleness": args.max_staleness})
+    resolved = resolve_run(plan, cfg)  # once: the rollout backend, parallel configs, the algorithm's defaults
+    plan = resolved.plan
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     checks = check_plan(plan, cfg, args.address, events)
     if args.profile:
         events.say(f"pricing the plan on profile '{args.profile}'")
-    settings = cfg.for_algorithm(plan.algorithm, has_ref="ref" in plan.roles)  # one-line errors before Ray starts
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=settings.kl_in_reward)
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=resolved.config.kl_in_reward)
     events.say("loading the runtime (torch, Ray)")
     try:
         from hybridflow.runtime.rl.trainer import Trainer
@@ -243,10 +242,10 @@ def run(args) -> int:
     if args.profile:
         speed, speed_note = (None, "--no-speed-check") if args.no_speed_check else quick_speed_check(args.profile,
                                                                                                       events)
-    trainer = Trainer(plan, cfg, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address,
+    trainer = Trainer(resolved, metrics_path=args.metrics, checkpoint_dir=args.checkpoint_dir, address=args.address,
                       events=events, export_dir=args.export_hf)
     trainer.loggers = open_loggers(args.logger_names, run_name=Path(args.plan).stem, tensorboard_dir=args.tensorboard,
-                                   params={"plan": args.plan, "algorithm": plan.algorithm, **cfg.model_dump()})
+                                   params={"plan": args.plan, "algorithm": plan.algorithm, **resolved.config.model_dump()})
     exported: list[str] = []
     try:
         with events:
@@ -260,8 +259,8 @@ def run(args) -> int:
         trainer.shutdown()
         close_loggers(trainer.loggers)
     comparison = Comparison.from_timelines(predicted, trainer.timeline, speed, speed_note)
-    written = exported + export_timeline(trainer.timeline, args.trace, args.timeline,
-                                         f"{Path(args.plan).stem} (measured)")
+    written = exported + write_outputs(rendered_outputs(trainer.timeline, f"{Path(args.plan).stem} (measured)",
+                                                        trace=args.trace, png=args.timeline))
     if args.json:
         print(json.dumps({"iterations": metrics,
                           "measured": {"iteration_seconds": comparison.measured_iteration,

@@ -13,8 +13,9 @@ from pathlib import Path
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.outputs import positive_int, rendered_outputs, write_outputs
-from hybridflow.tools.profile_option import add_profile_arg, plan_with_profile
+from hybridflow.tools.flags import add_profile_arg, positive_int
+from hybridflow.tools.outputs import rendered_outputs, write_outputs
+from hybridflow.tools.profile_option import plan_with_profile
 
 
 def add_parser(subparsers) -> None:

@@ -1,6 +1,6 @@
 """Can this plan run here? Checks before anything starts — no torch, no Ray, milliseconds.
 
-    checks = RunChecks(plan, this_machine(), RunConfig(task="sort"))
+    checks = RunChecks(plan, this_machine(), RunConfig(data={"task": "sort"}))
     preflight(checks)                       # HflowError (one line, exit 2) at the first failing check
     checks.facts, checks.warnings           # what to tell the user
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hybridflow.runtime.controller import host
+from hybridflow.runtime.controller.nodes import by_label, node_label, plan_nodes
 from hybridflow.runtime.rl.plan_support import check_runnable, role_weights
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.runtime.tasks.builtin import get_task
@@ -31,16 +32,15 @@ from hybridflow.runtime.tasks.policy_cache import (
 )
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import MemoryBreakdown, check_plan_memory
+from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, MemoryBreakdown, check_plan_memory
 from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.simulator.vocabulary.units import BF16, FP32, GiB
 from hybridflow.tools.preflight.role_folders import check_role_folders
 
-GiB = 2**30
 # A worker process with torch, Ray and the engines imported, before it holds any model.
 WORKER_PROCESS_BYTES = 0.5 * GiB
-FP32_PER_BF16 = 2  # CPU engines run fp32: weights, gradients, activations and KV take twice the bf16 bytes
-ADAM_FP32_PER_MIXED = 8 / 12  # fp32 Adam m + v, against the memory model's fp32 master + m + v
-NODE_LABEL = "hflow_node_"  # the Ray resource that pins a node to a plan node (runtime/controller/resource_pool.py)
+FP32_PER_BF16 = FP32 // BF16  # CPU engines run fp32: weights, gradients, activations and KV take twice the bf16 bytes
+ADAM_FP32_PER_MIXED = 2 * FP32 / OPTIMIZER_BYTES  # fp32 Adam m + v, against the memory model's fp32 master + m + v
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,14 @@ class Node:
     cpus: float
     memory: float
     gpus: tuple[float, ...] = ()
-    plan_node: int | None = None  # the plan node it is labelled as (resource hflow_node_<i>)
+    plan_node: int | None = None  # the plan node it is (runtime/controller/nodes.py); None: none, or a lone node
 
 
 @dataclass(frozen=True)
 class Machine:
     where: str  # "this machine", "the Ray cluster at auto" (for messages)
     nodes: tuple[Node, ...]
+    by_label: bool = False  # the plan nodes matched by their hflow_node_<i> labels (else by address)
 
     @property
     def gpus(self) -> int:
@@ -73,18 +74,16 @@ def this_machine() -> Machine:
 
 
 def ray_cluster(nodes: list[dict], where: str) -> Machine:
-    """A Machine from `ray.nodes()`: each live node's CPUs, GPUs (memory unknown to Ray) and the
-    memory Ray lets its tasks use."""
+    """A Machine from `ray.nodes()`: each live node's CPUs, GPUs (memory unknown to Ray), the memory Ray
+    lets its tasks use, and the plan node it is, as the resource pools will place them."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    matched = plan_nodes(alive, use_gpu=any(n["Resources"].get("GPU", 0) > 0 for n in alive))
     out = []
-    for n in nodes:
-        if not n.get("Alive", True):
-            continue
-        res = n.get("Resources", {})
-        label = next((int(k[len(NODE_LABEL):]) for k in res if k.startswith(NODE_LABEL) and k[len(NODE_LABEL):].isdigit()),
-                     None)
+    for n in alive:
+        res = n["Resources"]
         out.append(Node(cpus=res.get("CPU", 0.0), memory=res.get("memory", 0.0), gpus=(0.0,) * int(res.get("GPU", 0)),
-                        plan_node=label))
-    return Machine(f"the Ray cluster at {where}", tuple(out))
+                        plan_node=next((i for i, m in matched.items() if m is n), None)))
+    return Machine(f"the Ray cluster at {where}", tuple(out), by_label(matched))
 
 
 @dataclass
@@ -102,16 +101,17 @@ class RunChecks:
 
     def per_machine_node(self, groups: set[str] | None = None) -> Counter:
         """Devices of the plan (of `groups`, default all) on each machine node, by its index in
-        `machine.nodes` — placed as runtime/controller/resource_pool.py places them: every plan node on a
-        single-node cluster, else by the hflow_node_<i> labels, else in order."""
+        `machine.nodes` — placed as the resource pools place them (runtime/controller/nodes.py): every
+        plan node on a single-node machine, else on the node that is that plan node."""
         nodes = self.machine.nodes
-        labelled = {n.plan_node: k for k, n in enumerate(nodes) if n.plan_node is not None}
+        of_plan_node = {n.plan_node: k for k, n in enumerate(nodes) if n.plan_node is not None}
         out: Counter = Counter()
         for g in self.plan.groups:
             for d in g.devices if groups is None or g.name in groups else ():
-                k = 0 if len(nodes) == 1 else labelled.get(d.node) if labelled else d.node
-                if k is None or k >= len(nodes):
-                    missing = f"no node labelled {NODE_LABEL}{d.node}" if labelled else f"{len(nodes)} node(s)"
+                k = 0 if len(nodes) == 1 else of_plan_node.get(d.node)
+                if k is None:
+                    missing = (f"no node labelled {node_label(d.node)}" if self.machine.by_label
+                               else f"{len(of_plan_node)} node(s) for the plan's devices")
                     raise HflowError(f"the plan uses node {d.node} but {self.machine.where} has {missing}; add the "
                                      "node or plan for the cluster you have")
                 out[k] += 1
@@ -173,7 +173,7 @@ def models_have_weights(c: RunChecks) -> None:
     built_in: dict[str, list[str]] = {}
     warmup = c.config.warmup_config()
     for role, rp in c.plan.roles.items():
-        if role_weights(c.plan, role, get_task(c.config.task).reward_function) is not None:
+        if role_weights(c.plan, role, get_task(c.config.data.task).reward_function) is not None:
             continue
         built_in.setdefault(rp.model.name, []).append(role)
         if len(built_in[rp.model.name]) > 1:

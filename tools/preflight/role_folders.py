@@ -19,6 +19,7 @@ from hybridflow.runtime.models.folder_check import (
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec, hf_folder
 from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.tools.flags import role_flag
 
 
 def resolve_role_paths(plan: Plan, overrides: dict[str, str] | None = None) -> Plan:
@@ -27,14 +28,14 @@ def resolve_role_paths(plan: Plan, overrides: dict[str, str] | None = None) -> P
     overrides = overrides or {}
     for role in overrides:
         if role not in plan.roles:
-            raise HflowError(f"--{role}: the plan has no '{role}' model (its roles: {', '.join(plan.roles)}); "
-                             f"drop --{role} or re-plan with it")
+            raise HflowError(f"{role_flag(role)}: the plan has no '{role}' model (its roles: {', '.join(plan.roles)}); "
+                             f"drop {role_flag(role)} or re-plan with it")
     roles = {}
     for role, rp in plan.roles.items():
         ref = overrides.get(role, rp.path)
         folder = hf_folder(ref) if ref else None
         if ref and folder is None:
-            how = f"--{role} {ref}" if role in overrides else f"the plan's {role} path '{ref}'"
+            how = f"{role_flag(role)} {ref}" if role in overrides else f"the plan's {role} path '{ref}'"
             raise HflowError(f"{how}: no such folder; give a Hugging Face model folder (config.json, weights, "
                              "tokenizer)")
         roles[role] = rp.model_copy(update={"path": str(folder) if folder else None})
@@ -53,7 +54,7 @@ def _check_planned_shape(role: str, folder: str, planned: ModelSpec) -> None:
     if diff:
         k = diff[0]
         raise HflowError(f"{folder}: its model has {k} = {found.get(k)} but the plan's {role} has {want[k]}; "
-                         f"re-plan with `hflow-plan search --{role} {folder}` or give a folder of the planned shape")
+                         f"re-plan with `hflow-plan search {role_flag(role)} {folder}` or give a folder of the planned shape")
 
 
 def tokenizer_vocab(folder: Path) -> dict[str, int] | None:

@@ -37,6 +37,14 @@ def compare(predicted_iteration: float, predicted_ops: dict[str, float], measure
     return {"iteration": row(predicted_iteration, measured_iteration), "ops": ops}
 
 
+def predict_plan(plan, cost_model) -> tuple[float, dict[str, float]]:
+    """(iteration seconds, seconds per op) of a plan, simulated with `cost_model`."""
+    from hybridflow.simulator.schedule.schedule import simulate
+
+    tl = simulate(plan, cost_model)
+    return tl.iteration_seconds(0), tl.op_seconds(0)
+
+
 @dataclass(frozen=True)
 class Comparison:
     predicted_iteration: float

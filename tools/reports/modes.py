@@ -16,6 +16,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
 from hybridflow.tools.outputs import rendered_outputs, write_outputs
 from hybridflow.tools.profile_option import request_with_profile
+from hybridflow.tools.search_request import request_from_args
 
 
 def run_modes(args) -> int:
@@ -23,8 +24,6 @@ def run_modes(args) -> int:
 
     modes = args.modes or EXECUTION_MODES  # --max-staleness alone: every mode
     check_modes(modes, args.max_staleness)
-    from hybridflow.tools.commands.search import request_from_args
-
     req, cm = request_with_profile(request_from_args(args), args.profile)
     return _report(args, req, cm, modes)
 

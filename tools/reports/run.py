@@ -1,5 +1,6 @@
-"""Shared by `run` and `quickstart`: a run's phases on the console, its progress, the speed check and
-the predicted timeline that the comparison (tools/reports/comparison.py) sets against the measured one."""
+"""Shared by `run` and `quickstart`: a run's phases on the console (the plan's pre-flight checks, joining
+a cluster, the warm-up, the iterations), its progress, the speed check and the predicted timeline that
+the comparison (tools/reports/comparison.py) sets against the measured one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.runtime.rl.run_events import Phase, RunEvents
 from hybridflow.simulator.errors import HflowError, WorkerLostError
 from hybridflow.simulator.vocabulary.plan import Plan
@@ -120,11 +122,10 @@ def run_with_progress(trainer, iterations: int, resume: bool, events: ConsoleEve
     iterations rendered by `events`. A lost worker or node, or a call or start past its timeout, with
     no restart left is a WorkerLostError (exit 3), one line naming the role, rank and node."""
     from hybridflow.runtime.controller.calls import WorkerCallError, WorkerDiedError, WorkerTimeoutError
-    from hybridflow.runtime.rl.elastic import run_with_restarts
 
     events.iterations(iterations)
     try:
-        return run_with_restarts(trainer, iterations, resume=resume, on_iteration=events.iteration)
+        return trainer.run(iterations, resume=resume, on_iteration=events.iteration)
     except (WorkerDiedError, WorkerTimeoutError) as e:
         raise WorkerLostError(str(e).splitlines()[0]) from None
     except WorkerCallError as e:
@@ -147,15 +148,28 @@ def quick_speed_check(profile_ref: str, events: ConsoleEvents) -> tuple[float | 
     return check.index, f"profile '{profile.name}', {len(check.now)} points re-timed"
 
 
-def export_timeline(timeline: Timeline, trace: str | None, png: str | None, title: str) -> list[str]:
-    import json
+def check_plan(plan: Plan, cfg: RunConfig, address: str | None, events: ConsoleEvents):
+    """The plan against this machine (or, to join a cluster, what can be checked before joining)."""
+    from hybridflow.tools.preflight.checks import RunChecks, preflight, this_machine
 
-    from hybridflow.simulator.schedule.export import chrome_trace, gantt_png
-    from hybridflow.tools.outputs import write_outputs
+    checks = preflight(RunChecks(plan, None if address else this_machine(), cfg))
+    _say_checks(events, "the plan", checks)
+    return checks
 
-    outputs: list[tuple[str, str | bytes]] = []
-    if trace:
-        outputs.append((trace, json.dumps(chrome_trace(timeline)) + "\n"))
-    if png:
-        outputs.append((png, gantt_png(timeline, title=title)))
-    return write_outputs(outputs)
+
+def join_cluster(address: str, checks, events: ConsoleEvents) -> None:
+    """Join the Ray cluster at `address` and check its resources before any worker starts."""
+    import ray
+
+    from hybridflow.runtime.controller.resource_pool import init_ray
+    from hybridflow.tools.preflight.checks import MACHINE_CHECKS, preflight, ray_cluster
+
+    events.phase("ray", f"joining the Ray cluster at {address}")
+    init_ray(address)
+    _say_checks(events, "the cluster", preflight(checks.on(ray_cluster(ray.nodes(), address)), MACHINE_CHECKS))
+
+
+def _say_checks(events: ConsoleEvents, what: str, checks) -> None:
+    events.say(f"checked {what}: {'; '.join(checks.facts)}")
+    for w in checks.warnings:
+        events.say(f"[yellow]warning:[/] {w}")

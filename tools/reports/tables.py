@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
+from hybridflow.simulator.pricing.memory import PARTS
 from hybridflow.simulator.vocabulary.timeline import Timeline
-
-GiB = 2**30
+from hybridflow.simulator.vocabulary.units import GiB, MiB
 
 
 def fmt_seconds(s: float) -> str:
@@ -26,7 +26,7 @@ def fmt_seconds(s: float) -> str:
 
 
 def fmt_bytes(b: float) -> str:
-    return f"{b / GiB:.1f} GiB" if b >= 0.1 * GiB else f"{b / 2**20:.1f} MiB"
+    return f"{b / GiB:.1f} GiB" if b >= 0.1 * GiB else f"{b / MiB:.1f} MiB"
 
 
 def fmt_breakdown(parts: Mapping[str, float], top: int = 4) -> str:
@@ -49,9 +49,6 @@ def ops_table(timeline: Timeline, iteration: int | None = 0, title: str | None =
         where = " + ".join(f"{g}: {lanes[g]}" if g in lanes else g for g in e.group.split("+"))
         t.add_row(e.op, e.role, where, fmt_seconds(e.start - t0), fmt_seconds(e.seconds), fmt_breakdown(e.breakdown))
     return t
-
-
-MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
 
 
 def _parts(bd) -> dict[str, float]:
@@ -83,7 +80,7 @@ def memory_table(memory: Mapping[str, object], capacity_bytes: float | None = No
     t = Table(title=f"memory per device{cap}", title_justify="left")
     t.add_column("model")
     t.add_column("group")
-    for p in MEMORY_PARTS:
+    for p in PARTS:
         t.add_column(p.replace("_", " "), justify="right")
     t.add_column("model total", justify="right")
     t.add_column("group peak (at)", justify="right")
@@ -96,8 +93,8 @@ def memory_table(memory: Mapping[str, object], capacity_bytes: float | None = No
         fits = "[green]yes[/]" if r["fits"] else "[bold red]NO[/]"
         if r.get("recompute"):
             fits += " (recompute)"
-        t.add_row(role, str(r.get("group", "")), *[fmt_bytes(own.get(p, 0.0)) for p in MEMORY_PARTS],
-                  fmt_bytes(sum(own.get(p, 0.0) for p in MEMORY_PARTS)), peak, fits)
+        t.add_row(role, str(r.get("group", "")), *[fmt_bytes(own.get(p, 0.0)) for p in PARTS],
+                  fmt_bytes(sum(own.get(p, 0.0) for p in PARTS)), peak, fits)
     return t
 
 

@@ -22,9 +22,7 @@ from dataclasses import dataclass, fields
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
 
-from hybridflow.runtime.engines.cpu_decode import cpu_kernels
-from hybridflow.runtime.engines.cpu_decode.fast_decode import FusedDecoder, Picked, supports
-from hybridflow.runtime.engines.cpu_decode.kept_memory import KeptMemory
+from hybridflow.runtime.engines.cpu_decode import FusedDecoder, KeptMemory, Picked, pick_tokens, supports
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
@@ -116,31 +114,11 @@ def _draw(logits: torch.Tensor, generator: torch.Generator | None, rows: torch.T
     return torch.searchsorted(cdf, point, right=True).squeeze(1)
 
 
-# cpu_kernels.c's sampler keeps the top-k candidates by insertion: for a few, not thousands.
-C_MAX_TOP_K = 1024
-
-
 def _pick_c(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
             rows: torch.Tensor | None, batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`sample_tokens` in one call of cpu_kernels.c (greedy_pick or sample_pick), or None where it
-    does not apply: off CPU, not fp32, or a top-p cut over the whole vocabulary (a full sort)."""
-    b, v = logits.shape
-    top_k = params.top_k if 0 < params.top_k < v else 0
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(-1) != 1 or \
-            (not params.is_greedy and (top_k > C_MAX_TOP_K or (top_k == 0 and params.top_p < 1.0))):
-        return None
-    c = cpu_kernels.kernels()
-    if c is None:
-        return None
-    tokens, logp = torch.empty(b, dtype=torch.long), torch.empty(b)
-    if params.is_greedy:  # torch's CPU argmax is slow on wide rows
-        c.greedy_pick(logits.data_ptr(), logits.stride(0), b, v, tokens.data_ptr(), logp.data_ptr())
-        return tokens, logp
-    u = _uniforms(b, generator, rows, batch, logits.device).cpu()  # the same uniforms as `_draw`'s
-    scratch, slots = torch.empty(max(v, top_k)), torch.empty(max(top_k, 1), dtype=torch.long)
-    c.sample_pick(logits.data_ptr(), logits.stride(0), b, v, 1.0 / params.temperature, top_k, params.top_p,
-                  u.data_ptr(), tokens.data_ptr(), logp.data_ptr(), scratch.data_ptr(), slots.data_ptr())
-    return tokens, logp
+    """`sample_tokens` in one call of the C kernels, or None where they do not apply (cpu_decode)."""
+    return pick_tokens(logits, params.is_greedy, params.temperature, params.top_k, params.top_p,
+                       lambda: _uniforms(logits.shape[0], generator, rows, batch, logits.device))  # `_draw`'s
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,

@@ -1,6 +1,6 @@
 """HybridEngine: the actor's training layout and generation layout on the same devices.
 
-It holds a TrainingEngine (training layout (p, t, d): pipeline stages, FSDP2 + TP) and a whole
+It holds a FsdpEngine (training layout (p, t, d): pipeline stages, FSDP2 + TP) and a whole
 (not pipelined, p_g = 1) generation model sharded
 with the generation tensor size t_g over the Resharder's generation groups, and switches weights
 between them with the 3D-HybridEngine reshard:
@@ -24,7 +24,7 @@ from hybridflow.runtime.engines.parallelize import apply_tp, device_type, tp_pla
 from hybridflow.runtime.engines.rollout.base import RolloutEngine
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine, Rollout, SamplingParams
 from hybridflow.runtime.engines.rollout.reshard import Resharder, ReshardStats
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.train.base import TrainEngine
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -36,7 +36,7 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 class HybridEngine(RolloutEngine):
     backend = "native"
 
-    def __init__(self, trainer: TrainingEngine, generation_model: nn.Module, generation: ParallelConfig,
+    def __init__(self, trainer: TrainEngine, generation_model: nn.Module, generation: ParallelConfig,
                  mode: str = "hybridflow"):
         train = trainer.parallel
         if generation.pp != 1:
@@ -79,14 +79,8 @@ class HybridEngine(RolloutEngine):
                 stats = self.resharder.to_generation_staged(shards, *self.staged, out=target)
             d = self.trainer.parallel.dp
             stats.dp_gather_bytes = sum(v.numel() * v.element_size() for v in shards.values()) * (d - 1) // d
-        if release_training and hasattr(self.trainer, "release_weights"):  # megatron: its DDP buffers
-            self._released = self.trainer.release_weights()
-        elif release_training:
-            for n, p in self.trainer.model.named_parameters():
-                if n in self.resharder.own_views:  # a slice of the generation weights
-                    storage = _local(p).untyped_storage()
-                    self._released[n] = storage.nbytes()
-                    storage.resize_(0)
+        if release_training:  # the trainer's own slices live on inside the generation weights
+            self._released = self.trainer.release_weights(set(self.resharder.own_views))
         self.last_stats = stats
         return stats
 
@@ -107,11 +101,7 @@ class HybridEngine(RolloutEngine):
         weights back into the trainer (bit-identical, no communication)."""
         if not self._released:
             return
-        if hasattr(self.trainer, "restore_weights"):
-            self.trainer.restore_weights(self._released)
-        for n, p in self.trainer.model.named_parameters():
-            if n in self._released:
-                _local(p).untyped_storage().resize_(self._released[n])
+        self.trainer.restore_weights(self._released)
         gen = {n: _local(p) for n, p in self.model.named_parameters() if n in self.dims}  # this stage's
         self.trainer.load_tp_shards(self.resharder.to_training(gen, self.dims))
         self._released = {}

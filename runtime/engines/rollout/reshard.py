@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.plan import IN_PLACE_RESHARDS
 
 Mode = Literal["hybridflow", "hybridflow-v", "ds-chat"]
-MODES: tuple[str, ...] = ("hybridflow", "hybridflow-v", "ds-chat")
 
 
 # ---- the grouping (pure index arithmetic) -------------------------------------------------------
@@ -65,8 +65,8 @@ class ReshardLayout:
     mode: str = "hybridflow"
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise HflowError(f"unknown reshard mode '{self.mode}'; use one of {', '.join(MODES)}")
+        if self.mode not in IN_PLACE_RESHARDS:
+            raise HflowError(f"unknown reshard mode '{self.mode}'; use one of {', '.join(IN_PLACE_RESHARDS)}")
         if min(self.t, self.t_g, self.p, self.p_g, self.d) < 1 or self.t % self.t_g or self.p % self.p_g:
             raise HflowError(f"generation layout (p_g={self.p_g}, t_g={self.t_g}) must divide the training layout "
                              f"(p={self.p}, t={self.t}); pick t_g | t and p_g | p")

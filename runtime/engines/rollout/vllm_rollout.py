@@ -1,4 +1,5 @@
-"""The `vllm` backend of the rollout interface (rollout.py): vLLM inside the actor's own processes.
+"""The `vllm` backend of the rollout interface (base.py): vLLM inside the worker's own processes, on the
+actor's devices or on rollout devices of its own.
 
     rollout = VllmRollout(model_dir, trainer, tensor_parallel_size=t_g)   # on every rank of the actor
     rollout.update_weights()           # after every actor update: the trainer's weights, in memory
@@ -17,7 +18,7 @@ prompts and per-request seeds, and vLLM's scheduling is deterministic, so they s
 On CPU this works over gloo (vLLM's shared-memory all-reduce falls back to torch.distributed when
 the ranks' shared-memory names differ, as they do under an env:// launch).
 
-**Weights.** `update_weights` gathers the whole model on every rank (TrainingEngine.full_state_dict,
+**Weights.** `update_weights` gathers the whole model on every rank (FsdpEngine.full_state_dict,
 the collective the HF export uses; through host memory) and passes it under its Hugging Face
 names, which are ours, to `collective_rpc("reload_weights", weights_iterator=...)`: vLLM's own
 loader fuses q/k/v and gate/up and keeps its tensor-parallel slice. The prefix cache is reset
@@ -43,12 +44,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from hybridflow.runtime.engines.rollout.base import RolloutEngine
+from hybridflow.runtime.engines.rollout.backends import ROLLOUT_ENGINES, VLLM_CPU_MIN_HEAD_DIM
+from hybridflow.runtime.engines.rollout.base import RolloutEngine, RolloutSettings, weights_digest
 from hybridflow.runtime.engines.rollout.generation import Rollout, SamplingParams, check_left_padded
-from hybridflow.runtime.engines.train.fsdp.engine import TrainingEngine
+from hybridflow.runtime.engines.rollout.weight_sync import TensorSpec, tensor_specs
+from hybridflow.runtime.engines.train.base import TrainEngine
+from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.runtime.models.hf_format import read_config, save_pretrained
-from hybridflow.runtime.rl.run_config import VLLM_CPU_MIN_HEAD_DIM
 from hybridflow.simulator.errors import HflowError
 
 Weights = torch.nn.Module | Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
@@ -91,15 +95,14 @@ def _local_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
+@ROLLOUT_ENGINES.register("vllm")
 class VllmRollout(RolloutEngine):
     """Batched generation with vLLM; the same `generate` signature and `Rollout` as GenerationEngine.
 
-    `trainer`: the actor's TrainingEngine that `update_weights` reads (None: push weights with
-    `load_weights` yourself; the engine then starts with the folder's weights)."""
+    `trainer`: the actor's training engine that `update_weights` reads (None: push weights with
+    `load_weights`; the engine then starts with the folder's weights unless `load_format="dummy"`)."""
 
-    backend = "vllm"
-
-    def __init__(self, model_dir: str | Path, trainer: TrainingEngine | None = None, *,
+    def __init__(self, model_dir: str | Path, trainer: TrainEngine | None = None, *,
                  tensor_parallel_size: int = 1, dtype: str | None = None, gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, seed: int = 0, **llm_kwargs):
         cfg, _ = read_config(model_dir)
@@ -124,6 +127,21 @@ class VllmRollout(RolloutEngine):
             max_model_len=max_model_len or cfg.max_position_embeddings, logprobs_mode="processed_logprobs",
             **llm_kwargs,
         )
+        self.record = False  # keep the digest of what each load_weights hands to vLLM (record_digests)
+        self.pushed_digest: str | None = None
+
+    @classmethod
+    def on_trainer(cls, trainer: TrainEngine, model_path: str, settings: RolloutSettings, *,
+                   seed: int) -> VllmRollout:
+        tp = (settings.generation or trainer.parallel).tp
+        return cls(model_path, trainer, tensor_parallel_size=tp, seed=seed, max_model_len=settings.max_len)
+
+    @classmethod
+    def on_own_devices(cls, model_path: str, settings: RolloutSettings, *, mesh: DeviceMesh, device: torch.device,
+                       seed: int) -> VllmRollout:
+        # dummy weights: the driver syncs before any rollout
+        return cls(model_path, tensor_parallel_size=mesh["tp"].size(), seed=seed, max_model_len=settings.max_len,
+                   load_format="dummy")
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, workdir: str | Path, **kwargs) -> VllmRollout:
@@ -144,10 +162,30 @@ class VllmRollout(RolloutEngine):
     def generation_ranks(self, rank: int) -> tuple[int, int]:
         return rank // self.tp, rank % self.tp
 
-    def load_weights(self, weights: Weights) -> None:
-        """Push whole weights (HF names) into the running engine: in place, no restart, no disk."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors(weights)})
+    def load_weights(self, weights: Weights) -> int:
+        """Push whole weights (HF names) into the running engine: in place, no restart, no disk (vLLM's
+        loader fuses and slices them, as for the hybrid engine). Returns the bytes handed over."""
+        named = named_tensors(weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named})
         self.llm.reset_prefix_cache()  # cached prompt blocks hold keys/values of the old weights
+        if self.record:  # after the load: a check, not part of the sync
+            self.pushed_digest = weights_digest(dict(named))
+        return sum(t.numel() * t.element_size() for _, t in named)
+
+    def weight_specs(self) -> list[TensorSpec]:
+        """Whole shapes and dtypes as the native engine loads them, without the weights."""
+        return tensor_specs(dict(CausalLM.empty(self.config, "meta").named_parameters()))
+
+    def record_digests(self, on: bool = True) -> None:
+        self.record = on
+
+    def weights_digest(self) -> str:
+        """vLLM's CPU backend repacks its linear weights and drops the parameters: the digest is that of
+        the tensors handed to its loader at the last sync, kept after `record_digests(True)`."""
+        if self.pushed_digest is None:
+            raise HflowError("no weights digest recorded on this vLLM rollout; call record_digests(True) before "
+                             "the sync")
+        return self.pushed_digest
 
     def _vllm_params(self, params: SamplingParams, seed: int | None):
         return self._vllm.SamplingParams(

@@ -1,24 +1,19 @@
-"""The FSDP2 engine's training checkpoints: model and optimizer with torch.distributed.checkpoint (each
-rank writes its shards, in a local folder or at a URL through DCP's fsspec writer), the per-rank step and
-RNG states (rank_state.py, as the Megatron engine keeps them), and the whole weights for an HF export."""
+"""The FSDP2 engine's sharded states in a checkpoint: model and optimizer with torch.distributed.checkpoint
+(each rank writes its shards, in a local folder or at a URL through DCP's fsspec writer; the per-rank
+step and RNG states beside them are the base's, engines/train/base.py), and the whole weights for an
+HF export."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-import torch.distributed as dist
 
 from hybridflow.runtime.controller.locations import Location
-from hybridflow.runtime.engines.train.rank_state import (
-    check_checkpoint_folder,
-    load_rank_state,
-    save_rank_state,
-)
 
 
 class FsdpCheckpoint:
-    """Mixed into TrainingEngine: needs `model`, `optimizer`, `pipeline`, `distributed` and `step`."""
+    """Mixed into FsdpEngine: needs `model`, `optimizer`, `pipeline` and `distributed`."""
+
+    shards_folder = "dcp"
 
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """Whole (unsharded) fp32 weights on CPU, on every rank: for saving in HF format. A collective:
@@ -40,33 +35,20 @@ class FsdpCheckpoint:
 
         return StateDictOptions(flatten_optimizer_state_dict=True) if self.pipeline is not None else None
 
-    def _rank(self) -> int:
-        return dist.get_rank() if self.distributed else 0
-
-    def save(self, path: str | Path) -> Location:
-        """Model + optimizer (torch.distributed.checkpoint, sharded) and per-rank step and RNG states, in a
-        local folder or at a URL (DCP's fsspec writer then)."""
+    def _save_shards(self, path: Location) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        path = Location(path)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"),
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / self.shards_folder),
                  no_dist=not self.distributed)
-        save_rank_state(path, self._rank(), self.step)
-        if self.distributed:
-            dist.barrier()
-        return path
 
-    def load(self, path: str | Path) -> None:
+    def _load_shards(self, path: Location) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        path = Location(path)
-        check_checkpoint_folder(path, self._rank(), "dcp", "TrainingEngine.save")
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_dict_options())
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not self.distributed)
+        dcp.load(state, checkpoint_id=str(path / self.shards_folder), no_dist=not self.distributed)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=self._state_dict_options())
-        self.step = load_rank_state(path, self._rank())

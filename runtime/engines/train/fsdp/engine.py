@@ -1,8 +1,10 @@
-"""TrainingEngine: one model, sharded by a ParallelConfig, trained with AdamW.
+"""FsdpEngine: one model, sharded by a ParallelConfig with FSDP2 + DTensor tensor parallelism, trained with
+AdamW (the `fsdp` backend of the training-engine interface, engines/train/base.py).
 
 The engine owns the model (parallelized from the outside by parallelize.py), its optimizer and the
 bookkeeping of a step: split the local batch into micro-batches, accumulate gradients, clip them,
-step. It does not know RL: a loss function plugs in,
+step (the learning-rate schedule, the skipped-step guard and checkpoints: base.py). It does not know
+RL: a loss function plugs in,
 
     loss_fn(outputs, micro) -> loss | (loss, {name: float})
 
@@ -26,9 +28,6 @@ They are those of softmax(logits / temperature): a policy sampled at temperature
 distribution it was sampled from. `score_width=R` says only the last R columns (the responses) are
 read: the LM head and the log-softmax then run from the first position any row needs (as TRL's
 `logits_to_keep`), and the columns before hold 0. The engine knows nothing of Ray; workers wrap it.
-
-A step whose gradient norm is not finite (or whose loss was not, on any rank) is skipped: no
-optimizer update, the metrics say `skipped`; `max_skipped_steps` of them in a row stop with an error.
 """
 
 from __future__ import annotations
@@ -54,24 +53,28 @@ from hybridflow.runtime.engines.parallelize import (
     tp_local,
     tp_shard_dim,
 )
-from hybridflow.runtime.engines.phase_clock import PhaseClock
-from hybridflow.runtime.engines.train.common import (
+from hybridflow.runtime.engines.train.base import (
+    TRAIN_ENGINES,
     LossFn,
-    OptimConfig,
+    TrainEngine,
     as_tensordict,
-    clip_grad_norm_,
+)
+from hybridflow.runtime.engines.train.fsdp.checkpoint import FsdpCheckpoint
+from hybridflow.runtime.engines.train.fsdp.clip import clip_grad_norm_
+from hybridflow.runtime.engines.train.fsdp.pipeline import PipelineRunner, split_stage
+from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
+    SharedPrompts,
+    micro_batch_rows,
+    share_prompts,
+)
+from hybridflow.runtime.engines.train.logits import (
     entropy_of,
     first_scored_logit,
     picked_log_probs,
     token_entropy,
     token_log_probs,
 )
-from hybridflow.runtime.engines.train.fsdp.checkpoint import FsdpCheckpoint
-from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
-    SharedPrompts,
-    micro_batch_rows,
-    share_prompts,
-)
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import inverse_order, pack
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import shares_prompts
@@ -83,7 +86,8 @@ warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r
 # ---- the engine ---------------------------------------------------------------------------------
 
 
-class TrainingEngine(FsdpCheckpoint):
+@TRAIN_ENGINES.register("fsdp")
+class FsdpEngine(FsdpCheckpoint, TrainEngine):
     """A model sharded as `parallel` says (pp·tp·dp = the process group), with AdamW.
 
     Without an initialised process group (or with `parallel=None`) the model runs unsharded in
@@ -93,17 +97,10 @@ class TrainingEngine(FsdpCheckpoint):
     def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
                  optim: OptimConfig | None = None, micro_batch_size: int | None = None,
                  mixed_precision: bool | None = None, temperature: float = 1.0):
-        if temperature <= 0:
-            raise HflowError(f"temperature {temperature}: log-probs need a positive temperature")
-        self.optim_config = optim or OptimConfig()
+        super().__init__(parallel, optim, micro_batch_size, temperature)
         self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
-        self.micro_batch_size = micro_batch_size
-        self.temperature = temperature
         self.prompt_sharing = True  # one forward per prompt group (shared_prompts.py) where the batch allows
-        self.skipped_in_a_row = 0
-        self.clock = PhaseClock()  # per-phase seconds for the step breakdown; off unless a caller turns it on
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
-        self.parallel = parallel or ParallelConfig()
         self.mesh = None
         self.pipeline = None  # pipeline.PipelineRunner when pp > 1
         if self.distributed:
@@ -111,7 +108,6 @@ class TrainingEngine(FsdpCheckpoint):
             if self.mesh.device_type == "cuda":  # the worker has set this process's device
                 model = model.to(torch.device("cuda", torch.cuda.current_device()))
             if self.parallel.pp > 1:  # keep this rank's stage; pipeline.py runs the schedule
-                from hybridflow.runtime.engines.train.fsdp.pipeline import split_stage
                 model = split_stage(model, self.mesh["pp"].get_local_rank(), self.parallel.pp)
             model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
         elif self.parallel.world_size > 1:
@@ -132,9 +128,7 @@ class TrainingEngine(FsdpCheckpoint):
             ([p for p in params if not isinstance(p, DTensor)], {"fused": True})) if g]
         self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, eps=oc.eps,
                                            weight_decay=oc.weight_decay)
-        self.step = 0
         if self.parallel.pp > 1 and self.distributed:
-            from hybridflow.runtime.engines.train.fsdp.pipeline import PipelineRunner
             self.pipeline = PipelineRunner(self, mixed_precision=mixed_precision)
 
     # ---- properties ---------------------------------------------------------------------------
@@ -147,13 +141,8 @@ class TrainingEngine(FsdpCheckpoint):
     def dp_rank(self) -> int:
         return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
 
-    def _dp_mean(self, values: list[float]) -> list[float]:
-        """Average floats over the data-parallel ranks (tp ranks already agree)."""
-        if self.mesh is None or self.parallel.dp == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=self.mesh["dp"].get_group())
-        return (t / self.parallel.dp).tolist()
+    def _dp_group(self):
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
 
     # ---- forward ------------------------------------------------------------------------------
     def _micro_size(self, batch: TensorDict, micro_batch_size: int | None) -> int:
@@ -257,13 +246,6 @@ class TrainingEngine(FsdpCheckpoint):
         return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
 
     # ---- training -----------------------------------------------------------------------------
-    def _set_lr(self) -> float:
-        oc = self.optim_config
-        lr = oc.lr * min(1.0, (self.step + 1) / oc.warmup_steps) if oc.warmup_steps else oc.lr
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        return lr
-
     def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
                    token_weights: str | None = None, entropy: bool = True,
                    score_width: int | None = None) -> dict[str, float]:
@@ -307,30 +289,18 @@ class TrainingEngine(FsdpCheckpoint):
                 sums[k] += float(v) * weight
         if hasattr(self.model, "set_reshard_after_forward"):
             self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
-        with self.clock.span("optimizer"):
-            norm = clip_grad_norm_(list(self.model.parameters()), self.optim_config.grad_clip)
-            return self._finish_step(sums, norm)
+        return self._finish_step(sums)
 
-    def _finish_step(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        """AdamW at this step's learning rate (gradients already clipped); the metrics averaged over dp.
-        A non-finite gradient norm (global: every rank sees the same) or loss on any rank skips the step."""
-        sums = {"nonfinite_loss": 0.0, **sums}
-        keys = list(sums)
-        metrics = dict(zip(keys, self._dp_mean([sums[k] for k in keys]), strict=True))
-        skip = not math.isfinite(grad_norm) or metrics.pop("nonfinite_loss") > 0
-        lr = self._set_lr()
-        if skip:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_in_a_row += 1
-            if self.skipped_in_a_row >= self.optim_config.max_skipped_steps:
-                raise HflowError(f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite gradient or loss "
-                                 f"(after step {self.step}); lower the learning rate or check the rewards")
-        else:
-            self.optimizer.step()
-            self.step += 1
-            self.skipped_in_a_row = 0
-        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step, skipped=float(skip))
-        return metrics
+    def _apply_step(self, skip: bool) -> float:
+        with self.clock.span("optimizer"):
+            grad_clip = self.optim_config.grad_clip
+            norm = (self.pipeline.clip_grad_norm_(grad_clip) if self.pipeline is not None
+                    else clip_grad_norm_(list(self.model.parameters()), grad_clip))
+            if skip or not math.isfinite(norm):
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.optimizer.step()
+        return norm
 
     # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------
     def tp_shard_dims(self) -> dict[str, int | None]:
@@ -365,3 +335,25 @@ class TrainingEngine(FsdpCheckpoint):
     def load_tp_shards(self, shards: Mapping[str, torch.Tensor]) -> None:
         for n, p in self.model.named_parameters():
             load_tp_local(p.data if not isinstance(p, DTensor) else p, shards[n])
+
+    # ---- the hybrid engine's zero-redundancy switch (engines/rollout/hybrid.py) -------------------
+    @torch.no_grad()
+    def release_weights(self, held_elsewhere: set[str]) -> dict[str, int]:
+        freed = {}
+        for n, p in self.model.named_parameters():
+            if n in held_elsewhere:  # a slice of the generation weights
+                storage = _storage(p)
+                freed[n] = storage.nbytes()
+                storage.resize_(0)
+        return freed
+
+    @torch.no_grad()
+    def restore_weights(self, freed: dict[str, int]) -> None:
+        for n, p in self.model.named_parameters():
+            if n in freed:
+                _storage(p).resize_(freed[n])
+
+
+def _storage(p: torch.Tensor):
+    """The storage of this rank's own part of a parameter (its local shard under FSDP or TP)."""
+    return (p.to_local() if isinstance(p, DTensor) else p.data).untyped_storage()

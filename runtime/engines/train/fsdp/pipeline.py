@@ -6,7 +6,7 @@ global index, so parameter names, state dicts and checkpoints keep the Hugging F
 embeddings on the first stage, the final norm and the head on the last. The model file only has
 to run with those pieces set to None.
 
-`PipelineRunner` is the TrainingEngine's pp > 1 path (training.py dispatches to it):
+`PipelineRunner` is the FsdpEngine's pp > 1 path (fsdp/engine.py dispatches to it):
 
 - the local batch is cut into m equal micro-batches (the largest size ≤ the requested micro-batch
   size that divides the batch: the schedule's receive buffers have one shape for all micro-batches);
@@ -39,12 +39,9 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hybridflow.runtime.engines.parallelize import resolve_mixed_precision
-from hybridflow.runtime.engines.train.common import (
-    as_tensordict,
-    clip_grad_norm_,
-    token_entropy,
-    token_log_probs,
-)
+from hybridflow.runtime.engines.train.base import as_tensordict
+from hybridflow.runtime.engines.train.fsdp.clip import clip_grad_norm_
+from hybridflow.runtime.engines.train.logits import token_entropy, token_log_probs
 from hybridflow.runtime.engines.train.packing import bucket_order, inverse_order
 from hybridflow.runtime.models.decoder import positions_from_mask
 from hybridflow.simulator.errors import HflowError
@@ -128,7 +125,7 @@ class _Job:
 
 
 class PipelineRunner:
-    """Train and evaluate a TrainingEngine's stage with a torch.distributed.pipelining schedule."""
+    """Train and evaluate a FsdpEngine's stage with a torch.distributed.pipelining schedule."""
 
     def __init__(self, engine, schedule: str = "gpipe", mixed_precision: bool | None = None):
         if schedule not in SCHEDULES:
@@ -200,7 +197,7 @@ class PipelineRunner:
 
     # ---- the last stage's loss: the user's loss on the micro-batch picked by index ---------------
     def _outputs(self, out: torch.Tensor, micro: TensorDict, entropy: bool) -> dict[str, torch.Tensor]:
-        """As TrainingEngine.forward returns them: per-token fields, 0 on padding."""
+        """As FsdpEngine.forward returns them: per-token fields, 0 on padding."""
         mask = micro.get("attention_mask", None)
         real = None if mask is None else mask.to(out.device).bool()
 
@@ -247,7 +244,7 @@ class PipelineRunner:
         dist.broadcast_object_list(box, src=self.last_rank, group=self.group)
         sums, finite = box[0]
         sums["nonfinite_loss"] = float(not finite)  # the engine skips the step (every stage alike)
-        return eng._finish_step(sums, self.clip_grad_norm_(eng.optim_config.grad_clip))
+        return eng._finish_step(sums)  # its _apply_step clips over every stage (clip_grad_norm_)
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the 2-norm over every stage's gradients (each stage's norm is whole over its dp/tp)."""

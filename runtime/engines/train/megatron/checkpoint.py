@@ -1,24 +1,21 @@
-"""The Megatron engine's training checkpoints: model and distributed optimizer with megatron's
-dist_checkpointing (each rank writes its shards; a load reads them into this layout), plus the
-per-rank step and RNG states (rank_state.py, as the FSDP2 engine keeps them)."""
+"""The Megatron engine's sharded states in a checkpoint: model and distributed optimizer with megatron's
+dist_checkpointing (each rank writes its shards; a load reads them into this layout). The per-rank step
+and RNG states beside them are the base's (engines/train/base.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.engines.train.megatron.cpu_shim import megatron_on_cpu
-from hybridflow.runtime.engines.train.rank_state import (
-    check_checkpoint_folder,
-    load_rank_state,
-    save_rank_state,
-)
 
 
 class MegatronCheckpoint:
-    """Mixed into MegatronEngine: needs `module`, `optimizer` and `step`."""
+    """Mixed into MegatronEngine: needs `module` and `optimizer`."""
+
+    shards_folder = "dist"
 
     def _sharded_state(self, loading: bool = False):
         # "dp_reshardable": the optimizer states as the dp buckets hold them (torch Adam keeps "step" there).
@@ -31,25 +28,19 @@ class MegatronCheckpoint:
                                                      metadata={"distrib_optim_sharding_type": "dp_reshardable"})
         return {"model": model_sd, "optim": optim_sd}
 
-    def save(self, path: str | Path) -> Path:
-        """Model + distributed optimizer with megatron's dist_checkpointing, and per-rank step and RNG."""
+    def _save_shards(self, path: Location) -> None:
+        """Model + distributed optimizer with megatron's dist_checkpointing (a local folder)."""
         from megatron.core import dist_checkpointing
 
-        path = Path(path)
-        (path / "dist").mkdir(parents=True, exist_ok=True)
+        folder = Path(str(path / self.shards_folder))
+        folder.mkdir(parents=True, exist_ok=True)
         with megatron_on_cpu():
-            dist_checkpointing.save(self._sharded_state(), str(path / "dist"))
-        save_rank_state(path, dist.get_rank(), self.step)
-        dist.barrier()
-        return path
+            dist_checkpointing.save(self._sharded_state(), str(folder))
 
-    def load(self, path: str | Path) -> None:
+    def _load_shards(self, path: Location) -> None:
         from megatron.core import dist_checkpointing
 
-        path = Path(path)
-        check_checkpoint_folder(path, dist.get_rank(), "dist", "MegatronEngine.save")
         with megatron_on_cpu(), torch.no_grad():  # states are copied into leaf parameters in place
-            state = dist_checkpointing.load(self._sharded_state(loading=True), str(path / "dist"))
+            state = dist_checkpointing.load(self._sharded_state(loading=True), str(path / self.shards_folder))
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optim"])
-        self.step = load_rank_state(path, dist.get_rank())

@@ -1,7 +1,8 @@
-"""MegatronEngine: the TrainingEngine interface (engines/training.py) on megatron-core.
+"""MegatronEngine: the training-engine interface (engines/train/base.py) on megatron-core, the `megatron`
+backend.
 
-The model is Megatron's GPTModel (engines/megatron_model.py) for this rank's pipeline stage and
-tensor shard, loaded from our decoder's HF-named weights (engines/megatron_weights.py); data
+The model is Megatron's GPTModel (engines/train/megatron/model.py) for this rank's pipeline stage and
+tensor shard, loaded from our decoder's HF-named weights (engines/train/megatron/weights.py); data
 parallelism is Megatron's DistributedDataParallel with its distributed optimizer (Adam, states
 sharded over dp); micro-batches run through Megatron's own schedule (`get_forward_backward_func`:
 no pipelining at pp = 1, 1F1B above); checkpoints are `dist_checkpointing`. Ranks are ordered
@@ -14,9 +15,9 @@ to the local batch's longest row (under ep > 1 the longest over the dp ranks: th
 all-gather needs as many tokens on each): pipeline stages exchange tensors of one shape. RoPE positions are
 0.. within each packed row, as packing gives them.
 
-Weights in HF names (loading, the reshard source, export) live in megatron_shards.py and checkpoints
-in megatron_checkpoint.py, mixed into the engine. A MoE model's experts are split over the plan's
-`ep` (megatron_model.py). On a machine without CUDA every megatron call runs inside
+Weights in HF names (loading, the reshard source, export) live in megatron/shards.py and checkpoints
+in megatron/checkpoint.py, mixed into the engine. A MoE model's experts are split over the plan's
+`ep` (megatron/model.py). On a machine without CUDA every megatron call runs inside
 `megatron_on_cpu()` (the shim).
 """
 
@@ -30,18 +31,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tensordict import TensorDict
 
-from hybridflow.runtime.engines.phase_clock import PhaseClock
-from hybridflow.runtime.engines.train.common import (
+from hybridflow.runtime.engines.train.base import (
+    TRAIN_ENGINES,
     LossFn,
-    OptimConfig,
+    TrainEngine,
     as_tensordict,
-    token_entropy,
-    token_log_probs,
 )
+from hybridflow.runtime.engines.train.logits import token_entropy, token_log_probs
 from hybridflow.runtime.engines.train.megatron.checkpoint import MegatronCheckpoint
 from hybridflow.runtime.engines.train.megatron.cpu_shim import megatron_on_cpu
 from hybridflow.runtime.engines.train.megatron.model import build_stage, check_megatron
 from hybridflow.runtime.engines.train.megatron.shards import MegatronShards
+from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import bucket_order, inverse_order, pack
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.megatron_limits import COLOCATION_RULE, megatron_state, state_label
@@ -49,15 +50,14 @@ from hybridflow.simulator.vocabulary.decoder_config import Head
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 
-class MegatronEngine(MegatronShards, MegatronCheckpoint):
+@TRAIN_ENGINES.register("megatron")
+class MegatronEngine(MegatronShards, MegatronCheckpoint, TrainEngine):
     """A CausalLM or ScoreModel (our decoder, whole, on CPU) trained by megatron-core as `parallel` says."""
 
     def __init__(self, model, parallel: ParallelConfig | None = None, *, optim: OptimConfig | None = None,
                  micro_batch_size: int | None = None, mixed_precision: bool | None = None,
                  temperature: float = 1.0, seed: int = 1234):
-        if temperature <= 0:
-            raise HflowError(f"temperature {temperature}: log-probs need a positive temperature")
-        self.parallel = parallel or ParallelConfig()
+        super().__init__(parallel, optim, micro_batch_size, temperature)
         if not (dist.is_available() and dist.is_initialized()):
             raise HflowError("the megatron backend needs an initialised torch.distributed group; "
                              "call torch.distributed.init_process_group first (workers do)")
@@ -68,13 +68,8 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint):
         self.head: Head = "lm" if hasattr(model, "lm_head") else "scalar"
         self.is_lm = self.head == "lm"
         check_megatron(self.decoder_config, self.parallel.tp, self.parallel.pp, self.parallel.ep)
-        self.optim_config = optim or OptimConfig()
-        self.micro_batch_size = micro_batch_size
-        self.temperature = temperature
-        self.skipped_in_a_row = 0
-        self.step = 0
+        self.distributed = True
         self._kept: dict[str, torch.Tensor] = {}  # what release_weights keeps aside
-        self.clock = PhaseClock()  # the step breakdown times FSDP's phases; Megatron's schedule is not split
         dtype = torch.bfloat16 if mixed_precision and torch.cuda.is_available() else torch.float32
         hf_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         with megatron_on_cpu():
@@ -238,19 +233,15 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint):
         return TensorDict({k: torch.cat([p[k] for p in parts])[back] for k in keys}, batch_size=batch.batch_size)
 
     # ---- training -----------------------------------------------------------------------------
-    def _dp_mean(self, values: list[float]) -> list[float]:
-        if self.parallel.dp == 1:
-            return values
+    def _dp_group(self):
         from megatron.core import parallel_state as ps
 
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=ps.get_data_parallel_group())
-        return (t / self.parallel.dp).tolist()
+        return ps.get_data_parallel_group()
 
     def train_step(self, batch, loss_fn: LossFn, micro_batch_size: int | None = None, *,
                    token_weights: str | None = None, entropy: bool = True,
                    score_width: int | None = None) -> dict[str, float]:
-        """One optimizer step on the local batch (see TrainingEngine.train_step: same weights, same metrics;
+        """One optimizer step on the local batch (see FsdpEngine.train_step: same weights, same metrics;
         `score_width` accepted and not used, as in compute_log_probs)."""
         batch = as_tensordict(batch)
         n = batch.batch_size[0]
@@ -279,13 +270,6 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint):
                 sums[k] = max(sums[k], v) if k == "nonfinite_loss" else sums[k] + v
         return self._finish_step(dict(sums))
 
-    def _set_lr(self) -> float:
-        oc = self.optim_config
-        lr = oc.lr * min(1.0, (self.step + 1) / oc.warmup_steps) if oc.warmup_steps else oc.lr
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        return lr
-
     def _clip(self, total_norm: float) -> None:
         """Scale the gradients to grad_clip by the norm over all of them: of a MoE model the optimizer is
         a chain (dense and expert parameters, reduced over different groups) sharing that one norm."""
@@ -296,27 +280,12 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint):
             if params:
                 clip_grad_by_total_norm_fp32(params, max_norm=self.optim_config.grad_clip, total_norm=total_norm)
 
-    def _finish_step(self, sums: dict[str, float]) -> dict[str, float]:
-        """Clip and step with Megatron's optimizer; a non-finite gradient norm or loss skips the step."""
-        sums = {"nonfinite_loss": 0.0, **sums}
-        keys = list(sums)
-        metrics = dict(zip(keys, self._dp_mean([sums[k] for k in keys]), strict=True))
-        lr = self._set_lr()
+    def _apply_step(self, skip: bool) -> float:
         with megatron_on_cpu():
             self.optimizer.prepare_grads()
             grad_norm = float(self.optimizer.get_grad_norm())
-            skip = not math.isfinite(grad_norm) or metrics.pop("nonfinite_loss") > 0
-            if not skip:
+            if not skip and math.isfinite(grad_norm):
                 if self.optim_config.grad_clip > 0:
                     self._clip(grad_norm)
                 self.optimizer.step_with_ready_grads()
-        if skip:
-            self.skipped_in_a_row += 1
-            if self.skipped_in_a_row >= self.optim_config.max_skipped_steps:
-                raise HflowError(f"{self.skipped_in_a_row} optimizer steps in a row had a non-finite gradient or loss "
-                                 f"(after step {self.step}); lower the learning rate or check the rewards")
-        else:
-            self.step += 1
-            self.skipped_in_a_row = 0
-        metrics.update(grad_norm=grad_norm, lr=lr, step=self.step, skipped=float(skip))
-        return metrics
+        return grad_norm

@@ -1,9 +1,9 @@
 """The Megatron engine's weights in HF names: loading our decoder's weights into this rank's stage,
-tensor-parallel shards for the 3D-HybridEngine (engines/hybrid.py) and whole weights for export.
+tensor-parallel shards for the 3D-HybridEngine (engines/rollout/hybrid.py) and whole weights for export.
 
 A rank holds one pipeline stage (its layers renumbered from 0), its tensor-parallel shard of each
 tensor, and of a MoE layer the experts of its ep rank (renumbered from 0). `_stage_names` maps the
-global megatron names (engines/megatron_weights.py) to the stage's own. Experts are whole on every tp
+global megatron names (engines/train/megatron/weights.py) to the stage's own. Experts are whole on every tp
 rank; what generation or export needs of the other ep ranks' experts is gathered over the ep group.
 """
 
@@ -75,7 +75,7 @@ class MegatronShards:
                 out[to_local_expert(name, first - r * per_rank)] = part
         return out
 
-    # ---- tensor-parallel shards in HF names (the 3D-HybridEngine's source, engines/hybrid.py) ----
+    # ---- tensor-parallel shards in HF names (the 3D-HybridEngine's source, engines/rollout/hybrid.py) ----
     def _tied(self) -> bool:
         return self.is_lm and self.decoder_config.tie_word_embeddings
 
@@ -123,14 +123,15 @@ class MegatronShards:
             if g in mg:
                 own[local].copy_(mg[g])
 
-    # ---- generation frees the training weights (engines/hybrid.py, release_training) ----------
+    # ---- generation frees the training weights (engines/rollout/hybrid.py, release_training) ----------
     def _ddp_buffers(self) -> list:
         return self.model.buffers + self.model.expert_parallel_buffers
 
     @torch.no_grad()
-    def release_weights(self) -> dict[str, int]:
+    def release_weights(self, held_elsewhere: set[str]) -> dict[str, int]:
         """Free the storage of megatron's contiguous weight and gradient buffers (every parameter and
-        its main_grad are views into them) while the generation weights hold the weights: what
+        its main_grad are views into them: the buffers are freed whole, whichever parameters
+        `held_elsewhere` names) while the generation weights hold the weights: what
         `restore_weights` and then load_tp_shards put back. Gradients are zeroed before each step, so
         they need no copy; the optimizer's states stay. A tied LM head on a later pipeline stage than
         the embedding is not in this stage's generation shards: it is kept aside. -> buffer: bytes."""

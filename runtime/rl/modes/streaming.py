@@ -1,4 +1,4 @@
-"""`async` mode: rollout on the actor's own devices streams finished prompt groups into a bounded
+"""`async`: rollout on the actor's own devices streams finished prompt groups into a bounded
 queue; training takes full batches from it; no trained batch's policy is more than k updates old
 (k = Plan.max_staleness).
 
@@ -24,7 +24,7 @@ weights (the policy version the checkpoint holds), training every prompt exactly
 
 Dynamic sampling's extra rounds take the next groups from the queue like any batch (the prompts
 they draw join its end), so the prompts not yet trained stay the last ones drawn. ReMax's greedy
-baseline is refused in pipelined modes (plan_support.check_runnable).
+baseline is refused in pipelined modes (rl/plan_support.py check_runnable).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from __future__ import annotations
 from collections import deque
 
 from hybridflow.runtime.controller.batch import Batch
-from hybridflow.runtime.rl.dataflow import PendingRollout, left_pad_prompts
-from hybridflow.runtime.rl.disaggregated import DisaggregatedDataflow
+from hybridflow.runtime.rl.batches import left_pad_prompts
+from hybridflow.runtime.rl.modes.base import Mode
+from hybridflow.runtime.rl.rollout import PendingRollout
 from hybridflow.simulator.errors import HflowError
 
 STREAM_CHUNKS = 2  # rollout calls per batch of prompts: groups stream into the queue at this granularity
@@ -73,22 +74,23 @@ class RolloutQueue:
         return out, dropped
 
 
-class AsyncDataflow(DisaggregatedDataflow):
+class Streaming(Mode):
+    on_policy = False
+
     def __init__(self, *args, chunk_prompts: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        w = self.plan.workload
+        w = self.workload
         self.group_size = w.samples_per_prompt
         self.chunk_prompts = chunk_prompts or max(1, -(-w.prompts // STREAM_CHUNKS))
-        self.capacity = self.plan.max_staleness * w.prompts  # groups ready + in flight
-        self.queue = RolloutQueue(w.samples_per_prompt, self.plan.max_staleness)
+        self.capacity = self.max_staleness * w.prompts  # groups ready + in flight
+        self.queue = RolloutQueue(w.samples_per_prompt, self.max_staleness)
         self.in_flight: deque[PendingRollout] = deque()
         self.unlaunched: deque[Batch] = deque()  # prompt groups drawn, not yet submitted
         self.launched = 0  # chunks submitted in this iteration (their sampling seeds)
 
-    def start_iteration(self, iteration: int) -> None:
-        super().start_iteration(iteration)
+    def start_iteration(self, iteration: int, stats: dict[str, float]) -> None:
+        super().start_iteration(iteration, stats)
         self.launched = 0
-
     def _groups_in_flight(self) -> int:
         return sum(len(p.batch) for p in self.in_flight) // self.group_size
 
@@ -112,20 +114,19 @@ class AsyncDataflow(DisaggregatedDataflow):
         room = self.capacity - len(self.queue) - self._groups_in_flight()
         if self.in_flight or room <= 0:
             return
-        self.sync_weights()
+        self.rollout.sync_weights(self.version, self.stats)
         while room > 0:
             prompts = self._next_prompts(min(self.chunk_prompts, room))
             if prompts is None:
                 return
-            self.in_flight.append(self.launch_rollout(prompts, sample_round=self.launched))
+            self.in_flight.append(self.rollout.launch(prompts, self.iteration, sample_round=self.launched))
             self.launched += 1
             room -= len(prompts) // self.group_size
 
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         """As many groups from the queue as `batch` has prompts; `batch`'s prompts join the queue's end."""
         if greedy:  # refused in pipelined modes (check_runnable); synchronous if called directly
-            self.sync_weights()
-            return self.collect_rollout(self.launch_rollout(batch, greedy, sample_round))
+            return self.generate_now(batch, greedy, sample_round)
         self._add_prompts(batch)
         want = len(batch) // self.group_size
         taken: list[Batch] = []
@@ -140,7 +141,7 @@ class AsyncDataflow(DisaggregatedDataflow):
                                      "the dataflow a prompt source (`prompts`)")
                 chunk = self.in_flight.popleft()
                 chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
-                self.queue.put(self.collect_rollout(chunk))
+                self.queue.put(self.rollout.collect(chunk))
         self.refill()  # the rollout runs on while this batch trains
         self.stats.update({"async/queue_groups": float(len(self.queue)),
                            "async/in_flight_groups": float(self._groups_in_flight()),

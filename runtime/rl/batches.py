@@ -1,0 +1,72 @@
+"""The RL batch between the driver's ops: its fields, and what the Dataflow does to batches itself.
+
+A rollout batch holds each sample's left-padded prompt (`prompt_ids`, `prompt_mask`), then the whole
+sequence — prompt + response, left-padded — (`input_ids`, `attention_mask`, `position_ids`), the
+response alone (`responses`, `response_mask`), and what the ops add: scores, log-probs, values,
+advantages and returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.tasks.rewards import score_responses
+from hybridflow.runtime.tasks.tokenizer import Tokenizer
+
+SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
+VALUE_FIELD = {"critic": "values", "cost_critic": "cost_values"}  # each critic's values in the batch
+RETURN_FIELD = {"critic": "returns", "cost_critic": "cost_returns"}  # and the returns it learns
+PROMPT_FIELDS = ("prompt_ids", "prompt_mask")  # left-padded prompts
+FULL_FIELDS = ("input_ids", "attention_mask", "position_ids")  # left-padded prompt + response
+
+
+def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:
+    """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
+    sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
+    The ranks then hold equal token counts and, with the engine's length buckets, micro-batches of
+    equal widths, so they reach FSDP's collectives together. `group`: consecutive rows that share a
+    prompt (samples per prompt) are dealt out together, by their total length, so a rank's engine
+    computes each prompt once (engines/train/fsdp/shared_prompts.py); where the groups do not split evenly over
+    the ranks, rows are dealt one by one. None when there is nothing to balance."""
+    n = attention_mask.shape[0]
+    if dp < 2 or n % dp:
+        return None
+    group = group if group > 1 and n % (group * dp) == 0 else 1
+    units = n // group
+    ranked = torch.sort(attention_mask.long().sum(-1).view(units, group).sum(-1), stable=True).indices
+    j = torch.arange(units)
+    rank = torch.where((j // dp) % 2 == 0, j % dp, dp - 1 - j % dp)  # 0 1 1 0 0 1 … for dp = 2
+    dealt = ranked[torch.sort(rank, stable=True).indices]
+    return (dealt[:, None] * group + torch.arange(group)).flatten()
+
+
+def left_pad_prompts(batch: Batch, width: int) -> Batch:
+    """The batch with its left-padded prompt part widened to `width` columns (to concatenate rollouts
+    whose longest prompts differ)."""
+    extra = width - batch["prompt_ids"].shape[1]
+    if extra <= 0:
+        return batch
+    out = Batch(dict(batch.tensors.items()), dict(batch.non_tensors), dict(batch.meta))
+    for k in (*PROMPT_FIELDS, *FULL_FIELDS):
+        if k in batch:
+            out[k] = F.pad(batch[k], (extra, 0))
+    return out
+
+
+def batch_origin(batch: Batch) -> dict:
+    """The data rows and source of the samples, for errors that name them (see Trainer.prompt_batch)."""
+    rows = batch["data_row"].tolist() if "data_row" in batch else None
+    return {"rows": rows, "source": batch.meta.get("data_source", "")}
+
+
+def rule_scores(fn: Callable, batch: Batch, tok: Tokenizer, name: str) -> torch.Tensor:
+    """A rule-based function's scores of a rollout batch, as the driver computes them (the `reward` or
+    `cost` op; runtime/measure/reward_probe.py times this): each response decoded, then fn(prompt, response,
+    **the prompt row's other fields), every score checked."""
+    fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
+    return score_responses(fn, list(batch["prompt"]), tok.decode_responses(batch["responses"], batch["response_mask"]),
+                           fields, name=name, **batch_origin(batch))

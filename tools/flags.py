@@ -1,0 +1,172 @@
+"""The flags and argument types the subcommands share: a bad value is one line and exit code 2 (argparse
+names the type), a name matches in any case with "did you mean" on a near miss. The subcommands take
+their shared flags from here and never from one another."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from hybridflow.simulator.algorithms import algorithm_names
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.parallel import TRAIN_BACKENDS
+from hybridflow.simulator.vocabulary.roles import ROLES
+from hybridflow.simulator.vocabulary.workload import Workload
+
+
+# ---- argument types ------------------------------------------------------------------------------
+def bounded_number(kind: type[int] | type[float], least: float, expected: str,
+                   least_allowed: bool = True) -> Callable[[str], int | float]:
+    """An argparse type: a finite `kind` (int or float) of at least `least` (above it, unless
+    `least_allowed`); anything else is one line saying what was `expected`."""
+    def parse(text: str) -> int | float:
+        try:
+            x = kind(text)
+        except ValueError:
+            x = None
+        if x is None or not math.isfinite(x) or x < least or (x == least and not least_allowed):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got '{text}'")
+        return x
+
+    parse.__name__ = expected  # argparse names the type by it
+    return parse
+
+
+positive_int = bounded_number(int, 1, "a positive whole number")
+non_negative_int = bounded_number(int, 0, "a whole number (0 or more)")
+positive_float = bounded_number(float, 0.0, "a positive number of seconds", least_allowed=False)
+
+
+def backends_arg(text: str) -> tuple[str, ...]:
+    """`--backends fsdp,megatron`: the training engines a search may pick per role (one line on a typo)."""
+    names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in TRAIN_BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown training backend '{(bad or [text])[0]}'; choose fsdp, megatron "
+                                         "or fsdp,megatron")
+    return names
+
+
+def modes_arg(text: str) -> tuple[str, ...]:
+    """`--modes sync,one-step-off,async`: execution modes to search side by side (one line on a typo)."""
+    from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
+
+    names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in EXECUTION_MODES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown mode '{(bad or [text])[0]}'; choose from "
+                                         f"{', '.join(EXECUTION_MODES)} (comma-separated)")
+    return names
+
+
+def algorithm_arg(text: str) -> str:
+    """`--algo`: any case, with "did you mean" on a near miss (one line, exit 2)."""
+    from hybridflow.simulator.vocabulary.plan import algorithm_name
+
+    try:
+        return algorithm_name(text)
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def mode_arg(text: str) -> str:
+    """`--mode`: an execution mode, any case, with "did you mean" on a near miss."""
+    from hybridflow.simulator.names import lookup
+    from hybridflow.simulator.vocabulary.plan import EXECUTION_MODES
+
+    try:
+        return lookup(text, EXECUTION_MODES, "execution mode", known_as="modes")
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def rollout_arg(text: str) -> str:
+    """`--rollout`: a generation backend, any case, with "did you mean" on a near miss."""
+    from hybridflow.simulator.names import lookup
+    from hybridflow.simulator.vocabulary.plan import ROLLOUT_BACKENDS
+
+    try:
+        return lookup(text, ROLLOUT_BACKENDS, "rollout backend", known_as="backends")
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def task_arg(text: str) -> str:
+    """`--task`: a built-in task, any case, with "did you mean" on a near miss (one line, exit 2)."""
+    from hybridflow.runtime.tasks.builtin import get_task
+
+    try:
+        return get_task(text).name
+    except HflowError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# ---- shared flags --------------------------------------------------------------------------------
+def role_flag(role: str) -> str:
+    """The command-line flag of a role: --actor, --cost-critic."""
+    return f"--{role.replace('_', '-')}"
+
+
+def add_role_flags(p, metavar: str, help_of: Callable[[str], str]) -> None:
+    """One flag per role (--actor, --critic, --cost-critic, …), read back as `args.<role>`."""
+    for r in ROLES:
+        p.add_argument(role_flag(r), dest=r, metavar=metavar, help=help_of(r))
+
+
+def role_values(args) -> dict[str, str]:
+    """{role: value} of the role flags given."""
+    return {r: getattr(args, r) for r in ROLES if getattr(args, r)}
+
+
+def add_algorithm_flag(p, default: str) -> None:
+    p.add_argument("--algo", default=default, type=algorithm_arg, metavar="ALGO",
+                   help=f"{', '.join(algorithm_names())} (any case)")
+
+
+def add_profile_arg(parser) -> None:
+    parser.add_argument("--profile", metavar="FILE", help="price on a measured profile's hardware (a file written "
+                        "by `hflow-plan profile`, or a shipped name such as cpu-2core)")
+
+
+# (flag, Workload field, help): the workload flags override the --workload file's fields
+WORKLOAD_FLAGS = (
+    ("prompt-len", "prompt_len", "prompt tokens"),
+    ("response-len", "response_len", "response tokens"),
+    ("batch", "prompts", "prompts per iteration"),
+    ("samples", "samples_per_prompt", "responses per prompt (GRPO/RLOO draw several)"),
+    ("ppo-epochs", "ppo_epochs", "passes over each iteration's batch"),
+    ("mini-batches", "mini_batches", "optimizer steps per epoch"),
+    ("micro-batch", "micro_batch_size", "sequences per device per forward/backward"),
+)
+
+
+def add_request_args(p: argparse.ArgumentParser) -> None:
+    """The flags `search` and `compare` share: cluster, algorithm, models, workload (read back by
+    tools/search_request.py)."""
+    c = p.add_argument_group("cluster")
+    c.add_argument("--gpu", default="a100-80g", help="hardware preset (a100-80g, h100-80g, h200-141g; any case) or a "
+                   "HardwareSpec YAML/JSON file")
+    c.add_argument("--nodes", type=positive_int, default=1, help="machines")
+    c.add_argument("--gpus-per-node", type=positive_int, default=8, help="devices per machine")
+    c.add_argument("--cluster", metavar="FILE.yaml", help="a ClusterSpec file instead of the three flags above")
+    m = p.add_argument_group("models")
+    add_algorithm_flag(m, "ppo")
+    m.add_argument("--model", help="every role's model: a preset (llama2-70b …; any case), a HF folder or a "
+                   "ModelSpec YAML; a folder is recorded in the plan as the weights `run` trains")
+    add_role_flags(m, "MODEL", lambda r: f"the {r} model (overrides --model); a folder is recorded in the plan")
+    m.add_argument("--reward-function", metavar="MOD:FN", help="a rule-based reward on the driver instead of a model")
+    m.add_argument("--cost-function", metavar="MOD:FN", help="a rule-based cost (safe-rlhf) instead of a model")
+    w = p.add_argument_group("workload")
+    w.add_argument("--workload", metavar="FILE.yaml", help="a Workload file; the flags below override its fields")
+    for flag, field, text in WORKLOAD_FLAGS:
+        w.add_argument(f"--{flag}", type=positive_int, metavar="N", help=f"{text} (default: the --workload file's, "
+                       f"else {Workload.model_fields[field].default})")
+    s = p.add_argument_group("search")
+    s.add_argument("--max-pp", type=positive_int, help="largest training pipeline-parallel size to consider")
+    s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
+                   "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
+    s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
+    s.add_argument("--backends", type=backends_arg, default="fsdp", metavar="LIST",
+                   help="training engines to choose from per role: fsdp, megatron or fsdp,megatron (default: fsdp)")
+    add_profile_arg(s)
