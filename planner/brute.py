@@ -16,15 +16,15 @@ from hybridflow.planner.pricing import Candidate, RolePricer
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Rollout, Scored
 from hybridflow.planner.search import Planner
-from hybridflow.simulator.pricing.megatron_limits import colocation_problem
 from hybridflow.simulator.pricing.memory import MemoryBreakdown
+from hybridflow.simulator.vocabulary.execution import colocation_problem
 from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, WEIGHT_SYNC_OPS
 
 
 def _set_layouts(rp: RolePricer, members, n):
     """Every combination of the members' (train, generate) layouts on n devices the runtime runs: their
-    Megatron members share one megatron-core state (megatron_limits.colocation_problem)."""
+    Megatron members share one megatron-core state (vocabulary/execution.py colocation_problem)."""
     per_role = []
     for r in members:
         opts = []

@@ -8,7 +8,7 @@ n). The actor's generation layout (pp_g, tp_g, dp_g) on the same n devices has t
 pp_g | pp — the 3D-HybridEngine regroups the training shards without a redundant copy only then
 (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with pp_g = 1; the paper's simulator
 also prices pipelined generation). Generation layouts have no ep. A trained role's MoE model on
-Megatron keeps tp = 1 (simulator/pricing/megatron_limits.py: our engine does not set the sequence parallelism
+Megatron keeps tp = 1 (simulator/vocabulary/execution.py: our engine does not set the sequence parallelism
 megatron-core needs there).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from hybridflow.simulator.pricing.megatron_limits import moe_tp_problem
+from hybridflow.simulator.vocabulary.execution import moe_tp_problem
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 

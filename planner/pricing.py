@@ -12,7 +12,7 @@ The search calls the cost model's per-op methods directly, exactly as `cost.pric
   weights and KV cache) fits in what R leaves; when it does not, trained members recompute
   activations (memory.plan_recompute), which changes their training seconds;
 - megatron-core keeps one parallel state per process, so a set's Megatron members share one (tp, pp, ep)
-  (simulator/pricing/megatron_limits.py): the set pricer passes that `shared` state, and a member's configs are
+  (simulator/vocabulary/execution.py): the set pricer passes that `shared` state, and a member's configs are
   then its FSDP ones and its Megatron ones at that state (`entries`);
 - the actor's generation batch — and so its seconds — depends on the free memory R leaves.
 
@@ -33,7 +33,6 @@ from hybridflow.planner.configs import generate_configs, standalone_generate_con
 from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import price_op
-from hybridflow.simulator.pricing.megatron_limits import megatron_state
 from hybridflow.simulator.pricing.memory import (
     PARTS,
     MemoryBreakdown,
@@ -46,6 +45,7 @@ from hybridflow.simulator.pricing.memory import (
     train_transient,
 )
 from hybridflow.simulator.schedule.dataflow import call_order
+from hybridflow.simulator.vocabulary.execution import megatron_state
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES, role_head
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, UPDATE_OPS, WEIGHT_SYNC_OPS

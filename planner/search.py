@@ -46,10 +46,11 @@ from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Rollout, Scored
 from hybridflow.planner.sets import SetPricer
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.schedule.dataflow import DRIVER, build_dataflow, needs_old_logprob_pass, unroll
+from hybridflow.simulator.schedule.dataflow import DRIVER, build_dataflow, unroll
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share
 from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
 from hybridflow.simulator.schedule.schedule import call_gaps, makespan, pipeline_period, schedule_shared
+from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.roles import ROLLOUT
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, WEIGHT_SYNC_OPS
 

@@ -19,7 +19,7 @@ each member takes. Two exact ways to combine them:
 The merged way is used when it is exact, the per-assignment way otherwise.
 
 megatron-core keeps one parallel state per process, so the set's Megatron members must share one
-(tp, pp, ep) (simulator/pricing/megatron_limits.py). When two or more members may train on Megatron, the set is
+(tp, pp, ep) (simulator/vocabulary/execution.py). When two or more members may train on Megatron, the set is
 priced once per state they could share, each member taking its FSDP configs and its Megatron ones at
 that state (RolePricer.entries); the union of those fronts is the front of the runnable combinations
 (combinations of FSDP members alone appear under every state: the front keeps one).
@@ -34,8 +34,8 @@ from collections.abc import Hashable
 import numpy as np
 
 from hybridflow.planner.pricing import Candidate, RolePricer, SetCandidate, pareto, total
-from hybridflow.simulator.pricing.megatron_limits import megatron_state
 from hybridflow.simulator.pricing.memory import MemoryBreakdown
+from hybridflow.simulator.vocabulary.execution import megatron_state
 from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
 from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 

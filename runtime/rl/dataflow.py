@@ -48,7 +48,7 @@ from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.runtime.tasks.rewards import check_finite_scores
 from hybridflow.runtime.tasks.tokenizer import Tokenizer
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.schedule.dataflow import needs_old_logprob_pass
+from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import CRITIC_OF
 

@@ -8,7 +8,7 @@ from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import record_dataflow
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.megatron_limits import colocation_problem, moe_tp_problem
+from hybridflow.simulator.vocabulary.execution import colocation_problem, moe_tp_problem
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
@@ -46,7 +46,7 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
 
 
 def _check_megatron(plan: Plan) -> None:
-    """What our Megatron engine cannot run (simulator/pricing/megatron_limits.py): a trained MoE role at tp > 1,
+    """What our Megatron engine cannot run (simulator/vocabulary/execution.py): a trained MoE role at tp > 1,
     and colocated Megatron roles (one worker process each device) with different tp, pp or ep."""
     for role, rp in plan.roles.items():
         bad = moe_tp_problem(rp.model, rp.train) if role in TRAINED_ROLES else None

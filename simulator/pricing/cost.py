@@ -39,6 +39,7 @@ from hybridflow.simulator.pricing.memory import (
     state_bytes,
 )
 from hybridflow.simulator.pricing.reshard import reshard_spec, weight_sync_buckets
+from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -73,15 +74,6 @@ def _shape(model: ModelSpec, head: Head) -> tuple[float, float, float, float]:
 def _seq_flops(pm: float, attn: float, seq_len: float) -> float:
     """Forward FLOPs of one causal sequence (each token attends to (s+1)/2 tokens on average)."""
     return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0)
-
-
-def shares_prompts(head: Head, par: ParallelConfig, attention_window: int | None, seq_len: int) -> bool:
-    """Whether the runtime's FSDP engine computes each prompt once for all of its samples in an LM's forward
-    and train passes (runtime/engines/train/fsdp/shared_prompts.py; its one rule, used there too): not under tensor or
-    pipeline parallelism, nor on the Megatron backend, nor where a layer's sliding window is shorter than
-    the `seq_len` columns of a row (the packed rows' block mask has no window)."""
-    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron" and (
-        attention_window is None or seq_len <= attention_window)
 
 
 def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:

@@ -22,13 +22,13 @@ import math
 from typing import NamedTuple
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.execution import WEIGHT_SYNC_BUCKET_BYTES
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import RESHARD_MODES
-from hybridflow.simulator.vocabulary.units import MiB
 
-# The weight sync to separate rollout devices packs the model into flat buffers of at most this many
-# bytes and broadcasts each (runtime/engines/rollout/weight_sync.py): one collective, one link latency, per bucket.
-WEIGHT_SYNC_BUCKET_BYTES = 64 * MiB
+# The weight sync to separate rollout devices packs the model into flat buffers of at most
+# WEIGHT_SYNC_BUCKET_BYTES and broadcasts each (runtime/engines/rollout/weight_sync.py): one collective,
+# one link latency, per bucket.
 
 
 def weight_sync_buckets(model_bytes: float, bucket_bytes: int = WEIGHT_SYNC_BUCKET_BYTES) -> int:

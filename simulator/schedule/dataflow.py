@@ -14,7 +14,7 @@ loop (simulator/algorithms/, the one the runtime executes) against a recording d
 Old log-probs: with one PPO epoch of one mini-batch the policy that runs the update's forward is
 still the one that sampled, so the update's own log-probs, detached, are the old ones (TRL and verl
 do this) and the graph has no `actor_logprob` op — unless a KL penalty is folded into the rewards,
-which needs them before the advantages (`needs_old_logprob_pass`; the runtime uses the same rule).
+which needs them before the advantages (vocabulary/execution.py `needs_old_logprob_pass`, the runtime's rule too).
 
 Weight sync before generation: the actor's 3D-HybridEngine `reshard` (train → generation layout
 on the same devices) or, when generation runs on its own devices, a `broadcast` node (op
@@ -37,16 +37,6 @@ from hybridflow.simulator.vocabulary.roles import ROLES
 from hybridflow.simulator.vocabulary.timeline import OFFLOAD_OPS, UPDATE_OPS
 
 Lanes = str | tuple[str, ...]  # the device group(s) an op occupies
-
-
-def needs_old_logprob_pass(workload, roles: Iterable[str], kl_in_reward: bool) -> bool:
-    """Whether the actor needs a forward of its own for the old log-probs (`actor_logprob`).
-
-    Not with one PPO epoch of one mini-batch (`workload`: a Workload), unless the run folds a KL
-    penalty into the rewards (`kl_in_reward`: a run's settings, or the algorithm's defaults,
-    `Algorithm.kl_in_reward`) and the plan has the 'ref' model it needs.
-    """
-    return workload.ppo_epochs > 1 or workload.mini_batches > 1 or (kl_in_reward and "ref" in set(roles))
 
 
 def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, cost_model: bool,

@@ -28,11 +28,11 @@ from hybridflow.simulator.schedule.dataflow import (
     build_dataflow,
     call_order,
     lanes_tuple,
-    needs_old_logprob_pass,
     unroll,
 )
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share, reprice
 from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
+from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, Event, Timeline
 
@@ -121,7 +121,7 @@ def makespan(times: Mapping[Hashable, tuple[float, float]]) -> float:
 # ---- a Plan ---------------------------------------------------------------------------------
 def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGraph, dict[Hashable, Lanes]]:
     """One iteration of the plan's dataflow and the device group(s) each op runs on. `kl_in_reward`:
-    whether the run folds a KL penalty into the rewards (dataflow.needs_old_logprob_pass); None: as
+    whether the run folds a KL penalty into the rewards (vocabulary/execution.py needs_old_logprob_pass); None: as
     the algorithm's default settings do."""
     actor = plan.roles["actor"]
     if kl_in_reward is None:

@@ -46,7 +46,7 @@ class ModelSpec(BaseModel):
     experts: PositiveInt | None = None  # a sparse MoE feed-forward of this many experts per layer; None: dense
     experts_per_token: PositiveInt = 2  # the top-k each token is routed to
     # The shortest sliding window of any layer (None: none). Priced as full attention; it only decides
-    # whether the runtime can compute a prompt once for all of its samples (cost.shares_prompts).
+    # whether the runtime can compute a prompt once for all of its samples (vocabulary/execution.py shares_prompts).
     attention_window: PositiveInt | None = None
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""The planner proposes only Megatron layouts the runtime runs (simulator/pricing/megatron_limits.py): colocated
+"""The planner proposes only Megatron layouts the runtime runs (simulator/vocabulary/execution.py): colocated
 Megatron roles share one (tp, pp, ep), a trained MoE model on Megatron keeps tp = 1. Every plan of the
 search's top list passes check_runnable, the search still equals brute force, and the rule binds in these
 cases (the unfiltered combinations include ones it refuses)."""
@@ -18,7 +18,7 @@ from hybridflow.planner.search import search
 from hybridflow.runtime.rl.plan_support import check_runnable
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.megatron_limits import colocation_problem, megatron_state, moe_tp_problem
+from hybridflow.simulator.vocabulary.execution import colocation_problem, megatron_state, moe_tp_problem
 
 BOTH = ("fsdp", "megatron")
 # (algorithm, model, cluster shape, GiB per device, backends): memory binds in each, so sets mix layouts

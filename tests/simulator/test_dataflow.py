@@ -7,9 +7,9 @@ from hybridflow.simulator.schedule.dataflow import (
     add_offload_ops,
     build_dataflow,
     call_order,
-    needs_old_logprob_pass,
     unroll,
 )
+from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.workload import Workload
 
 

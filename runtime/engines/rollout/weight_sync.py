@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
-from hybridflow.simulator.pricing.reshard import (
+from hybridflow.simulator.vocabulary.execution import (
     WEIGHT_SYNC_BUCKET_BYTES as DEFAULT_BUCKET_BYTES,  # the buckets it prices
 )
 

@@ -77,7 +77,7 @@ from hybridflow.runtime.engines.train.logits import (
 from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import inverse_order, pack
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.cost import shares_prompts
+from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.

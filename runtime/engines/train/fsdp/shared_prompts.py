@@ -16,7 +16,7 @@ arrives from every response at once instead of row by row (a different order of 
 Only the responses' log-probs are produced (the caller's `score_width` columns): the LM head runs
 on the positions that predict them, which for a response's first token is the shared prompt's last.
 Rows qualify when each is a left-padded prompt followed by a right-padded response (the RL batch
-layout) and the engine qualifies (`simulator.cost.shares_prompts`: one rule for the runtime and the
+layout) and the engine qualifies (`simulator/vocabulary/execution.py` shares_prompts: one rule for the runtime and the
 simulator); otherwise the engine runs its row packing (packing.py).
 """
 

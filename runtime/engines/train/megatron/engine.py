@@ -45,8 +45,8 @@ from hybridflow.runtime.engines.train.megatron.shards import MegatronShards
 from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import bucket_order, inverse_order, pack
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.megatron_limits import COLOCATION_RULE, megatron_state, state_label
 from hybridflow.simulator.vocabulary.decoder_config import Head
+from hybridflow.simulator.vocabulary.execution import COLOCATION_RULE, megatron_state, state_label
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 
@@ -85,7 +85,7 @@ class MegatronEngine(MegatronShards, MegatronCheckpoint, TrainEngine):
 
         pc = self.parallel
         # megatron-core keeps one parallel state per process: colocated megatron roles share it
-        # (simulator/pricing/megatron_limits.py; check_runnable refuses a plan that breaks it before Ray starts).
+        # (simulator/vocabulary/execution.py; check_runnable refuses a plan that breaks it before Ray starts).
         live = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                 ps.get_expert_model_parallel_world_size()) if ps.model_parallel_is_initialized() else None
         if live is None:

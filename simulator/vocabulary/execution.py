@@ -1,7 +1,12 @@
-"""What our Megatron engine can run, as torch-free rules: the planner proposes only layouts that pass them
-(planner/configs.py, planner/sets.py, planner/brute.py), `check_runnable` refuses a plan that breaks them
-before Ray starts (runtime/rl/plan_support.py), and the engine checks the same against megatron-core's live
-state (runtime/engines/train/megatron/engine.py, megatron/model.py).
+"""How the runtime executes a plan, in the rules both the runtime follows and the simulator prices —
+defined here once, so that neither reads the other's code: which ops a loop issues, which passes compute
+a prompt once for all of its samples, how a weight sync is bucketed, and what our Megatron engine can run.
+Torch-free.
+
+The Megatron rules: the planner proposes only layouts that pass them (planner/configs.py,
+planner/sets.py, planner/brute.py), `check_runnable` refuses a plan that breaks them before Ray starts
+(runtime/rl/plan_support.py), and the engine checks the same against megatron-core's live state
+(runtime/engines/train/megatron/engine.py, megatron/model.py).
 
 - megatron-core keeps ONE parallel state per process (tp, pp, ep: `initialize_model_parallel`), and the
   roles of one device group share their worker processes: Megatron roles colocated in a group must
@@ -14,10 +19,34 @@ state (runtime/engines/train/megatron/engine.py, megatron/model.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.units import MiB
+from hybridflow.simulator.vocabulary.workload import Workload
+
+WEIGHT_SYNC_BUCKET_BYTES = 64 * MiB  # a weight sync broadcasts the model in buckets of at most this
+
+
+def needs_old_logprob_pass(workload: Workload, roles: Iterable[str], kl_in_reward: bool) -> bool:
+    """Whether the actor needs a forward of its own for the old log-probs (`actor_logprob`).
+
+    Not with one PPO epoch of one mini-batch: the update then takes its own log-probs, detached, as the
+    old ones — unless the run folds a KL penalty into the rewards (`kl_in_reward`: a run's settings, or
+    the algorithm's defaults) and the plan has the 'ref' model it needs.
+    """
+    return workload.ppo_epochs > 1 or workload.mini_batches > 1 or (kl_in_reward and "ref" in set(roles))
+
+
+def shares_prompts(head: Head, par: ParallelConfig, attention_window: int | None, seq_len: int) -> bool:
+    """Whether the FSDP engine computes each prompt once for all of its samples in an LM's forward and
+    train passes (runtime/engines/train/fsdp/shared_prompts.py): not under tensor or pipeline parallelism,
+    nor on the Megatron backend, nor where a layer's sliding window is shorter than the `seq_len` columns
+    of a row (the packed rows' block mask has no window)."""
+    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron" and (
+        attention_window is None or seq_len <= attention_window)
+
 
 # The rule and its fixes, for both places that refuse a plan breaking it (check_runnable and the engine).
 COLOCATION_RULE = ("megatron-core keeps one parallel state per process, so colocated Megatron roles must share tp, pp "
