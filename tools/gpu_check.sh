@@ -61,8 +61,8 @@ skip() { NAMES+=("$1"); STATUS+=("SKIP"); SECS+=(0); NOTES+=("$2"); log "-- $1 s
 
 # ---- what must exist (checked in both modes) ----------------------------------------------------
 missing=0
-for f in tests/runtime/test_megatron_engine.py tests/runtime/test_parallel_training.py \
-         tests/runtime/test_generation.py tests/runtime/test_vllm_rollout.py \
+for f in tests/runtime/engines/train/test_megatron_engine.py tests/runtime/engines/train/test_parallel_training.py \
+         tests/runtime/engines/rollout/test_generation.py tests/runtime/engines/rollout/test_vllm_rollout.py \
          tools/bench/rollout_speed.py tools/bench/reshard_speed.py runtime/engines/launch.py; do
     [[ -f $f ]] || { log "missing $f"; missing=1; }
 done
@@ -117,17 +117,17 @@ else
     skip nccl "one GPU: no NCCL group to form"
 fi
 if ((NGPU >= 4 || DRY)); then
-    step parity 200 "$PY" -m pytest -q -p no:cacheprovider tests/runtime/test_megatron_engine.py \
-        tests/runtime/test_parallel_training.py
+    step parity 200 "$PY" -m pytest -q -p no:cacheprovider tests/runtime/engines/train/test_megatron_engine.py \
+        tests/runtime/engines/train/test_parallel_training.py
 else
     # 4 ranks cannot share fewer GPUs under NCCL: the same tests on CPU (gloo), which says the
     # installed megatron-core and torch agree; GPU parity needs a 4-GPU machine.
     step parity 200 env CUDA_VISIBLE_DEVICES= "$PY" -m pytest -q -p no:cacheprovider \
-        tests/runtime/test_megatron_engine.py tests/runtime/test_parallel_training.py
+        tests/runtime/engines/train/test_megatron_engine.py tests/runtime/engines/train/test_parallel_training.py
     NOTES[-1]="(on CPU: $NGPU GPU) ${NOTES[-1]}"
 fi
-step rollout_tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/runtime/test_generation.py \
-    tests/runtime/test_vllm_rollout.py
+step rollout_tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/runtime/engines/rollout/test_generation.py \
+    tests/runtime/engines/rollout/test_vllm_rollout.py
 VLLM_FLAG=""
 has vllm && VLLM_FLAG="--vllm"
 step rollout_bench 120 "$PY" -m hybridflow.tools.bench.rollout_speed --device cuda --batch 1,16 \

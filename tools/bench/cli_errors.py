@@ -5,7 +5,7 @@ what the same input did before the checks ran ahead of torch and Ray.
     python -m hybridflow.tools.bench.cli_errors --json     # one JSON object per case
 
 Every case must end in one line on stderr and exit code 2. The cases (`error_cases`) are also the
-test suite's (tests/tools/test_fast_errors.py), which asserts the line and the exit code and that
+test suite's (tests/tools/bench/test_fast_errors.py), which asserts the line and the exit code and that
 neither torch nor Ray was imported — no timing in the tests.
 """
 

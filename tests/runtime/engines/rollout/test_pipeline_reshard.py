@@ -58,7 +58,7 @@ def _switch(rank, world):
     return out
 
 
-if __name__ == "__main__":  # the figures: python tests/runtime/test_pipeline_reshard.py
+if __name__ == "__main__":  # the figures: python tests/runtime/engines/rollout/test_pipeline_reshard.py
     for r in run_distributed(_switch, 4)[0]:
         print(r)
 

@@ -2,7 +2,7 @@
 checkpoints stay, the one `latest` names always stays, a crashed save older than the newest complete
 one goes, nothing else in the folder is touched. Alike in a local folder and at a URL (fsspec's
 memory://: no file of it is on disk, so no step can take a path for it). No Ray (the end-to-end run
-with retention is tests/runtime/test_rl_e2e.py's resume test)."""
+with retention is tests/runtime/rl/test_rl_e2e.py's resume test)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The step breakdown: a step's time split into the measured ops, the engines' phases inside them and the
-controller's gaps between them, adding up to the step (a real run: tests/runtime/test_step_breakdown_run.py)."""
+controller's gaps between them, adding up to the step (a real run: tests/runtime/measure/test_step_breakdown_run.py)."""
 
 from __future__ import annotations
 

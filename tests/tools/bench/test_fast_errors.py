@@ -29,7 +29,7 @@ print(json.dumps(out))
 """
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_bad_input_is_one_line_exit_2_without_torch_or_ray(tmp_path):

@@ -3,18 +3,14 @@ every RL setting a run leaves unset, overrides by dotted path, bad combinations 
 old configs refused in one line (before Ray starts, from `hflow-plan run --config`); a plan and a
 config resolved once."""
 
-import sys
-from pathlib import Path
 
 import pytest
+from rl_util import tiny_plan  # noqa: E402
 
 from hybridflow.runtime.rl.resolve import resolve_run
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rl_util import tiny_plan  # noqa: E402
 
 
 def test_a_section_given_in_part_keeps_the_defaults_it_leaves_out():

@@ -13,7 +13,7 @@ from hybridflow.simulator.vocabulary.timeline import Event, Timeline, throughput
 from hybridflow.tools.cli import main
 from hybridflow.tools.reports.comparison import SMALL_OP_SECONDS, Comparison, comparison_table, speed_line
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENS = 1000
 
 

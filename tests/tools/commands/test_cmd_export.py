@@ -1,6 +1,6 @@
 """`hflow-plan export CHECKPOINT --out DIR` on a checkpoint laid out as the trainer writes it (a role's
 FsdpEngine.save plus the model files EngineState.save copies), in a fresh interpreter without Ray;
-its input errors are one line. The sharded case, from a real run, is in tests/runtime/test_hf_export.py."""
+its input errors are one line. The sharded case, from a real run, is in tests/runtime/models/test_hf_export.py."""
 
 import json
 import subprocess
@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import torch
+from rl_util import policy_folder  # noqa: E402
 from safetensors.torch import load_file
 
 from hybridflow.tools.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rl_util import policy_folder  # noqa: E402
 
 EXPORT = """
 import sys

@@ -7,7 +7,7 @@ import pytest
 
 from hybridflow.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLANS = ROOT / "examples" / "plans"
 COLOCATED = PLANS / "ppo-llama2-7b-1x8-colocated.json"
 SPLIT = PLANS / "ppo-llama2-13b-2x8-split.json"

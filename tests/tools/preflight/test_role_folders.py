@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from rl_util import policy_folder, tiny_plan  # noqa: E402
 
 from hybridflow.tools.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rl_util import policy_folder, tiny_plan  # noqa: E402
 
 SEARCH = ["search", "--algo", "grpo", "--gpu", "a100-80g", "--nodes", "1", "--gpus-per-node", "1", "--batch", "4",
           "--prompt-len", "16", "--response-len", "8", "--max-pp", "1", "--max-gen-pp", "1",

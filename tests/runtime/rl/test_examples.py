@@ -15,7 +15,7 @@ from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli import main
 from hybridflow.tools.preflight.checks import Machine, Node, RunChecks, preflight
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLANS = sorted((ROOT / "examples" / "plans").glob("*.json"))
 README = (ROOT / "examples" / "README.md").read_text()
 TWO_CORES = Machine("a 2-core CPU machine", (Node(cpus=2, memory=8 * 2**30),))

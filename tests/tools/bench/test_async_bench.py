@@ -1,4 +1,4 @@
-"""The async-modes benchmark without running it (the runs are tested in tests/runtime/test_disaggregated.py):
+"""The async-modes benchmark without running it (the runs are tested in tests/runtime/rl/modes/test_disaggregated.py):
 its four plans are runnable and priced, one step off predicted faster on the same devices; its helpers by
 hand; bad input is one line."""
 

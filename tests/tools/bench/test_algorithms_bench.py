@@ -1,5 +1,5 @@
 """The reward-curves benchmark: a runnable plan for every registered algorithm, the PNG, one-line errors
-(the training itself is tested end to end in tests/runtime/test_algorithms_e2e.py)."""
+(the training itself is tested end to end in tests/runtime/rl/test_algorithms_e2e.py)."""
 
 import pytest
 

@@ -16,7 +16,7 @@ from hybridflow.simulator.calibration.profile import Fingerprint, Profile, Profi
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.tools.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY_PLAN = ROOT / "examples" / "plans" / "tiny-local.json"
 HW = HardwareSpec(name="cpu-t", peak_flops=5e9, hbm_bandwidth=1e9, hbm_bytes=8e9, intra_node_bandwidth=2e8,
                   inter_node_bandwidth=2e8, intra_node_latency=5e-4)

@@ -104,7 +104,7 @@ def test_schedule_properties_on_random_dags(case):
 
 
 # ---- simulate(plan): the whole pipeline with the real cost model ------------------------------
-EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "plans"
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[3] / "examples" / "plans"
 
 
 def load(name, **changes):

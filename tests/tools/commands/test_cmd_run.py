@@ -1,13 +1,10 @@
-"""`hflow-plan run`: input errors are one line (the run itself is tested in tests/runtime/test_rl_e2e.py,
+"""`hflow-plan run`: input errors are one line (the run itself is tested in tests/runtime/rl/test_rl_e2e.py,
 where the Ray fixture lives)."""
 
-import sys
-from pathlib import Path
+
+from rl_util import tiny_plan  # noqa: E402
 
 from hybridflow.tools.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rl_util import tiny_plan  # noqa: E402
 
 
 def test_run_input_errors_are_one_line(tmp_path, capsys):
@@ -77,7 +74,7 @@ def test_rollout_flag_errors_are_one_line(tmp_path, capsys):
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
     cases = [(["--rollout", "sglang"], "unknown rollout backend 'sglang'; backends: native, vllm")]
-    if importlib.util.find_spec("vllm") is None:  # else it runs: tests/runtime/test_vllm_rollout.py
+    if importlib.util.find_spec("vllm") is None:  # else it runs: tests/runtime/engines/rollout/test_vllm_rollout.py
         cases.append((["--rollout", "vllm"], "the vllm rollout needs vLLM, which is not installed here"))
     for extra, msg in cases:
         assert main(["run", str(plan_file), *extra]) == 2
