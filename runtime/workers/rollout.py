@@ -2,8 +2,9 @@
 
 It holds only the generation layout: a whole (p_g = 1) copy of the policy, tensor-parallel over
 t_g with d_g = world / t_g replicas (replica = rank // t_g), in the engine the actor's `rollout`
-names — no optimizer, no training shards:
-- `native`: our generation model (tp-sharded with the tensor-parallel plan) and the KV-cache engine;
+names, built by that backend's `on_own_devices` (engines/rollout/base.py) — no optimizer, no
+training shards:
+- `native` (engines/rollout/native.py): our generation model (tp-sharded with the tensor-parallel plan) and the KV-cache engine;
   each received tensor is copied into this rank's slice;
 - `vllm`: VllmRollout (engines/rollout/vllm_rollout.py) in this process over this group's world (vLLM's
   SPMD mode: tensor-parallel groups of t_g consecutive ranks). It starts on dummy weights — the
