@@ -1,16 +1,24 @@
-"""The systems HybridFlow is compared with, as Plans priced by the same simulator (paper §8).
+"""The systems HybridFlow is compared with, as Plans priced by the same simulator on their own mechanics
+(paper §8; each system's docs; simulator/vocabulary/mechanics.py says what each mechanic does and prices).
 
-- ds-chat: DeepSpeed-Chat. Every model on every device, ZeRO-3 (pp=tp=1, dp=N); the actor
-  generates in its training layout after an all-gather of the whole model (reshard "ds-chat").
-- openrlhf: every model on devices of its own, ZeRO-3 training, and generation on separate
-  vLLM devices (pp=1, the fastest tp) that receive the actor's weights by a broadcast every
-  iteration. OpenRLHF leaves the split to the user; we give each group devices in proportion to
-  its work (its op seconds on the whole cluster), rounded to the allocation rule.
-- nemo-aligner: actor and reference on one half of the cluster, critic and reward (and cost) on
-  the other, 3D parallel; generation uses the training partitions (no resharding). The best
-  configs for that placement come from the same search (planner restricted to it).
-- hybridflow-v: our best placement and allocation with the vanilla reshard grouping (Table 2):
-  the whole model gathered per t·p replica; its configs searched again under that reshard.
+- ds-chat: DeepSpeed-Chat. Every model on every device, ZeRO-3 (pp=tp=1, dp=N). With its Hybrid Engine
+  (the default) the actor gathers the whole model into inference kernels (reshard "ds-chat"; tensor-parallel
+  over `inference_tp` devices) and generates each PPO mini-batch's prompts on its own, switching once per
+  mini-batch. Without it (`hybrid_engine: false`, as OpenRLHF's benchmark ran it) HF generate runs under
+  ZeRO-3, gathering every layer at every decode step, `generation_batch` sequences per device at a time.
+- openrlhf: OpenRLHF v0.2 on Ray. Every model on devices of its own (ZeRO-3, activation checkpointing) and
+  vLLM engines on others, handed `generation_batch` prompts per call (micro_rollout_batch_size) by each
+  actor rank; the actor's weights are gathered and broadcast one tensor at a time. Without vLLM
+  (`vllm: false`) the actor generates with HF generate under ZeRO-3 on its own devices. OpenRLHF leaves the
+  split to the user: `split` where a source states it, else devices in proportion to each group's work.
+- openrlhf-colocated: OpenRLHF's DeepSpeed trainer without Ray: every model on every device (ZeRO-3) and HF
+  generate under ZeRO-3 — DS-Chat's layout without its Hybrid Engine.
+- nemo-aligner: actor and reference on one half of the cluster, critic and reward (and cost) on the other,
+  Megatron 3D parallel; generation in the training layout (no resharding), `generation_batch`
+  (rollout_micro_batch_size) sequences per data-parallel rank at a time. Its configs come from the same
+  search restricted to that placement.
+- hybridflow-v: our best placement and allocation with the vanilla reshard grouping (Table 2): the whole
+  model gathered per t·p replica; its configs searched again under that reshard.
 
 A baseline that cannot fit reports why instead of a number.
 """
@@ -19,17 +27,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
 from hybridflow.planner.configs import train_configs
 from hybridflow.planner.placement import allocations, assign_devices, size_options
 from hybridflow.planner.plans import group_name, plan_summary, scored_to_plan
 from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.mechanics import Mechanics
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
 from hybridflow.simulator.vocabulary.units import GiB
 
 BASELINES = ("ds-chat", "openrlhf", "nemo-aligner", "hybridflow-v")
+
+
+class SystemSettings(BaseModel):
+    """What a baseline's user sets, where a run states it; the defaults are each system's own (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hybrid_engine: bool = True  # ds-chat: --enable_hybrid_engine
+    inference_tp: PositiveInt | None = None  # ds-chat: --inference_tp_size (None: the smallest that fits)
+    vllm: bool = True  # openrlhf: vLLM engines (else HF generate on the actor's devices)
+    vllm_tp: PositiveInt | None = None  # openrlhf: --vllm_tensor_parallel_size (None: the fastest)
+    split: dict[str, PositiveInt] | None = None  # openrlhf: devices per role (and "rollout" for vLLM)
+    generation_batch: PositiveInt | None = None  # sequences per replica per generate call (None: the system's default)
+    optimizer_offload: bool = False  # ZeRO-Offload of the trained models' Adam states
+
+
+# Each system's own generation batch where it has one: OpenRLHF's benchmark's micro_rollout_batch_size (16,
+# benchmark/README.md), NeMo-Aligner v0.2.0's rollout_micro_batch_size (8, gpt_ppo_actor.yaml), DS-Chat's
+# per-device generation batch when generating under ZeRO-3 (8, OpenRLHF's benchmark of it).
+DEFAULT_GENERATION_BATCH = {"openrlhf": 16, "nemo-aligner": 8, "ds-chat": 8}
+# NeMo-Aligner v0.2's Megatron generation loop against the TensorRT-LLM engine that replaced it (its
+# Accelerated-RLHF.md, v0.3.0.trtllm: "a 6.96x speedup"; simulator/vocabulary/mechanics.py).
+NEMO_ALIGNER_DECODE_SLOWDOWN = 6.96
+NEMO_LAYOUTS = 16  # the search's leading layouts re-priced on NeMo-Aligner's mechanics
 
 
 @dataclass
@@ -85,40 +120,74 @@ def _role_plans(req: SearchRequest, group_of: dict[str, str], train: dict[str, P
             for r in req.roles}
 
 
-def _plan(req: SearchRequest, groups, roles, reshard: str, notes: str) -> Plan:
+def _plan(req: SearchRequest, groups, roles, reshard: str, notes: str, mechanics: Mechanics,
+          settings: SystemSettings) -> Plan:
     return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
-                reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function, notes=notes)
+                reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function, notes=notes,
+                mechanics=mechanics, optimizer_offload=settings.optimizer_offload)
 
 
-# ---- DeepSpeed-Chat -------------------------------------------------------------------------------
-def ds_chat(req: SearchRequest, cost_model) -> Baseline:
+def _zero3_generate(system: str, settings: SystemSettings) -> Mechanics:
+    """HF generate under ZeRO-3: a static batch per device, every layer gathered at every step."""
+    batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["ds-chat"]
+    return Mechanics(system=system, batching="static", generation_batch=batch, gather_every_step=True)
+
+
+# ---- DeepSpeed-Chat (and OpenRLHF's colocated DeepSpeed trainer) ----------------------------------
+def ds_chat(req: SearchRequest, cost_model, settings: SystemSettings = SystemSettings(),
+            name: str = "ds-chat") -> Baseline:
     n = req.cluster.num_devices
     zero3 = ParallelConfig(dp=n)
     group = DeviceGroup(name="all", devices=assign_devices((n,), req.cluster)[0])
-    roles = _role_plans(req, {r: "all" for r in req.roles}, {r: zero3 for r in req.roles}, gen=zero3)
-    plan = _plan(req, [group], roles, "ds-chat", "baseline: DeepSpeed-Chat (all colocated, ZeRO-3, full all-gather)")
-    return price_plan("ds-chat", plan, cost_model)
+    system = "openrlhf" if name == "openrlhf-colocated" else "deepspeed-chat"
+    if settings.hybrid_engine and name == "ds-chat":
+        if settings.inference_tp is None:  # DS-Chat's users raise --inference_tp_size until the actor fits
+            tps = [t for t in (1, 2, 4, 8) if t <= req.cluster.devices_per_node and n % t == 0]
+            tried = [ds_chat(req, cost_model, settings.model_copy(update={"inference_tp": t})) for t in tps]
+            return next((b for b in tried if b.fits), tried[-1])
+        tp = settings.inference_tp
+        if n % tp:
+            return Baseline(name, reason=f"inference_tp {tp} does not divide the {n} devices")
+        gen = ParallelConfig(tp=tp, dp=n // tp)
+        w = req.workload
+        per_call = -(-w.sequences // (w.mini_batches * gen.dp))  # one mini-batch's share per replica
+        mech = Mechanics(system=system, batching="static", generation_batch=settings.generation_batch or per_call,
+                         generate_per_minibatch=True)
+        reshard, what = "ds-chat", f"Hybrid Engine (inference tp {tp}), one generation per mini-batch"
+    else:
+        gen, mech, reshard, what = zero3, _zero3_generate(system, settings), "ds-chat", "HF generate under ZeRO-3"
+    roles = _role_plans(req, {r: "all" for r in req.roles}, {r: zero3 for r in req.roles}, gen=gen)
+    plan = _plan(req, [group], roles, reshard, f"baseline: {name} (all colocated, ZeRO-3, {what})", mech, settings)
+    return price_plan(name, plan, cost_model)
+
+
+def openrlhf_colocated(req: SearchRequest, cost_model, settings: SystemSettings = SystemSettings()) -> Baseline:
+    return ds_chat(req, cost_model, settings.model_copy(update={"hybrid_engine": False}), name="openrlhf-colocated")
 
 
 # ---- OpenRLHF -------------------------------------------------------------------------------------
-def _zero3_fits(req: SearchRequest, role: str, n: int, cost_model) -> bool:
+def _zero3_fits(req: SearchRequest, role: str, n: int, cost_model, settings: SystemSettings) -> bool:
     from hybridflow.simulator.pricing.memory import role_memory
 
     usable = cost_model.params.usable_bytes(req.cluster.hardware.hbm_bytes)
     m = role_memory(req.models[role], role_head(role), ParallelConfig(dp=n), req.workload, role in TRAINED_ROLES,
                     req.cluster.hardware, recompute=True)  # OpenRLHF checkpoints activations
+    if settings.optimizer_offload and role in TRAINED_ROLES:
+        return m.total - m.optimizer <= usable
     return m.total <= usable
 
 
-def _rollout_configs(req: SearchRequest, n: int) -> tuple[ParallelConfig, ...]:
-    return tuple(c for c in train_configs(req.models["actor"], n, req.cluster.devices_per_node) if c.pp == 1)
+def _rollout_configs(req: SearchRequest, n: int, tp: int | None = None) -> tuple[ParallelConfig, ...]:
+    return tuple(c for c in train_configs(req.models["actor"], n, req.cluster.devices_per_node)
+                 if c.pp == 1 and (tp is None or c.tp == tp))
 
 
-def _rollout_seconds(req, n, cost_model) -> tuple[float, ParallelConfig | None]:
+def _rollout_seconds(req, n, cost_model, settings: SystemSettings) -> tuple[float, ParallelConfig | None]:
     best = (float("inf"), None)
-    for g in _rollout_configs(req, n):
+    batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["openrlhf"]
+    for g in _rollout_configs(req, n, settings.vllm_tp):
         try:
-            s = cost_model.generate(req.models["actor"], g, req.workload).seconds
+            s = cost_model.generate(req.models["actor"], g, req.workload, batch_cap=batch).seconds
         except HflowError:
             continue
         best = min(best, (s, g), key=lambda x: x[0])
@@ -143,42 +212,57 @@ def _split(weights: list[float], mins: list[int], req: SearchRequest) -> tuple[i
     return best
 
 
-def openrlhf(req: SearchRequest, cost_model) -> Baseline:
+def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSettings()) -> Baseline:
     n_all = req.cluster.num_devices
-    names = list(req.roles) + ["rollout"]
-    whole = ParallelConfig(dp=n_all)
-    work = []
-    for r in req.roles:
-        m, head = req.models[r], role_head(r)
-        w = cost_model.forward(m, head, whole, req.workload).seconds
-        if r in TRAINED_ROLES:
-            w += cost_model.train(m, head, whole, req.workload).seconds
-        work.append(w)
-    work.append(_rollout_seconds(req, n_all, cost_model)[0])
-    opts = size_options(req.cluster)
-    mins = []
-    for r in req.roles:
-        mins.append(next((o for o in opts if _zero3_fits(req, r, o, cost_model)), None))
-    mins.append(next((o for o in opts if _rollout_configs(req, o)), None))
+    names = list(req.roles) + (["rollout"] if settings.vllm else [])
     if len(names) > n_all:
         return Baseline("openrlhf", reason=f"{len(names)} groups ({', '.join(names)}) need at least {len(names)} "
                                            f"devices; the cluster has {n_all}")
-    if any(m is None for m in mins):
-        why = next(names[i] for i, m in enumerate(mins) if m is None)
-        return Baseline("openrlhf", reason=f"{why} does not fit even on all {n_all} devices by itself (ZeRO-3 "
-                                           f"with activation checkpointing)")
-    sizes = _split(work, mins, req)
-    if sizes is None:
-        return Baseline("openrlhf", reason=f"no split of {n_all} devices gives each of {', '.join(names)} its "
-                                           f"minimum ({', '.join(f'{a} {b}' for a, b in zip(names, mins, strict=False))})")
+    if settings.split is not None:
+        sizes = tuple(settings.split.get(nm, 0) for nm in names)
+        if set(settings.split) != set(names) or sum(sizes) != n_all:
+            return Baseline("openrlhf", reason=f"split {settings.split} must give each of {', '.join(names)} "
+                                               f"devices, {n_all} in all")
+    else:
+        whole = ParallelConfig(dp=n_all)
+        work = []
+        for r in req.roles:
+            m, head = req.models[r], role_head(r)
+            w = cost_model.forward(m, head, whole, req.workload).seconds
+            if r in TRAINED_ROLES:
+                w += cost_model.train(m, head, whole, req.workload).seconds
+            work.append(w)
+        opts = size_options(req.cluster)
+        mins = [next((o for o in opts if _zero3_fits(req, r, o, cost_model, settings)), None) for r in req.roles]
+        if settings.vllm:
+            work.append(_rollout_seconds(req, n_all, cost_model, settings)[0])
+            mins.append(next((o for o in opts if _rollout_configs(req, o, settings.vllm_tp)), None))
+        if any(m is None for m in mins):
+            why = next(names[i] for i, m in enumerate(mins) if m is None)
+            return Baseline("openrlhf", reason=f"{why} does not fit even on all {n_all} devices by itself (ZeRO-3 "
+                                               f"with activation checkpointing)")
+        sizes = _split(work, mins, req)
+        if sizes is None:
+            return Baseline("openrlhf", reason=f"no split of {n_all} devices gives each of {', '.join(names)} its "
+                                               f"minimum ({', '.join(f'{a} {b}' for a, b in zip(names, mins, strict=False))})")
     devs = assign_devices(sizes, req.cluster)
-    groups = [DeviceGroup(name=nm if nm == "rollout" else group_name((nm,)), devices=d) for nm, d in zip(names, devs, strict=False)]
-    gen = _rollout_seconds(req, sizes[-1], cost_model)[1]
-    if gen is None:
-        return Baseline("openrlhf", reason=f"no vLLM layout of the actor fits {sizes[-1]} devices")
+    groups = [DeviceGroup(name=nm if nm == "rollout" else group_name((nm,)), devices=d)
+              for nm, d in zip(names, devs, strict=True)]
     train = {r: ParallelConfig(dp=s) for r, s in zip(req.roles, sizes, strict=False)}
-    roles = _role_plans(req, {r: r for r in req.roles}, train, gen=gen, gen_group="rollout")
-    plan = _plan(req, groups, roles, "broadcast", "baseline: OpenRLHF (separate devices per model, vLLM rollout)")
+    batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["openrlhf"]
+    if settings.vllm:
+        gen = _rollout_seconds(req, sizes[-1], cost_model, settings)[1]
+        if gen is None:
+            return Baseline("openrlhf", reason=f"no vLLM layout of the actor fits {sizes[-1]} devices")
+        mech = Mechanics(system="openrlhf", batching="static", generation_batch=batch, weight_sync="per-tensor")
+        roles = _role_plans(req, {r: r for r in req.roles}, train, gen=gen, gen_group="rollout")
+        reshard, what = "broadcast", "vLLM rollout, per-tensor broadcast"
+    else:
+        mech = _zero3_generate("openrlhf", settings.model_copy(update={"generation_batch": batch}))
+        roles = _role_plans(req, {r: r for r in req.roles}, train, gen=train["actor"])
+        reshard, what = "ds-chat", "HF generate under ZeRO-3"
+    plan = _plan(req, groups, roles, reshard, f"baseline: OpenRLHF (separate devices per model, {what})", mech,
+                 settings)
     return price_plan("openrlhf", plan, cost_model)
 
 
@@ -198,21 +282,32 @@ def nemo_halves(req: SearchRequest) -> tuple[tuple[tuple[str, ...], ...], tuple[
     return (first, second), counts
 
 
-def nemo_aligner(req: SearchRequest, cost_model) -> Baseline:
+def nemo_aligner(req: SearchRequest, cost_model, settings: SystemSettings = SystemSettings()) -> Baseline:
     from hybridflow.planner.search import Planner
 
     split = nemo_halves(req)
     if split is None:
         return Baseline("nemo-aligner", reason="the cluster cannot be cut in two halves")
     placement, counts = split
-    planner = Planner(req, cost_model, generate_rule="same")
-    best = planner.best_for(placement, counts)
-    if best is None:
+    megatron = req.model_copy(update={"backends": ("megatron",)})  # NeMo trains on Megatron
+    # the search prices generation as a serving engine would; NeMo-Aligner's users pick the layout under its
+    # own generation loop, so the search's leading layouts are re-priced on NeMo-Aligner's mechanics
+    top = Planner(megatron, cost_model, generate_rule="same").top_for(placement, counts, NEMO_LAYOUTS)
+    if not top:
         return Baseline("nemo-aligner", reason=f"{' | '.join('+'.join(s) for s in placement)} on "
                                                f"{' | '.join(map(str, counts))} devices: no parallel configs fit "
                                                f"the memory with generation in the training partitions")
-    plan = scored_to_plan(req, best, notes="baseline: NeMo-Aligner (actor+ref | critic+reward, no resharding)")
-    return price_plan("nemo-aligner", plan, cost_model)
+    batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["nemo-aligner"]
+    mech = Mechanics(system="nemo-aligner", batching="static", generation_batch=batch,
+                     decode_slowdown=NEMO_ALIGNER_DECODE_SLOWDOWN)
+    priced = []
+    for s in top:
+        plan = scored_to_plan(megatron, s, notes="baseline: NeMo-Aligner (actor+ref | critic+reward, generation in "
+                                                 "the training layout)")
+        plan = plan.model_copy(update={"mechanics": mech, "optimizer_offload": settings.optimizer_offload})
+        priced.append(price_plan("nemo-aligner", plan, cost_model))
+    fitting = [b for b in priced if b.fits]
+    return min(fitting, key=lambda b: b.seconds) if fitting else priced[0]
 
 
 # ---- HybridFlow-V ---------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
 
 
 def brute_force(req: SearchRequest, cost_model=None, rollout: Rollout = Rollout()) -> Scored | None:
-    from hybridflow.simulator.pricing.cost import CostModel
+    from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
-    cm = cost_model or CostModel(req.cluster)
+    cm = cost_model or default_cost_model(req.cluster)
     return min(all_plans(req, cm, rollout), key=lambda s: s.seconds, default=None)

@@ -95,10 +95,10 @@ class Planner:
 
     def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow",
                  rollout: Rollout = Rollout()):
-        from hybridflow.simulator.pricing.cost import CostModel
+        from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
         self.req, self.rollout = req, rollout
-        self.cm = cost_model or CostModel(req.cluster)
+        self.cm = cost_model or default_cost_model(req.cluster)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
                                     cost_model="cost" in req.models, hybrid_engine=not rollout.separate,
                                     old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
@@ -255,11 +255,22 @@ class Planner:
 
         rec(0, total, 0.0)
 
+    def best_placement(self, placement: Placement) -> Scored | None:
+        """The best allocation and configs for one fixed placement (the paper's placement studies)."""
+        top = _TopK(1)
+        self.search_placement(placement, top)
+        return top.sorted()[0] if top.heap else None
+
     def best_for(self, placement: Placement, counts: tuple[int, ...]) -> Scored | None:
         """The best configs for one fixed placement and allocation (used by baselines)."""
-        top = _TopK(1)
+        top = self.top_for(placement, counts, 1)
+        return top[0] if top else None
+
+    def top_for(self, placement: Placement, counts: tuple[int, ...], k: int) -> list[Scored]:
+        """The k best configs for one fixed placement and allocation, fastest first."""
+        top = _TopK(k)
         self.price_allocation(placement, counts, self.lanes(placement), top)
-        return top.sorted()[0] if top.heap else None
+        return top.sorted()
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> SearchResult:
         t0 = time.perf_counter()

@@ -73,7 +73,7 @@ def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
         cal = calibrate_file(profile)
         cluster = ClusterSpec(hardware=cal.hardware, nodes=1, devices_per_node=world)
         return cluster, cal.cost_model(cluster), profile
-    from hybridflow.simulator.pricing.cost import CostModel
+    from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
     cluster = local_cluster(world)
-    return cluster, CostModel(cluster), None
+    return cluster, default_cost_model(cluster), None

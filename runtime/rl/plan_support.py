@@ -18,6 +18,13 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
     if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
+    if not plan.mechanics.is_default:
+        raise HflowError(f"this plan is priced with another system's engines ({plan.mechanics.describe()}): "
+                         "`compare` writes such plans to show a baseline; run a plan from `hflow-plan search`")
+    if plan.optimizer_offload:
+        raise HflowError("optimizer_offload is priced by the simulator but this runtime does not run it yet (its "
+                         "engines keep Adam's states on the device): set optimizer_offload false, or plan with more "
+                         "devices or offload of idle models")
     actor = plan.roles.get("actor")
     separate = actor is not None and actor.generate_group is not None
     if plan.mode != "sync" and separate and _greedy_baseline(plan):

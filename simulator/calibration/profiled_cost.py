@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hybridflow.simulator.pricing.comm import dp_ranks
 from hybridflow.simulator.pricing.cost import CostModel, OpCost
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import decode_batch
+from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -51,6 +51,9 @@ class EngineOverheads(BaseModel):
                                           "micro-batch: autograd's dispatch and gradient hooks")
     decode_layer_seconds: float = Field(0.0, ge=0, description="per decoder layer per generation pass (the "
                                         "prefill or one decode step): dispatch, KV-cache append")
+    decode_sequence_seconds: float = Field(0.0, ge=0, description="per sequence per generation pass: the serving "
+                                           "engine's scheduling, sampling and bookkeeping of each sequence in "
+                                           "the batch")
     tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per forward pass when tp > 1 (forward "
                                     "ops and a training step's forward half): DTensor dispatch and the "
                                     "synchronisation of the layer's two all-reduces")
@@ -67,6 +70,9 @@ class EngineOverheads(BaseModel):
     dp_gather_layer_seconds: float = Field(0.0, ge=0, description="per layer of the FSDP gather over dp before "
                                            "a reshard: the layer's unshard and reading its tensors out")
     call_seconds: float = Field(0.0, ge=0, description="per op call on a device: batching, gathering results")
+    weight_tensor_seconds: float = Field(0.0, ge=0, description="per weight tensor of a sync into the generation "
+                                         "engine: the tensor's own gather call on the trainer and the engine "
+                                         "loader's call for it (ModelSpec.num_tensors per sync)")
     step_seconds: float = Field(0.0, ge=0, description="per optimizer step: zeroing, clipping, the step's launch")
     dispatch_seconds: float = Field(0.0, ge=0, description="the single controller's gap between a call's "
                                     "input ending on its workers and the call starting there: the result back "
@@ -166,8 +172,8 @@ class ProfiledCostModel(CostModel):
         return self._with(cost, extra)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False) -> OpCost:
-        cost = super().train(model, head, parallel, workload, recompute)
+              recompute: bool = False, optimizer_offload: bool = False) -> OpCost:
+        cost = super().train(model, head, parallel, workload, recompute, optimizer_offload)
         o = self.overheads
         steps = workload.ppo_epochs * workload.mini_batches
         micro = _micro_batches(workload.sequences * workload.ppo_epochs, steps, parallel.dp,
@@ -185,22 +191,20 @@ class ProfiledCostModel(CostModel):
         return self._with(cost, extra)
 
     def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
-                 free_bytes_per_device: float | None = None) -> OpCost:
-        cost = super().generate(model, gen, workload, sequences, free_bytes_per_device)
+                 free_bytes_per_device: float | None = None, batch_cap: int | None = None,
+                 gather_every_step: bool = False) -> OpCost:
+        cost = super().generate(model, gen, workload, sequences, free_bytes_per_device, batch_cap, gather_every_step)
         seqs = workload.sequences if sequences is None else sequences
-        if free_bytes_per_device is None:
-            free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
-        batch = max(1, decode_batch(model, gen, workload, free_bytes_per_device, self.params, seqs))
-        per_replica = -(-seqs // gen.dp)
-        waves = -(-per_replica // batch)
+        per_replica, waves, _ = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         passes = waves * workload.response_len  # the prefill and response_len - 1 decode steps
         # generation replicas hold whole (tp-sharded) weights: no FSDP hooks however large dp is
         o = self.overheads
         per_layer = o.decode_layer_seconds + (o.tp_decode_layer_seconds if gen.tp > 1 else 0.0)
-        extra = passes * model.layers * per_layer + o.call_seconds
-        return self._with(cost, extra)
+        extra = passes * model.layers * per_layer + per_replica * workload.response_len * o.decode_sequence_seconds
+        return self._with(cost, extra + o.call_seconds)
 
-    def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str) -> OpCost:
+    def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
+                per_tensor: bool = False) -> OpCost:
         """The switch as the engines run it. The analytic price is paper Table 2, whose training
         weights are whole on every data-parallel replica (Megatron); the training engine shards them
         over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
@@ -209,16 +213,20 @@ class ProfiledCostModel(CostModel):
         into the generation model (a local copy of M/(t_g·p_g)). DS-Chat's gather over every device
         is that dp gather when nothing is tensor- or pipeline-parallel (t·p = 1): the engines then
         move no more bytes, and neither does this price."""
-        cost = super().reshard(model, train, gen, mode)
-        if mode == "ds-chat" and train.tp * train.pp == 1:
+        cost = super().reshard(model, train, gen, mode, per_tensor)
+        if mode == IN_PLACE:  # nothing switches: generation gathers as it goes
+            return cost
+        if mode in ("ds-chat", HYBRID_ENGINE) and train.tp * train.pp == 1:
             cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})
         o = self.overheads
         m_bytes = BF16 * model.num_params("lm")
         parts = dict(cost.breakdown)
         if mode == "broadcast":  # as runtime/engines/rollout/weight_sync.py runs it: no gather between tensor shards
-            # the sender packs the buckets, each receiver copies its slice into the model
-            parts["copy"] = (m_bytes + m_bytes / (gen.tp * gen.pp)) / self.hbm
-            parts["overhead"] = o.call_seconds + (model.layers * o.dp_gather_layer_seconds if train.dp > 1 else 0.0)
+            # the sender packs the buckets; each receiver reads every bucket it is sent (all of M) to take its
+            # slice — which leaves the price a function of the two sizes alone (planner/pricing.py relies on it)
+            parts["copy"] = 2 * m_bytes / self.hbm
+            parts["overhead"] = (o.call_seconds + model.num_tensors() * o.weight_tensor_seconds
+                                 + (model.layers * o.dp_gather_layer_seconds if train.dp > 1 else 0.0))
             parts = {k: v for k, v in parts.items() if v > 0.0}
             return OpCost.model_construct(seconds=sum(parts.values()), flops=0.0, bytes=cost.bytes, breakdown=parts)
         nbytes = cost.bytes
@@ -230,6 +238,6 @@ class ProfiledCostModel(CostModel):
             nbytes += (train.dp - 1) / train.dp * m_bytes / (train.tp * train.pp)
             overhead += model.layers * o.dp_gather_layer_seconds
         parts["copy"] = m_bytes / (gen.tp * gen.pp) / self.hbm
-        parts["overhead"] = overhead
+        parts["overhead"] = overhead + model.num_tensors() * o.weight_tensor_seconds
         parts = {k: v for k, v in parts.items() if v > 0.0}
         return OpCost.model_construct(seconds=sum(parts.values()), flops=0.0, bytes=nbytes, breakdown=parts)

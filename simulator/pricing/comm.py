@@ -13,6 +13,7 @@ same time, so groups that leave a node share that node's network interface.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -116,18 +117,23 @@ class Collectives:
     def link(self, world: int, ranks: tuple[int, ...]) -> Link:
         return group_link(self.cluster, self.params, world, ranks)
 
+    def latency(self, link: Link, n: int) -> float:
+        """A collective's fixed latency over `n` ranks (EfficiencyParams.collective_latency_growth)."""
+        g = self.params.collective_latency_growth
+        return link.latency * (1.0 + g * math.log2(n / 2)) if g and n > 2 else link.latency
+
     def allreduce(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
         """One ring all-reduce over `ranks`."""
         if len(ranks) <= 1:
             return 0.0, 0.0
         lk = self.link(world, ranks)
-        return ring_allreduce_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+        return ring_allreduce_seconds(size_bytes, len(ranks), lk.bandwidth), self.latency(lk, len(ranks))
 
     def allgather(self, size_bytes: float, world: int, ranks: tuple[int, ...]) -> tuple[float, float]:
         if len(ranks) <= 1:
             return 0.0, 0.0
         lk = self.link(world, ranks)
-        return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), lk.latency
+        return ring_allgather_seconds(size_bytes, len(ranks), lk.bandwidth), self.latency(lk, len(ranks))
 
     # One all-to-all of `size_bytes` per device over `ranks` moves the all-gather's volume (alltoall_seconds).
     alltoall = allgather

@@ -38,7 +38,7 @@ from hybridflow.simulator.pricing.memory import (
     plan_recompute,
     state_bytes,
 )
-from hybridflow.simulator.pricing.reshard import reshard_spec, weight_sync_buckets
+from hybridflow.simulator.pricing.reshard import IN_PLACE, reshard_spec, weight_sync_buckets
 from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
@@ -64,6 +64,14 @@ def _cost(flops: float, nbytes: float, **parts: float) -> OpCost:
                                   breakdown=parts)
 
 
+def _times(cost: OpCost, n: float) -> OpCost:
+    """`cost` paid `n` times over."""
+    if n == 1:
+        return cost
+    return OpCost.model_construct(seconds=cost.seconds * n, flops=cost.flops * n, bytes=cost.bytes * n,
+                                  breakdown={k: v * n for k, v in cost.breakdown.items()})
+
+
 @lru_cache(maxsize=256)
 def _shape(model: ModelSpec, head: Head) -> tuple[float, float, float, float]:
     """(parameters, matmul parameters, attention FLOPs per token per context token, KV bytes per token)."""
@@ -71,9 +79,11 @@ def _shape(model: ModelSpec, head: Head) -> tuple[float, float, float, float]:
     return float(model.num_params(head)), float(model.matmul_params(head)), attn, float(model.kv_bytes_per_token())
 
 
-def _seq_flops(pm: float, attn: float, seq_len: float) -> float:
-    """Forward FLOPs of one causal sequence (each token attends to (s+1)/2 tokens on average)."""
-    return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0)
+def _seq_flops(pm: float, attn: float, seq_len: float, attention_efficiency: float = 1.0) -> float:
+    """Forward FLOPs of one causal sequence (each token attends to (s+1)/2 tokens on average); with
+    `attention_efficiency` < 1 the attention's share is weighted up by it (its kernels' slower FLOPs),
+    which makes this the matmul-equivalent work a compute time is priced from."""
+    return seq_len * (2.0 * pm + attn * (seq_len + 1) / 2.0 / attention_efficiency)
 
 
 def _sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:
@@ -124,10 +134,13 @@ class CostModel(Collectives):
         per_rank = max(1, -(-sequences // (steps * dp)))  # sequences per dp rank per step
         b = min(workload.micro_batch_size, per_rank)
         m = -(-per_rank // b)  # micro-batches per step
-        seq_flops = _seq_flops(pm, attn, s)
+        ae = self.params.attention_efficiency
+        seq_flops, seq_work = _seq_flops(pm, attn, s), _seq_flops(pm, attn, s, ae)
         if workload.samples_per_prompt > 1 and shares_prompts(head, par, model.attention_window, s):  # each sample's share of its prompt
-            seq_flops -= (1.0 - 1.0 / workload.samples_per_prompt) * _seq_flops(pm, attn, workload.prompt_len)
-        compute = mult * seq_flops * per_rank * steps / (tp * pp) / (
+            share = 1.0 - 1.0 / workload.samples_per_prompt
+            seq_flops -= share * _seq_flops(pm, attn, workload.prompt_len)
+            seq_work -= share * _seq_flops(pm, attn, workload.prompt_len, ae)
+        compute = mult * seq_work * per_rank * steps / (tp * pp) / (
             self.peak * self.matmul_efficiency(b * s, model.hidden / tp))
         act_bytes = BF16 * b * s * model.hidden
         micro = steps * m
@@ -173,13 +186,21 @@ class CostModel(Collectives):
         return _cost(flops, net, **parts)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False) -> OpCost:
-        """All PPO epochs × mini-batches of forward + backward (+ recomputation) and Adam steps."""
+              recompute: bool = False, optimizer_offload: bool = False) -> OpCost:
+        """All PPO epochs × mini-batches of forward + backward (+ recomputation) and Adam steps.
+        optimizer_offload: each step sends the gradients to host memory, runs Adam on the node's CPU (its
+        devices' shards one after another through the host's DRAM) and copies the new weights back."""
         steps = workload.ppo_epochs * workload.mini_batches
         flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
                                          steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3)
-        n_params = _shape(model, head)[0]
-        parts["optimizer"] = steps * n_params / parallel.world_size * self.params.adam_bytes_per_param / self.hbm
+        p, local = self.params, _shape(model, head)[0] / parallel.world_size
+        if optimizer_offload:
+            per_node = local * min(parallel.world_size, self.cluster.devices_per_node)
+            host_link = self.cluster.hardware.host_bandwidth * p.host_link_efficiency
+            parts["host_optimizer"] = steps * per_node * p.adam_bytes_per_param / p.host_adam_bandwidth
+            parts["host_copy"] = steps * 2 * BF16 * local / host_link  # gradients out, weights back
+        else:
+            parts["optimizer"] = steps * local * p.adam_bytes_per_param / self.hbm
         return _cost(flops, net, **parts)
 
     # ---- generation -----------------------------------------------------------------------------
@@ -194,7 +215,8 @@ class CostModel(Collectives):
         chunks = tokens / chunk
         fill = 1.0 + (pp - 1) / chunks
         eff = self.matmul_efficiency(chunk, model.hidden / tp)
-        compute = batch * _seq_flops(pm, attn, prompt_len) / (tp * pp * self.peak * eff) * fill
+        work = batch * _seq_flops(pm, attn, prompt_len, self.params.attention_efficiency)
+        compute = work / (tp * pp * self.peak * eff) * fill
         memory = chunks * BF16 * pm / (tp * pp) / self.hbm * fill  # every weight read once per chunk
         layers = model.layers / pp
         bw, lat = self.allreduce(BF16 * chunk * model.hidden, world, tp_ranks(gen))
@@ -215,7 +237,7 @@ class CostModel(Collectives):
         kv_share = max(model.kv_heads / tp, 1.0) / model.kv_heads
         w_stage = BF16 * pm / (tp * pp)
         kv_stage = kv_tok * kv_share / pp
-        a_m, b_m = pp * w_stage / self.hbm, pp * x * kv_stage / self.hbm
+        a_m, b_m = pp * w_stage / self.hbm, pp * x * kv_stage / (self.hbm * self.params.kv_read_efficiency)
         eff = self.matmul_efficiency(None, model.hidden / tp)
         a_c, b_c = x * 2 * pm / (tp * self.peak * eff), x * attn / (tp * self.peak * eff)
         bw, lat = self.allreduce(BF16 * x * model.hidden, world, tp_ranks(gen))
@@ -232,24 +254,34 @@ class CostModel(Collectives):
         return {"memory": memory, "compute": compute, "tp_comm": tp_comm, "pp_comm": pp_comm, "latency": latency,
                 "overhead": self.params.decode_step_overhead, "step_seconds": max(memory, compute) + fixed}
 
-    def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
-                 free_bytes_per_device: float | None = None) -> OpCost:
-        """Prefill + decode of `sequences` responses on gen.dp replicas in waves of the largest batch
-        the KV cache holds. free_bytes_per_device: bytes left for the KV cache (everything else already
-        resident); default: usable memory minus the generation weights."""
-        seqs = workload.sequences if sequences is None else sequences
-        _, pm, attn, kv_tok = _shape(model, "lm")
+    def decode_waves(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
+                     free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int, int]:
+        """(sequences per replica, waves, balanced batch): the largest batch the KV cache holds (at most
+        `batch_cap`, a static engine's batch per call), in as few waves as that allows."""
         if free_bytes_per_device is None:
             free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
-        batch = decode_batch(model, gen, workload, free_bytes_per_device, self.params, seqs)
+        batch = decode_batch(model, gen, workload, free_bytes_per_device, self.params, sequences)
         if batch < 1:
             need = kv_bytes_per_sequence(model, gen, workload.seq_len)
             raise InfeasibleError(
                 f"generation of {model.name} with {gen}: one sequence's KV cache needs {need / GiB:.2f} GiB per "
                 f"device but only {max(free_bytes_per_device, 0) / GiB:.2f} GiB is free; raise tp·pp or free memory")
-        per_replica = -(-seqs // gen.dp)
+        batch = min(batch, batch_cap or batch)
+        per_replica = -(-sequences // gen.dp)
         waves = -(-per_replica // batch)
-        batch = -(-per_replica // waves)  # balance the waves
+        return per_replica, waves, -(-per_replica // waves)  # balance the waves
+
+    def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
+                 free_bytes_per_device: float | None = None, batch_cap: int | None = None,
+                 gather_every_step: bool = False) -> OpCost:
+        """Prefill + decode of `sequences` responses on gen.dp replicas in waves of the largest batch
+        the KV cache holds. free_bytes_per_device: bytes left for the KV cache (everything else already
+        resident); default: usable memory minus the generation weights. batch_cap: a static engine's batch
+        per call (vocabulary/mechanics.py). gather_every_step: the weights stay ZeRO-3 shards over gen.dp and
+        every pass (the prefill and each decode step) all-gathers them layer by layer (HF generate under ZeRO-3)."""
+        seqs = workload.sequences if sequences is None else sequences
+        _, pm, attn, kv_tok = _shape(model, "lm")
+        per_replica, waves, batch = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         P, R = workload.prompt_len, workload.response_len
         pre = self.prefill(model, gen, batch, P)
         a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = self._decode_terms(model, gen, batch)
@@ -263,6 +295,11 @@ class CostModel(Collectives):
             "latency": waves * (pre["latency"] + steps * latency),
             "overhead": waves * (1 + steps) * self.params.decode_step_overhead,
         }
+        if gather_every_step and gen.dp > 1:  # each pass gathers the whole model, one collective per layer
+            ag_bw, ag_lat = self.allgather(BF16 * model.num_params("lm") / (gen.tp * gen.pp), gen.world_size,
+                                           dp_ranks(gen))
+            parts["dp_gather"] = waves * (1 + steps) * ag_bw
+            parts["latency"] += waves * (1 + steps) * (model.layers / gen.pp) * ag_lat
         flops = seqs * (_seq_flops(pm, attn, P) + steps * (2 * pm + attn * (P + 1 + (steps - 1) / 2)))
         kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads
         weights_read = BF16 * pm / (gen.tp * gen.pp) * min(gen.pp, batch)  # once per micro-batch per step
@@ -270,22 +307,30 @@ class CostModel(Collectives):
         return _cost(flops, hbm_bytes, **parts)
 
     # ---- weights moving -------------------------------------------------------------------------
-    def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str) -> OpCost:
-        """Switch the actor's weights from its training to its generation layout (paper Table 2)."""
+    def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
+                per_tensor: bool = False) -> OpCost:
+        """Switch the actor's weights from its training to its generation layout (paper Table 2).
+        per_tensor: a broadcast that gathers and sends one tensor at a time (OpenRLHF v0.2's weight sync),
+        paying a gather's and a broadcast's latency per tensor instead of per layer and per bucket."""
         m_bytes = BF16 * model.num_params("lm")
         spec = reshard_spec(m_bytes, train, gen, mode)
+        if mode == IN_PLACE:
+            return _cost(0.0, 0.0)
         world = train.world_size
         collectives = model.layers + 1  # gathered layer by layer (plus embeddings/head)
         if mode == "broadcast":  # gather the ZeRO-3 shards, then send the full model to the other devices
             ag, lat = self.allgather(m_bytes, world, tuple(range(world)))
             across = world + gen.world_size > self.cluster.devices_per_node
             hw = self.cluster.hardware
-            bw = (hw.inter_node_bandwidth * self.params.inter_link_efficiency if across
-                  else hw.intra_node_bandwidth * self.params.intra_link_efficiency)
+            # one sender: across nodes its bytes leave through its own NIC (of the node's nics_per_node)
+            bw = (hw.inter_node_bandwidth / hw.nics_per_node * self.params.inter_link_efficiency
+                  if across else hw.intra_node_bandwidth * self.params.intra_link_efficiency)
             send_lat = hw.inter_node_latency if across else hw.intra_node_latency
             # the gather, layer by layer when the training weights are sharded; then one broadcast per bucket
+            gathers, sends = (model.num_tensors(), model.num_tensors()) if per_tensor else (
+                collectives, weight_sync_buckets(m_bytes))
             return _cost(0.0, spec.volume, reshard_comm=ag + m_bytes / bw,
-                         latency=(collectives * lat if world > 1 else 0.0) + weight_sync_buckets(m_bytes) * send_lat)
+                         latency=(gathers * lat if world > 1 else 0.0) + sends * send_lat)
         bw_s, lat = self.allgather(spec.gathered_bytes, world, spec.ranks)
         eg_bw, eg_lat, eg_bytes = expert_gather(self, model, train)  # generation holds every expert
         return _cost(0.0, spec.volume + eg_bytes, reshard_comm=bw_s, ep_gather=eg_bw,
@@ -317,18 +362,27 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
             return _cost(0.0, 0.0, driver=w.sequences * w.response_len * p.driver_seconds_per_token)
         raise HflowError(f"op '{op}' names role '{role}', which the plan does not have (roles: {', '.join(plan.roles)})")
     rp, head = plan.roles[role], role_head(role)
+    mech = getattr(plan, "mechanics", None)  # the planner's view of a request has none: HybridFlow's own
+    calls = w.mini_batches if mech and mech.generate_per_minibatch else 1  # DS-Chat: per mini-batch
     if op in GENERATE_OPS:
         # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
         # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
-        return cm.generate(rp.model, plan.generation_config(), w, seqs, kv_free_bytes(plan, p))
+        # A baseline's static batch or ZeRO-3 generation is its mechanics' (vocabulary/mechanics.py).
+        one = cm.generate(rp.model, plan.generation_config(), w, -(-seqs // calls), kv_free_bytes(plan, p),
+                          batch_cap=mech.generation_batch if mech else None,
+                          gather_every_step=bool(mech and mech.gather_every_step))
+        return _times(_times(one, calls), mech.decode_slowdown if mech else 1.0)
     if op in FORWARD_OPS:
         return cm.forward(rp.model, head, rp.train, w, seqs)
     if op in UPDATE_OPS:
-        return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False))
+        return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False),
+                        optimizer_offload=bool(getattr(plan, "optimizer_offload", False)))
     if op in WEIGHT_SYNC_OPS:
-        return cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode())
+        return _times(cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode(),
+                                 per_tensor=bool(mech and mech.weight_sync == "per-tensor")), calls)
     if op in OFFLOAD_OPS:
-        states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES)
+        states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES,
+                             optimizer_offload=bool(getattr(plan, "optimizer_offload", False)))
         return cm.offload(states.total)
     raise HflowError(f"unknown op '{op}'; known ops: generate, generate_baseline, {', '.join(FORWARD_OPS)}, "
                      "advantage, actor_update, critic_update, reshard, offload, onload")

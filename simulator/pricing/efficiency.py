@@ -30,6 +30,10 @@ class EfficiencyParams(BaseModel):
                     "the roofline ridge of an A100 is 312e12/2.0e12 ~ 150 FLOP/byte, and a bf16 GEMM with "
                     "M rows has an arithmetic intensity of about M, so GEMMs with fewer rows are "
                     "bandwidth-bound. Decode steps model their memory bound explicitly and skip this term.")
+    attention_efficiency: float = Field(
+        1.0, gt=0, le=2,
+        description="attention's FLOP/s relative to the matmuls' (QKᵀ and AV; flash-attention kernels reach a lower "
+                    "share of peak than large GEMMs, most visibly at long sequences). 1: priced alike.")
     width_half: PositiveFloat = Field(
         256.0,
         description="shard width (hidden / tp) at which matmul efficiency is half its maximum: thin "
@@ -43,6 +47,10 @@ class EfficiencyParams(BaseModel):
                     "decode_step_overhead it reproduces a public vLLM sweep (Llama-3.1-8B, batch 1, A100-40GB, "
                     "1024-token prompts: ~75 tokens/s): (15.0 GB of matmul weights + 0.13 GB of KV) / "
                     "(0.8 × 1.555 TB/s) + 1 ms = 13.2 ms per token = 76 tokens/s.")
+    kv_read_efficiency: float = Field(
+        1.0, gt=0, le=1,
+        description="a decode step's KV-cache reads relative to its weight streaming (attention kernels gather the "
+                    "cache in pages and per head, below a GEMV's streaming rate at long contexts). 1: alike.")
     adam_bytes_per_param: PositiveFloat = Field(
         28.0,
         description="HBM bytes an Adam step moves per parameter: read fp32 master, m, v (12) and the bf16 "
@@ -56,6 +64,18 @@ class EfficiencyParams(BaseModel):
         0.9, gt=0, le=1,
         description="NCCL bus bandwidth / NIC line rate across nodes: InfiniBand HDR 200 Gb/s reaches "
                     "~22-24 GB/s in nccl-tests.")
+    collective_latency_growth: float = Field(
+        0.0, ge=0,
+        description="how a collective's fixed latency grows with its group: latency · (1 + growth · log2(n/2)) for n "
+                    "ranks (a ring or tree of more ranks takes more hops per small message). 0: the hardware's "
+                    "latency whatever the group.")
+    host_adam_bandwidth: PositiveFloat = Field(
+        10.7e9,
+        description="Adam bytes/s a node's CPU streams when the optimizer is offloaded (ZeRO-Offload's CPU-Adam: "
+                    "adam_bytes_per_param per parameter, the node's devices' shards one after another). From the one "
+                    "controlled pair published: OpenRLHF's benchmark ran DeepSpeed-Chat on 8 A800 with and without "
+                    "--offload, training 492.01 s vs 209.05 s for 8 steps of a 7B actor and critic: 283 s / 16 "
+                    "steps = 17.7 s for 6.74e9 parameters × 28 bytes (about 0.4 G parameters/s).")
     host_link_efficiency: float = Field(
         0.9, gt=0, le=1, description="achieved fraction of the device<->host copy bandwidth (pinned memory).")
     fsdp_overlap: float = Field(

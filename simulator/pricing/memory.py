@@ -102,13 +102,16 @@ def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig
     return (params - experts) / parallel.model_parallel_size + experts / (parallel.model_parallel_size * parallel.ep)
 
 
-def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool) -> MemoryBreakdown:
+def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool,
+                optimizer_offload: bool = False) -> MemoryBreakdown:
+    """Resident bytes per device: the weights and (trained, unless offloaded to host memory) Adam's states."""
     n = parallel.world_size
     params = model.num_params(head)
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
     # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
     weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
-    return _mb(weights=BF16 * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable else 0.0)
+    return _mb(weights=BF16 * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable and not optimizer_offload
+               else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
@@ -296,7 +299,7 @@ _OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", 
 def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
     """(states by role, [(role, op, resident states, transient)]) for one device group."""
     usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
-    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES)
+    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES, plan.optimizer_offload)
               for r, rp in plan.roles.items() if rp.group == group}
     everyone = sum(states.values(), _mb())
     phases = []
@@ -306,6 +309,8 @@ def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
         for op in _OPS[role]:
             t = (train_transient(rp.model, head, rp.train, plan.workload, recompute) if op.endswith("_update")
                  else forward_transient(rp.model, head, rp.train, plan.workload))
+            if plan.optimizer_offload and op.endswith("_update"):  # ZeRO-Offload moves the gradients out too
+                t = t.model_copy(update={"gradients": 0.0})
             phases.append((role, op, resident, t))
         if role == "actor" and rp.generate_group is None:
             gen = rp.generate or rp.train

@@ -31,6 +31,15 @@ from hybridflow.simulator.vocabulary.plan import RESHARD_MODES
 # one link latency, per bucket.
 
 
+# Generation under ZeRO-3 without a hybrid engine (HF generate; DS-Chat with the Hybrid Engine off): no
+# switch at all, the generation op gathers each layer's shards every pass (CostModel.generate's
+# gather_every_step). Not a mode a plan names: Plan.weight_sync_mode() answers it for such mechanics.
+IN_PLACE = "in-place"
+# DeepSpeed-Chat's Hybrid Engine: Table 2's ds-chat gather, each device then keeping only its slice of the
+# inference containers' tensor parallelism (--inference_tp_size), so the peak is M/t_g, not M.
+HYBRID_ENGINE = "hybrid-engine"
+
+
 def weight_sync_buckets(model_bytes: float, bucket_bytes: int = WEIGHT_SYNC_BUCKET_BYTES) -> int:
     """Broadcasts one weight sync makes (a tensor larger than a bucket goes alone: about the bytes over
     the bucket size)."""
@@ -66,7 +75,12 @@ def reshard_spec(model_bytes: float, train: ParallelConfig, gen: ParallelConfig,
     if mode == "broadcast":
         mp_g = gen.tp * gen.pp
         return ReshardSpec(M, M / mp_g, M / mp_g, M, (0,))
-    raise HflowError(f"unknown reshard mode '{mode}'; known modes: {', '.join(RESHARD_MODES)}")
+    if mode == HYBRID_ENGINE:  # DS-Chat: every device gathers the whole model, keeping its inference-TP slice
+        n, mp_g = tp * d, gen.tp * gen.pp
+        return ReshardSpec((n - 1) / n * M, M / mp_g, M / n, M, tuple(range(n)))
+    if mode == IN_PLACE:  # generation reads the ZeRO-3 shards where they are, gathering a layer at a time
+        return ReshardSpec(0.0, 0.0, 0.0, 0.0, (0,))  # (a layer's gather buffer, as a forward's: negligible)
+    raise HflowError(f"unknown reshard mode '{mode}'; known modes: {', '.join((*RESHARD_MODES, HYBRID_ENGINE, IN_PLACE))}")
 
 
 def reshard_volume(model_bytes: float, train: ParallelConfig, gen: ParallelConfig, mode: str) -> float:

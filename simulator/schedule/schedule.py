@@ -146,12 +146,12 @@ def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGr
 
 def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None) -> dict[Hashable, object]:
     """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once)."""
-    from hybridflow.simulator.pricing.cost import (  # the cost model prices; this module only schedules
-        CostModel,
-        price_op,
+    from hybridflow.simulator.calibration.gpu_fit import default_cost_model
+    from hybridflow.simulator.pricing.cost import (
+        price_op,  # the cost model prices; this module only schedules
     )
 
-    cm = cost_model or CostModel(plan.cluster)
+    cm = cost_model or default_cost_model(plan.cluster)
     cache: dict[tuple[str, str, bool], object] = {}
     out = {}
     for n, a in graph.nodes(data=True):

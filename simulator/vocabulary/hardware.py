@@ -27,10 +27,13 @@ class HardwareSpec(BaseModel):
     intra_node_latency: PositiveFloat = Field(8e-6, description="fixed seconds per collective inside a node")
     inter_node_latency: PositiveFloat = Field(2.5e-5, description="fixed seconds per collective across nodes")
     host_bandwidth: PositiveFloat = Field(25e9, description="device<->host copy bandwidth (offload/onload), bytes/s")
+    nics_per_node: PositiveInt = Field(1, description="network interfaces sharing inter_node_bandwidth: one device "
+                                       "sending alone across nodes gets one of them")
     source: str = ""
 
 
-# Datasheets: NVIDIA A100 (2020), H100 SXM5 and H200 SXM (2023/2024). Latencies: NCCL small-message
+# Datasheets: NVIDIA A100 (2020), H100 SXM5 and H200 SXM (2023/2024); the A800 and H800 are the A100 and H100
+# with NVLink cut to 400 GB/s, the H20 a Hopper part with a fraction of the H100's compute. Latencies: NCCL small-message
 # all-reduce on NVLink ~8 us, over InfiniBand/RoCE ~25 us (nccl-tests, DGX systems).
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "a100-80g": HardwareSpec(
@@ -41,11 +44,35 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h100-80g": HardwareSpec(
         name="h100-80g", peak_flops=989e12, hbm_bandwidth=3.35e12, hbm_bytes=80 * GiB,
         intra_node_bandwidth=450e9, inter_node_bandwidth=400e9, host_bandwidth=50e9,
+        nics_per_node=8,
         source="NVIDIA H100 SXM5 datasheet; NVLink4 900 GB/s bidirectional; 8x400 Gb/s NICs per node",
+    ),
+    "a100-40g": HardwareSpec(
+        name="a100-40g", peak_flops=312e12, hbm_bandwidth=1.555e12, hbm_bytes=40 * GiB,
+        intra_node_bandwidth=300e9, inter_node_bandwidth=25e9, host_bandwidth=25e9,
+        source="NVIDIA A100 40GB SXM datasheet; NVLink3 600 GB/s bidirectional; 200 Gb/s NIC per node",
+    ),
+    "a800-80g": HardwareSpec(
+        name="a800-80g", peak_flops=312e12, hbm_bandwidth=2.039e12, hbm_bytes=80 * GiB,
+        intra_node_bandwidth=200e9, inter_node_bandwidth=25e9, host_bandwidth=25e9,
+        source="NVIDIA A800 80GB SXM (the A100 with NVLink cut to 400 GB/s bidirectional); 200 Gb/s NIC per node",
+    ),
+    "h800-80g": HardwareSpec(
+        name="h800-80g", peak_flops=989e12, hbm_bandwidth=3.35e12, hbm_bytes=80 * GiB,
+        intra_node_bandwidth=200e9, inter_node_bandwidth=400e9, host_bandwidth=50e9,
+        nics_per_node=8,
+        source="NVIDIA H800 SXM (the H100 with NVLink cut to 400 GB/s bidirectional); 8x400 Gb/s NICs per node",
+    ),
+    "h20-96g": HardwareSpec(
+        name="h20-96g", peak_flops=148e12, hbm_bandwidth=4.0e12, hbm_bytes=96 * GiB,
+        intra_node_bandwidth=450e9, inter_node_bandwidth=400e9, host_bandwidth=50e9,
+        nics_per_node=8,
+        source="NVIDIA H20 datasheet (148 TFLOP/s dense bf16, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s bidirectional)",
     ),
     "h200-141g": HardwareSpec(
         name="h200-141g", peak_flops=989e12, hbm_bandwidth=4.8e12, hbm_bytes=143771 * MiB,
         intra_node_bandwidth=450e9, inter_node_bandwidth=400e9, host_bandwidth=50e9,
+        nics_per_node=8,
         source="NVIDIA H200 SXM datasheet; NVLink4 900 GB/s bidirectional; 8x400 Gb/s NICs per node",
     ),
 }

@@ -88,6 +88,14 @@ class ModelSpec(BaseModel):
             out = 0 if self.tied_embeddings else self.vocab * self.hidden
         return embed + self.layers * self.layer_params() + self.hidden + out
 
+    def num_tensors(self, head: Head = "lm") -> int:
+        """Weight tensors of the HF checkpoint (what a weight sync gathers and loads one by one): per layer q, k, v,
+        o, the MLP's three (each expert's, and the router), two norms (and q/k norms, biases); embeddings, final
+        norm and the head."""
+        mlp = 3 * (self.experts or 1) + (1 if self.experts else 0) + (3 * (self.experts or 1) if self.mlp_bias else 0)
+        per_layer = 4 + mlp + 2 + (2 if self.qk_norm else 0) + (3 if self.attention_bias else 0) + int(self.o_bias)
+        return self.layers * per_layer + 2 + (0 if self.tied_embeddings and head == "lm" else 1)
+
     def expert_params(self) -> int:
         """The experts' parameters over all layers (0 for a dense model): what expert parallelism splits."""
         if self.experts is None:

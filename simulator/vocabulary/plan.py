@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.mechanics import Mechanics
 from hybridflow.simulator.vocabulary.model import ModelSpec, preset_if_named
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.roles import Role
@@ -101,6 +102,8 @@ class Plan(BaseModel):
     reward_function: str | None = None  # "module:function" when the reward is rule-based
     cost_function: str | None = None
     offload: bool = False  # colocated models move their states to host memory when idle
+    optimizer_offload: bool = False  # trained models keep Adam's states in host memory and step there (ZeRO-Offload)
+    mechanics: Mechanics = Mechanics()  # how the engines run the ops (vocabulary/mechanics.py): a baseline's differ
     mode: ExecutionMode = "sync"
     max_staleness: int = Field(1, ge=1)  # `async`: the most updates a trained batch's policy may lag behind
     notes: str = ""
@@ -168,6 +171,10 @@ class Plan(BaseModel):
         whole model and vLLM takes its own tensor-parallel slice — DS-Chat's gather (volume and peak);
         else the plan's 3D-HybridEngine mode."""
         actor = self.roles.get("actor")
+        if self.mechanics.gather_every_step:
+            return "in-place"  # generation under ZeRO-3 gathers as it goes (pricing/reshard.py IN_PLACE)
+        if self.mechanics.system == "deepspeed-chat":
+            return "hybrid-engine"  # its inference containers keep a tensor-parallel slice (pricing/reshard.py)
         if actor is not None and actor.generate_group:
             return "broadcast"
         if actor is not None and actor.rollout == "vllm":
@@ -197,7 +204,9 @@ class Plan(BaseModel):
                 if rp.generate.world_size != gsize:
                     raise HflowError(f"actor generation config {rp.generate} uses {rp.generate.world_size} devices "
                                      f"but its group has {gsize}")
-                if not rp.generate_group and (rp.train.tp % rp.generate.tp or rp.train.pp % rp.generate.pp):
+                regathers = self.weight_sync_mode() in ("hybrid-engine", "in-place")  # whole layers, any split
+                if (not rp.generate_group and not regathers
+                        and (rp.train.tp % rp.generate.tp or rp.train.pp % rp.generate.pp)):
                     raise HflowError(f"actor generation config {rp.generate} must have tp | {rp.train.tp} and "
                                      f"pp | {rp.train.pp} (3D-HybridEngine); pick divisors of the training layout")
         return self

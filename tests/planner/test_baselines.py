@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from hybridflow.planner.baselines import ds_chat, hybridflow_v, nemo_aligner, openrlhf
+from hybridflow.planner.baselines import (
+    NEMO_ALIGNER_DECODE_SLOWDOWN,
+    SystemSettings,
+    ds_chat,
+    hybridflow_v,
+    nemo_aligner,
+    openrlhf,
+    openrlhf_colocated,
+)
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import Planner
 from hybridflow.simulator import ClusterSpec, Workload, hardware_preset, model_preset
@@ -38,7 +46,32 @@ def test_ds_chat_is_all_colocated_zero3_with_full_gather(searched):
     _priced_like_simulate(b, planner.cm)
     assert b.plan.reshard == "ds-chat" and len(b.plan.groups) == 1
     assert all(rp.train.dp == 16 and rp.train.tp == rp.train.pp == 1 for rp in b.plan.roles.values())
+    # the Hybrid Engine: one generation (and switch) per mini-batch, each device its share of the mini-batch
+    mech = b.plan.mechanics
+    assert mech.system == "deepspeed-chat" and mech.generate_per_minibatch and mech.batching == "static"
+    assert mech.generation_batch == WL.prompts // (WL.mini_batches * 16)
+    assert b.plan.weight_sync_mode() == "hybrid-engine"
     assert b.seconds >= res.best.seconds  # the search covers DS-Chat's layout with a cheaper reshard
+
+
+def test_ds_chat_without_hybrid_engine_gathers_every_step_and_is_slower(searched):
+    req, planner, _ = searched
+    he = ds_chat(req, planner.cm)
+    z3 = ds_chat(req, planner.cm, SystemSettings(hybrid_engine=False, generation_batch=8))
+    _priced_like_simulate(z3, planner.cm)
+    assert z3.plan.mechanics.gather_every_step and z3.plan.weight_sync_mode() == "in-place"
+    he_gen, z3_gen = (simulate(b.plan, planner.cm).op_seconds()["generate"] for b in (he, z3))
+    assert z3_gen > 2 * he_gen  # 512 decode steps each gathering the whole model over 16 devices
+    # OpenRLHF's DeepSpeed trainer without Ray is the same layout under its own name
+    assert openrlhf_colocated(req, planner.cm).plan.mechanics.gather_every_step
+
+
+def test_ds_chat_raises_inference_tp_until_the_actor_fits():
+    req = _req("llama2-70b", nodes=8, wl=Workload())
+    b = ds_chat(req, Planner(req).cm)
+    assert b.fits and b.plan.generation_config().tp > 1
+    pinned = ds_chat(req, Planner(req).cm, SystemSettings(inference_tp=1))
+    assert not pinned.fits and "GiB" in pinned.reason
 
 
 def test_openrlhf_separate_groups_and_rollout(searched):
@@ -52,6 +85,22 @@ def test_openrlhf_separate_groups_and_rollout(searched):
     assert sum(len(g.devices) for g in p.groups) == 16
     assert all(rp.train.tp == rp.train.pp == 1 for rp in p.roles.values())
     assert p.roles["actor"].generate.pp == 1
+    assert p.mechanics.weight_sync == "per-tensor" and p.mechanics.generation_batch == 16
+
+
+def test_openrlhf_takes_a_stated_split_and_needs_adam_offload_for_13b_on_two_devices():
+    c = ClusterSpec(hardware=hardware_preset("a800-80g"), nodes=1, devices_per_node=8)
+    req = SearchRequest.for_algorithm("ppo", model_preset("llama2-13b"), c, WL)
+    split = dict(ref=1, reward=1, actor=2, critic=2, rollout=2)
+    plain = openrlhf(req, Planner(req).cm, SystemSettings(split=split))
+    assert not plain.fits and "optimizer" in plain.reason
+    off = openrlhf(req, Planner(req).cm, SystemSettings(split=split, optimizer_offload=True))
+    assert off.fits and off.plan.optimizer_offload
+    assert {r: len(off.plan.group(rp.group).devices) for r, rp in off.plan.roles.items()} == {
+        "actor": 2, "critic": 2, "ref": 1, "reward": 1}
+    assert len(off.plan.group("rollout").devices) == 2
+    bad = openrlhf(req, Planner(req).cm, SystemSettings(split=dict(split, rollout=1)))
+    assert not bad.fits and "split" in bad.reason
 
 
 def test_nemo_aligner_halves_and_no_reshard(searched):
@@ -60,7 +109,11 @@ def test_nemo_aligner_halves_and_no_reshard(searched):
     _priced_like_simulate(b, planner.cm)
     assert sorted(map(sorted, b.plan.placement())) == [["actor", "ref"], ["critic", "reward"]]
     actor = b.plan.roles["actor"]
-    assert actor.generate == actor.train
+    g, t = actor.generate, actor.train
+    assert (g.tp, g.pp, g.dp) == (t.tp, t.pp, t.dp) and t.backend == "megatron"
+    mech = b.plan.mechanics
+    assert mech.batching == "static" and mech.generation_batch == 8
+    assert mech.decode_slowdown == NEMO_ALIGNER_DECODE_SLOWDOWN
     assert [len(g.devices) for g in b.plan.groups] == [8, 8]
     assert b.seconds >= res.best.seconds * (1 - 1e-12)
 
@@ -75,7 +128,7 @@ def test_hybridflow_v_keeps_our_placement(searched):
 
 
 def test_baselines_that_cannot_fit_say_why():
-    req = _req("llama2-70b", nodes=16, wl=Workload())
+    req = _req("llama2-70b", nodes=4, wl=Workload())
     planner = Planner(req)
     res = planner.run()
     b = ds_chat(req, planner.cm)

@@ -25,6 +25,16 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def op_breakdown(plans: dict, cost_model) -> dict:
+    """Per system: the mechanics its plan is priced with and the seconds of each op in one iteration (summed
+    over the op's nodes), so a baseline's mechanics show where they cost (the Hybrid Engine's switches, a
+    static batch's generation, a per-tensor weight sync)."""
+    from hybridflow.simulator.schedule.schedule import simulate
+
+    return {name: {"mechanics": plan.mechanics.describe(), "ops": simulate(plan, cost_model).op_seconds()}
+            for name, plan in plans.items()}
+
+
 def run(args) -> int:
     from hybridflow.planner.baselines import price_baselines
     from hybridflow.planner.plans import plan_summary, scored_to_plan
@@ -34,20 +44,24 @@ def run(args) -> int:
 
     req, cm = request_with_profile(request_from_args(args), args.profile)
     planner, result = run_search(req, cm)
-    best = plan_summary(scored_to_plan(req, result.best), result.best.seconds)
-    baselines = {name: b.json() for name, b in price_baselines(req, planner, result).items()}
+    best_plan = scored_to_plan(req, result.best)
+    best = plan_summary(best_plan, result.best.seconds)
+    priced = price_baselines(req, planner, result)
+    baselines = {name: b.json() for name, b in priced.items()}
+    breakdown = op_breakdown({"hybridflow": best_plan, **{n: b.plan for n, b in priced.items() if b.fits}},
+                             planner.cm)
     speedup = {name: (best["tokens_per_second"] / b["tokens_per_second"] if "tokens_per_second" in b else None)
                for name, b in baselines.items()}
     choices = backend_choices(req, planner.cm, result) if len(req.backends) > 1 else None
     if args.json:
-        print(json.dumps({"best": best, "baselines": baselines, "speedup": speedup,
+        print(json.dumps({"best": best, "baselines": baselines, "speedup": speedup, "breakdown": breakdown,
                           "search_seconds": result.search_seconds, "plans_priced": result.plans_priced,
                           **({"backends": choices} if choices else {})}))
         return 0
     from rich.console import Console
 
     from hybridflow.tools.reports.backends import backends_table, ops_table
-    from hybridflow.tools.reports.search import compare_table
+    from hybridflow.tools.reports.search import breakdown_table, compare_table
 
     console = Console(file=sys.stdout, width=max(Console().width, 140))
     c = req.cluster
@@ -55,6 +69,7 @@ def run(args) -> int:
                   f"{req.workload.prompts} prompts × {req.workload.samples_per_prompt} samples × "
                   f"({req.workload.prompt_len} + {req.workload.response_len}) tokens per iteration")
     console.print(compare_table(best, baselines))
+    console.print(breakdown_table(breakdown))
     if choices:
         console.print(backends_table(choices))
         console.print(ops_table(choices))

@@ -59,6 +59,22 @@ def compare_table(best: Mapping, baselines: Mapping[str, Mapping]) -> Table:
     return t
 
 
+def breakdown_table(breakdown: Mapping[str, Mapping]) -> Table:
+    """Seconds per op of one iteration for each system (a column each), and what each is priced on
+    (tools/commands/compare.py)."""
+    ops = sorted({op for b in breakdown.values() for op in b["ops"]},
+                 key=lambda op: -max(b["ops"].get(op, 0.0) for b in breakdown.values()))
+    t = Table(title="where each system's iteration goes (seconds per op, summed over its calls)", title_justify="left",
+              caption="\n".join(f"{name}: priced on {b['mechanics']}" for name, b in breakdown.items()),
+              caption_justify="left")
+    t.add_column("op")
+    for name in breakdown:
+        t.add_column(name, justify="right")
+    for op in ops:
+        t.add_row(op, *(fmt_seconds(b["ops"][op]) if op in b["ops"] else "—" for b in breakdown.values()))
+    return t
+
+
 def modes_table(per_mode: Mapping[str, Mapping], chosen: str, max_staleness: int) -> Table:
     """One row per execution mode: its best plan, staleness, devices for rollout vs training, tokens/s and
     the speedup over the synchronous one; the picked mode marked, modes over the limit greyed."""

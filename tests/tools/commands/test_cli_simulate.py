@@ -103,7 +103,7 @@ BAD = {
 }
 MESSAGE = {
     "missing": "no such file", "malformed_json": "not valid JSON", "malformed_yaml": "not valid YAML",
-    "unknown_hardware": "known presets: a100-80g", "unknown_model": "known presets: llama2-7b",
+    "unknown_hardware": "known presets: a100-40g, a100-80g", "unknown_model": "known presets: llama2-7b",
     "tp_does_not_divide": "tp=8 must divide heads=28", "wrong_world_size": "uses 4 devices",
 }
 

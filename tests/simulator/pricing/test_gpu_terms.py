@@ -1,0 +1,245 @@
+"""The cost-model terms the GPU fit moves (simulator/calibration/gpu_fit.py), each on hand-computed values:
+attention's slower FLOPs, the decode step's KV reads, a collective's latency growing with its group, a serving
+engine's per-sequence cost, the weight sync's per-tensor cost and tensor count, the weight broadcast through
+the sender's own NIC across nodes, and the defaults a cluster gets (the shipped fit on a GPU family, the
+analytic model elsewhere)."""
+
+import pytest
+
+from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
+from hybridflow.simulator.calibration.gpu_fit import FAMILIES, default_cost_model, stored_terms
+from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+from hybridflow.simulator.pricing.cost import CostModel
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.vocabulary.hardware import HardwareSpec
+from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.units import GiB
+
+# A toy device of round figures: 1 TFLOP/s, 100 GB/s HBM, 10 GB/s NVLink, a 8 GB/s NIC per node.
+HW = HardwareSpec(name="toy-gpu", peak_flops=1e12, hbm_bandwidth=1e11, hbm_bytes=64 * GiB,
+                  intra_node_bandwidth=1e10, inter_node_bandwidth=8e9, intra_node_latency=1e-5,
+                  inter_node_latency=2e-5)
+# A llama-like toy: 2 layers, hidden 64, 4 heads of 16, MHA, SwiGLU 128 wide, vocabulary 100, untied head.
+TOY = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100)
+LAYER = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k, v, o; gate, up, down; two norms
+PM = 2 * LAYER + 100 * 64  # matmul parameters: the layers and the LM head (the embedding lookup is no matmul)
+PARAMS = 100 * 64 + 2 * LAYER + 64 + 100 * 64  # embedding, layers, final norm, head
+ATTN = 4 * 2 * 4 * 16  # attention FLOPs per token per context token: 2·2·layers·heads·head_dim
+KV_TOKEN = 2 * 2 * 4 * 16 * 2  # k and v · layers · kv heads · head_dim · bf16 bytes
+
+
+def cluster(nodes=1, per_node=8, hw=HW):
+    return ClusterSpec(hardware=hw, nodes=nodes, devices_per_node=per_node)
+
+
+def test_the_toy_shape_by_hand():
+    assert TOY.matmul_params() == PM and TOY.num_params() == PARAMS and TOY.kv_bytes_per_token() == KV_TOKEN
+
+
+# ---- attention_efficiency -----------------------------------------------------------------------------
+# matmul efficiency 0.5 · width 64/(64 + 64) · rows 256/(256 + 256) = 0.125 of the 1 TFLOP/s peak
+EFF = 0.5 * 0.5 * 0.5
+ROWS = dict(matmul_efficiency=0.5, width_half=64.0, tokens_half=256.0)
+
+
+def attention_split(seq_len: int, sequences: int) -> tuple[float, float]:
+    """(matmul seconds, attention seconds) of `sequences` causal forwards of `seq_len` tokens at EFF."""
+    matmul = sequences * seq_len * 2 * PM / (1e12 * EFF)
+    attention = sequences * seq_len * ATTN * (seq_len + 1) / 2 / (1e12 * EFF)
+    return matmul, attention
+
+
+@pytest.mark.parametrize("ae", [1.0, 0.5, 0.25])
+def test_attention_efficiency_weights_the_prefills_attention_share(ae):
+    # 4 prompts of 64 tokens: one 256-token chunk, compute-bound (the weights' read is ~2 us)
+    cm = CostModel(cluster(), EfficiencyParams(attention_efficiency=ae, **ROWS))
+    parts = cm.prefill(TOY, ParallelConfig(), batch=4, prompt_len=64)
+    matmul, attention = attention_split(64, 4)
+    assert parts["compute"] == pytest.approx(matmul + attention / ae)
+    assert parts["memory"] == 0.0
+
+
+def test_attention_efficiency_half_doubles_the_forward_passes_attention_share_not_its_flops():
+    # 4 sequences of 32 + 32 tokens, one micro-batch of 4: 256 rows per matmul, as above
+    w = Workload(prompts=4, prompt_len=32, response_len=32, micro_batch_size=4)
+    full, half = (CostModel(cluster(), EfficiencyParams(attention_efficiency=ae, **ROWS)).forward(
+        TOY, "lm", ParallelConfig(), w) for ae in (1.0, 0.5))
+    matmul, attention = attention_split(64, 4)
+    assert full.breakdown["compute"] == pytest.approx(matmul + attention)
+    assert half.breakdown["compute"] == pytest.approx(matmul + 2 * attention)
+    assert half.breakdown["compute"] - full.breakdown["compute"] == pytest.approx(attention)
+    # the FLOPs reported stay the model's own: the efficiency only prices them
+    assert half.flops == full.flops == pytest.approx(4 * 64 * (2 * PM + ATTN * 65 / 2))
+
+
+# ---- kv_read_efficiency -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kre", [1.0, 0.25])
+def test_kv_read_efficiency_divides_the_decode_steps_kv_slope_only(kre):
+    cm = CostModel(cluster(), EfficiencyParams(hbm_efficiency=0.5, kv_read_efficiency=kre))
+    hbm = 1e11 * 0.5
+    at = {c: cm.decode_step(TOY, ParallelConfig(), batch=8, context=c)["memory"] for c in (0, 1000)}
+    assert at[0] == pytest.approx(2 * PM / hbm)  # the weights streamed once per step: untouched
+    assert at[1000] - at[0] == pytest.approx(8 * 1000 * KV_TOKEN / (hbm * kre))
+
+
+# ---- collective_latency_growth ------------------------------------------------------------------------
+def test_collective_latency_grows_with_log2_of_the_group():
+    grown = CostModel(cluster(nodes=2), EfficiencyParams(collective_latency_growth=0.5))
+    flat = CostModel(cluster(nodes=2), EfficiencyParams(collective_latency_growth=0.0))
+    # inside a node (10 us): 2 ranks 10 us, 4 ranks 10·(1 + 0.5·1), 8 ranks 10·(1 + 0.5·2)
+    for n, lat in ((2, 1e-5), (4, 1.5e-5), (8, 2e-5)):
+        ranks = tuple(range(n))
+        link = grown.link(16, ranks)
+        assert grown.latency(link, n) == pytest.approx(lat)
+        assert grown.allreduce(1e6, 16, ranks)[1] == pytest.approx(lat)
+        assert grown.allgather(1e6, 16, ranks)[1] == pytest.approx(lat)
+        assert flat.allreduce(1e6, 16, ranks)[1] == pytest.approx(1e-5)
+        assert grown.allreduce(1e6, 16, ranks)[0] == flat.allreduce(1e6, 16, ranks)[0]  # bandwidth untouched
+    # across both nodes (20 us): 16 ranks 20·(1 + 0.5·3)
+    assert grown.allreduce(1e6, 16, tuple(range(16)))[1] == pytest.approx(5e-5)
+    assert grown.p2p(1e6, 16, (0, 8))[1] == pytest.approx(2e-5)  # a pipeline send is one hop whatever the group
+    # priced ops see it: a tp=4 decode step runs two all-reduces per layer
+    step = grown.decode_step(TOY, ParallelConfig(tp=4), batch=1, context=10)
+    assert step["latency"] == pytest.approx(2 * 2 * 1.5e-5)
+
+
+# ---- decode_sequence_seconds --------------------------------------------------------------------------
+def test_decode_sequence_seconds_per_sequence_per_pass_on_each_replica():
+    params = EfficiencyParams(max_decode_batch=2)  # 5 sequences per replica: 3 waves of 2, 2, 1
+    gen = ParallelConfig(dp=2)
+
+    def overhead(prompts, **terms):
+        w = Workload(prompts=prompts, prompt_len=8, response_len=16)
+        return ProfiledCostModel(cluster(), params, EngineOverheads(**terms)).generate(TOY, gen, w)
+
+    base = overhead(10)
+    assert "overhead" in base.breakdown
+    per_seq = overhead(10, decode_sequence_seconds=1e-3)
+    # 10 sequences on 2 replicas: 5 each, a prefill and 15 decode steps (16 passes) each: 5·16 ms
+    assert per_seq.seconds - base.seconds == pytest.approx(5 * 16 * 1e-3)
+    assert per_seq.breakdown["overhead"] - base.breakdown["overhead"] == pytest.approx(0.08)
+    # twice the sequences, twice the cost; the per-layer term instead counts passes (3 waves · 16 · 2 layers)
+    assert overhead(20, decode_sequence_seconds=1e-3).seconds - overhead(20).seconds == pytest.approx(0.16)
+    assert overhead(10, decode_layer_seconds=1e-3).seconds - base.seconds == pytest.approx(3 * 16 * 2 * 1e-3)
+
+
+# ---- ModelSpec.num_tensors and weight_tensor_seconds ----------------------------------------------------
+QWEN3_LIKE = ModelSpec(name="toy-qwen3", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=100,
+                       qk_norm=True, head_dim=32, tied_embeddings=True, family="qwen3")
+
+
+def test_num_tensors_of_a_llama_like_spec():
+    # per layer q, k, v, o + gate, up, down + two norms = 9; embedding, final norm, LM head
+    assert TOY.num_tensors() == 2 * 9 + 3
+    assert TOY.num_tensors("scalar") == 2 * 9 + 3  # the value head replaces the LM head
+    assert model_preset("llama2-7b").num_tensors() == 32 * 9 + 3  # the HF checkpoint's 291 tensors
+
+
+def test_num_tensors_of_a_qwen3_like_spec_with_tied_embeddings():
+    # + q and k norms per layer = 11; a tied LM head is the embedding: no tensor of its own
+    assert QWEN3_LIKE.num_tensors() == 2 * 11 + 2
+    assert QWEN3_LIKE.num_tensors("scalar") == 2 * 11 + 3  # a value head is always its own tensor
+    assert QWEN3_LIKE.model_copy(update={"tied_embeddings": False}).num_tensors() == 2 * 11 + 3
+
+
+def test_num_tensors_counts_biases_and_experts():
+    assert TOY.model_copy(update={"attention_bias": True}).num_tensors() == 2 * (9 + 3) + 3  # q, k, v biases
+    assert TOY.model_copy(update={"attention_bias": True, "o_bias": True}).num_tensors() == 2 * (9 + 4) + 3
+    moe = TOY.model_copy(update={"experts": 4, "experts_per_token": 2})
+    assert moe.num_tensors() == 2 * (4 + 3 * 4 + 1 + 2) + 3  # each expert's three and the router
+
+
+@pytest.mark.parametrize(("model", "tensors"), [(TOY, 21), (QWEN3_LIKE, 24)], ids=["llama-like", "qwen3-like"])
+@pytest.mark.parametrize(("mode", "train", "gen"), [
+    ("broadcast", ParallelConfig(dp=2), ParallelConfig(tp=2)),
+    ("hybridflow", ParallelConfig(tp=2, dp=2), ParallelConfig(dp=4)),
+])
+def test_weight_tensor_seconds_per_tensor_of_a_weight_sync(model, tensors, mode, train, gen):
+    base = ProfiledCostModel(cluster(), EfficiencyParams()).reshard(model, train, gen, mode)
+    per_tensor = ProfiledCostModel(cluster(), EfficiencyParams(), EngineOverheads(weight_tensor_seconds=1e-3))
+    cost = per_tensor.reshard(model, train, gen, mode)
+    assert cost.seconds - base.seconds == pytest.approx(tensors * 1e-3)
+    assert cost.breakdown["overhead"] - base.breakdown.get("overhead", 0.0) == pytest.approx(tensors * 1e-3)
+    assert cost.bytes == base.bytes
+
+
+# ---- the broadcast weight sync: the sender's NIC across nodes, NVLink inside one --------------------------
+FOUR_NICS = HW.model_copy(update={"nics_per_node": 4})  # the node's 8 GB/s as four 2 GB/s NICs
+
+
+def test_broadcast_goes_through_the_senders_nic_across_nodes_and_nvlink_inside_a_node():
+    params = EfficiencyParams(intra_link_efficiency=0.5, inter_link_efficiency=0.5)
+    m_bytes = 2 * PARAMS  # bf16; one bucket
+    train, gen = ParallelConfig(), ParallelConfig(tp=4)  # one sender (no gather), 4 receivers
+    # 1 + 4 devices on one 8-device node: NVLink, 10 GB/s · 0.5
+    inside = CostModel(cluster(nodes=1, per_node=8, hw=FOUR_NICS), params).reshard(TOY, train, gen, "broadcast")
+    assert inside.breakdown["reshard_comm"] == pytest.approx(m_bytes / 5e9)
+    assert inside.breakdown["latency"] == pytest.approx(1e-5)
+    # 1 + 4 devices over 4-device nodes: the sender's own NIC, the node's 8 GB/s / 4 NICs · 0.5 = 1 GB/s
+    across = CostModel(cluster(nodes=2, per_node=4, hw=FOUR_NICS), params).reshard(TOY, train, gen, "broadcast")
+    assert across.breakdown["reshard_comm"] == pytest.approx(m_bytes / 1e9)
+    assert across.breakdown["latency"] == pytest.approx(2e-5)
+    assert across.bytes == inside.bytes == pytest.approx(m_bytes)
+    # a node with one NIC: a lone sender has all of it, 8 GB/s · 0.5
+    one_nic = CostModel(cluster(nodes=2, per_node=4), params).reshard(TOY, train, gen, "broadcast")
+    assert one_nic.breakdown["reshard_comm"] == pytest.approx(m_bytes / 4e9)
+
+
+def test_broadcast_across_nodes_adds_the_senders_gather_inside_its_node():
+    params = EfficiencyParams(intra_link_efficiency=0.5, inter_link_efficiency=0.5)
+    m_bytes = 2 * PARAMS
+    # 4 FSDP ranks fill a 4-device node: their ring all-gather of M on NVLink (3/4·M / 5 GB/s), then the send
+    cost = CostModel(cluster(nodes=2, per_node=4, hw=FOUR_NICS), params).reshard(
+        TOY, ParallelConfig(dp=4), ParallelConfig(dp=4), "broadcast")
+    assert cost.breakdown["reshard_comm"] == pytest.approx(0.75 * m_bytes / 5e9 + m_bytes / 1e9)
+    # a gather per layer and one for the rest (10 us each), then one bucket's send across (20 us)
+    assert cost.breakdown["latency"] == pytest.approx(3 * 1e-5 + 2e-5)
+
+
+# ---- the defaults a cluster gets --------------------------------------------------------------------------
+def test_the_shipped_fit_has_every_family():
+    assert set(stored_terms()) == set(FAMILIES)
+    for kinds in FAMILIES.values():
+        for kind in kinds:
+            assert hardware_preset(kind).name == kind
+
+
+@pytest.mark.parametrize(("hardware", "family"), [("a100-80g", "a100"), ("h100-80g", "hopper")])
+def test_default_cost_model_on_a_gpu_family_is_its_fitted_terms(hardware, family):
+    hw = hardware_preset(hardware)
+    cm = default_cost_model(cluster(nodes=2, hw=hw))
+    terms = stored_terms()[family]
+    assert isinstance(cm, ProfiledCostModel)
+    for name, value in terms.params.items():
+        assert getattr(cm.params, name) == value, name
+    for name, value in terms.overheads.items():
+        assert getattr(cm.overheads, name) == value, name
+    for name, value in terms.hardware.items():  # the latencies it fits, over the datasheet's other figures
+        assert getattr(cm.cluster.hardware, name) == value, name
+    assert cm.cluster.hardware.peak_flops == hw.peak_flops and cm.hbm == hw.hbm_bandwidth * terms.params[
+        "hbm_efficiency"]
+    assert cm.cluster.nodes == 2
+    # the device kind's own defaults the fit does not move (vLLM's larger batches on >= 70 GB Hopper parts)
+    assert cm.params.max_decode_batch == EfficiencyParams.for_hardware(hw).max_decode_batch
+
+
+def test_the_families_fits_differ_and_every_kind_of_a_family_gets_its_terms():
+    a100, hopper = stored_terms()["a100"], stored_terms()["hopper"]
+    assert a100.params["matmul_efficiency"] != hopper.params["matmul_efficiency"]
+    for family, kinds in FAMILIES.items():
+        for kind in kinds:
+            cm = default_cost_model(cluster(hw=hardware_preset(kind)))
+            assert cm.params.attention_efficiency == stored_terms()[family].params["attention_efficiency"], kind
+
+
+def test_default_cost_model_elsewhere_is_the_plain_analytic_model():
+    cpu = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
+                       inter_node_bandwidth=1e9)
+    for hw in (cpu, HW):
+        cm = default_cost_model(ClusterSpec(hardware=hw, nodes=1, devices_per_node=2))
+        assert type(cm) is CostModel
+        assert cm.params == EfficiencyParams.for_hardware(hw)
+        assert cm.cluster.hardware == hw
+        # the new terms' defaults price as before they existed
+        assert (cm.params.attention_efficiency, cm.params.kv_read_efficiency,
+                cm.params.collective_latency_growth) == (1.0, 1.0, 0.0)
