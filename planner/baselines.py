@@ -137,9 +137,10 @@ def _zero3_generate(system: str, settings: SystemSettings) -> Mechanics:
 def ds_chat(req: SearchRequest, cost_model, settings: SystemSettings = SystemSettings(),
             name: str = "ds-chat") -> Baseline:
     n = req.cluster.num_devices
-    zero3 = ParallelConfig(dp=n)
+    zero3 = ParallelConfig(dp=n, backend="deepspeed")  # ZeRO-3 on HF model code
     group = DeviceGroup(name="all", devices=assign_devices((n,), req.cluster)[0])
     system = "openrlhf" if name == "openrlhf-colocated" else "deepspeed-chat"
+    gen_layout = zero3.generation_layout()
     if settings.hybrid_engine and name == "ds-chat":
         if settings.inference_tp is None:  # DS-Chat's users raise --inference_tp_size until the actor fits
             tps = [t for t in (1, 2, 4, 8) if t <= req.cluster.devices_per_node and n % t == 0]
@@ -155,7 +156,7 @@ def ds_chat(req: SearchRequest, cost_model, settings: SystemSettings = SystemSet
                          generate_per_minibatch=True)
         reshard, what = "ds-chat", f"Hybrid Engine (inference tp {tp}), one generation per mini-batch"
     else:
-        gen, mech, reshard, what = zero3, _zero3_generate(system, settings), "ds-chat", "HF generate under ZeRO-3"
+        gen, mech, reshard, what = gen_layout, _zero3_generate(system, settings), "ds-chat", "HF generate under ZeRO-3"
     roles = _role_plans(req, {r: "all" for r in req.roles}, {r: zero3 for r in req.roles}, gen=gen)
     plan = _plan(req, [group], roles, reshard, f"baseline: {name} (all colocated, ZeRO-3, {what})", mech, settings)
     return price_plan(name, plan, cost_model)
@@ -248,7 +249,7 @@ def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSe
     devs = assign_devices(sizes, req.cluster)
     groups = [DeviceGroup(name=nm if nm == "rollout" else group_name((nm,)), devices=d)
               for nm, d in zip(names, devs, strict=True)]
-    train = {r: ParallelConfig(dp=s) for r, s in zip(req.roles, sizes, strict=False)}
+    train = {r: ParallelConfig(dp=s, backend="deepspeed") for r, s in zip(req.roles, sizes, strict=False)}
     batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["openrlhf"]
     if settings.vllm:
         gen = _rollout_seconds(req, sizes[-1], cost_model, settings)[1]
@@ -259,7 +260,7 @@ def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSe
         reshard, what = "broadcast", "vLLM rollout, per-tensor broadcast"
     else:
         mech = _zero3_generate("openrlhf", settings.model_copy(update={"generation_batch": batch}))
-        roles = _role_plans(req, {r: r for r in req.roles}, train, gen=train["actor"])
+        roles = _role_plans(req, {r: r for r in req.roles}, train, gen=train["actor"].generation_layout())
         reshard, what = "ds-chat", "HF generate under ZeRO-3"
     plan = _plan(req, groups, roles, reshard, f"baseline: OpenRLHF (separate devices per model, {what})", mech,
                  settings)

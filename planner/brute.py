@@ -16,6 +16,7 @@ from hybridflow.planner.pricing import Candidate, RolePricer
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Rollout, Scored
 from hybridflow.planner.search import Planner
+from hybridflow.planner.sets import offload_key
 from hybridflow.simulator.pricing.memory import MemoryBreakdown
 from hybridflow.simulator.vocabulary.execution import colocation_problem
 from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
@@ -37,13 +38,15 @@ def _set_layouts(rp: RolePricer, members, n):
             if colocation_problem("set", {r: entry[0] for r, (entry, _) in zip(members, lay, strict=True)}) is None)
 
 
-def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate, ...]] | None:
-    """Node seconds and candidates of one full combination of a set; None if it does not fit."""
-    resident = sum((entry[1] for entry, _ in layout), MemoryBreakdown())  # each config's own states
+def price_set(rp: RolePricer, members, n, layout, offload: bool = False) -> tuple[dict, tuple[Candidate, ...]] | None:
+    """Node seconds and candidates of one full combination of a set; None if it does not fit. With
+    offload each member runs beside its own states only, and each move of its states is priced."""
+    everyone = sum((entry[1] for entry, _ in layout), MemoryBreakdown())  # each config's own states
     trained = any(r in TRAINED_ROLES for r in members)
     for recompute in ((False, True) if trained else (False,)):
         ok, gens = True, {}
         for r, ((cfg, own, fwd, trans, _), g) in zip(members, layout, strict=False):
+            resident = own if offload else everyone
             ok = ok and rp._fits(resident, max(trans[recompute], fwd, key=sum))
             if r == "actor" and not rp.separate_rollout:
                 gens[r] = rp.generation(cfg, g, resident.total, own.weights, n)
@@ -53,7 +56,9 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
     if not ok:
         return None
     secs, cands = {}, []
-    for r, ((cfg, _, _, _, s), g) in zip(members, layout, strict=False):
+    for r, ((cfg, own, _, _, s), g) in zip(members, layout, strict=False):
+        if offload and len(members) > 1:
+            secs[offload_key(r)] = rp.offload_seconds(own)
         mine = []
         for x in rp.role_nodes.get(r, []):
             op = rp.node_attrs[x]["op"]
@@ -69,17 +74,18 @@ def price_set(rp: RolePricer, members, n, layout) -> tuple[dict, tuple[Candidate
     return secs, tuple(cands)
 
 
-def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> Iterator[Scored]:
+def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout(), offload: bool = False) -> Iterator[Scored]:
     """Every feasible plan of the request, priced (seconds of one iteration, or a pipeline's steady one).
     The schedule's primitives (the dataflow, lanes, `simulate`'s pricing) come from a Planner; its
     search (fronts, bounds) is not used."""
-    ref = Planner(req, cost_model, rollout=rollout)
+    ref = Planner(req, cost_model, rollout=rollout, offload=offload)
     rp = ref.pricer
     driver = rp.driver_seconds()
     extra = ((ROLLOUT,),) if rollout.separate else ()
     roles = req.roles + ((ROLLOUT,) if rollout.separate else ())
     for placement in (p + extra for p in set_partitions(req.roles)):
-        lane_of = ref.lanes(placement)
+        graph, gaps, moves = ref.placement_graph(placement, ref.lanes(placement))
+        lane_of = graph.graph.get("lane_of") or ref.lanes(placement)
         big_lanes = ref.pipeline_lanes(lane_of)
         for counts in allocations([1] * len(placement), req.cluster):
             share = ref.node_share(counts)
@@ -89,7 +95,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
                     nodes = rp.role_nodes.get(ROLLOUT, [])
                     per_set.append([(dict(zip(nodes, c.seconds, strict=True)), (c,)) for c in rp.rollout_layouts(n)])
                     continue
-                priced = [price_set(rp, members, n, lay) for lay in _set_layouts(rp, members, n)]
+                priced = [price_set(rp, members, n, lay, offload) for lay in _set_layouts(rp, members, n)]
                 per_set.append([p for p in priced if p is not None])
             size = {m: n for members, n in zip(placement, counts, strict=True) for m in members}
             for pick in itertools.product(*per_set):
@@ -100,12 +106,15 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout()) -> I
                 for members, (secs, cands) in zip(placement, pick, strict=False):
                     seconds.update(secs)
                     choice.update(zip(members, cands, strict=False))
-                t = ref.price(lane_of, big_lanes, seconds, share)
-                yield Scored(t, placement, counts, tuple((r, choice[r]) for r in roles), rollout)
+                for x, role in moves:
+                    seconds[x] = seconds[offload_key(role)]
+                t = ref.price(lane_of, big_lanes, seconds, share, graph, gaps)
+                yield Scored(t, placement, counts, tuple((r, choice[r]) for r in roles), rollout, offload)
 
 
-def brute_force(req: SearchRequest, cost_model=None, rollout: Rollout = Rollout()) -> Scored | None:
+def brute_force(req: SearchRequest, cost_model=None, rollout: Rollout = Rollout(), offload: bool = False
+                ) -> Scored | None:
     from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
     cm = cost_model or default_cost_model(req.cluster)
-    return min(all_plans(req, cm, rollout), key=lambda s: s.seconds, default=None)
+    return min(all_plans(req, cm, rollout, offload), key=lambda s: s.seconds, default=None)

@@ -9,7 +9,9 @@ pp_g | pp — the 3D-HybridEngine regroups the training shards without a redunda
 (paper §5) — and pp_g ≤ `max_gen_pp` (our runtime generates with pp_g = 1; the paper's simulator
 also prices pipelined generation). Generation layouts have no ep. A trained role's MoE model on
 Megatron keeps tp = 1 (simulator/vocabulary/execution.py: our engine does not set the sequence parallelism
-megatron-core needs there).
+megatron-core needs there). An FSDP layout also takes every Ulysses sequence-parallel size sp dividing dp
+with sp·tp inside a node and dividing the heads (`sequence_sizes`; like ep, not a factor of n), for
+sequences of SP_MIN_SEQ_LEN tokens or more.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ def divisors(n: int) -> list[int]:
 @lru_cache(maxsize=65536)
 def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp: int | None = None,
                   max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",),
-                  trained: bool = False) -> tuple[ParallelConfig, ...]:
-    """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`);
-    `trained`: only those the runtime trains (`moe_tp_problem`)."""
+                  trained: bool = False, sequence_parallel: bool = False) -> tuple[ParallelConfig, ...]:
+    """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`; per
+    sp with `sequence_parallel`: `sequence_sizes`); `trained`: only those the runtime trains (`moe_tp_problem`)."""
     out = []
     for tp in divisors(devices):
         if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
@@ -42,8 +44,30 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp:
                 continue
             dp = devices // (pp * tp)
             for b in backends:
-                out.extend(ParallelConfig(pp=pp, tp=tp, dp=dp, backend=b, ep=ep) for ep in expert_sizes(model, dp, b))
+                out.extend(ParallelConfig(pp=pp, tp=tp, dp=dp, backend=b, ep=ep, sp=sp)
+                           for ep in expert_sizes(model, dp, b)
+                           for sp in (sequence_sizes(model, dp, tp, devices_per_node, b) if sequence_parallel
+                                      else (1,)))
     return tuple(c for c in out if not (trained and moe_tp_problem(model, c)))
+
+
+# Sequences at least this long (prompt + response) are searched with sequence parallelism: there one
+# sequence's activations, not the weights, decide what fits. Shorter ones keep the search's size.
+SP_MIN_SEQ_LEN = 4096
+
+
+def searches_sp(seq_len: int) -> bool:
+    return seq_len >= SP_MIN_SEQ_LEN
+
+
+def sequence_sizes(model: ModelSpec, dp: int, tp: int, devices_per_node: int, backend: str) -> list[int]:
+    """The Ulysses sequence-parallel sizes a layout may take (FSDP only): divisors of dp whose sp·tp divides
+    the heads (and divides or is a multiple of the kv heads) and stays inside a node, where the all-to-alls
+    run on its fast links."""
+    if backend != "fsdp":
+        return [1]
+    return [sp for sp in divisors(dp) if devices_per_node % (sp * tp) == 0 and model.heads % (sp * tp) == 0
+            and (model.kv_heads % (sp * tp) == 0 or (sp * tp) % model.kv_heads == 0)]
 
 
 def expert_sizes(model: ModelSpec, dp: int, backend: str) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from hybridflow.planner.configs import generate_configs, train_configs
+from hybridflow.planner.configs import generate_configs, searches_sp, train_configs
 from hybridflow.planner.placement import allocations, set_partitions
 from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.pricing.memory import PARTS, MemoryBreakdown, role_memory
@@ -16,14 +16,16 @@ MAX_NODES = 4096
 
 
 def fits_somewhere(req: SearchRequest, cost_model=None) -> bool:
-    """Is there any placement and allocation whose every set has configs that fit?"""
+    """Is there any placement and allocation whose every set has configs that fit (under the request's
+    offload policy)?"""
     from hybridflow.planner.search import Planner
 
-    planner = Planner(req, cost_model)
-    for placement in sorted(set_partitions(req.roles), key=len):
-        mins = [planner.min_devices(s) for s in placement]
-        if all(m is not None for m in mins) and next(allocations(mins, req.cluster), None) is not None:
-            return True
+    for offload in {"never": (False,), "auto": (False, True), "always": (True,)}[req.offload]:
+        planner = Planner(req, cost_model, offload=offload)
+        for placement in sorted(set_partitions(req.roles), key=len):
+            mins = [planner.min_devices(s) for s in placement]
+            if all(m is not None for m in mins) and next(allocations(mins, req.cluster), None) is not None:
+                return True
     return False
 
 
@@ -47,13 +49,16 @@ def smallest_cluster(req: SearchRequest) -> int | None:
 def least_memory(req: SearchRequest, role: str, n: int) -> tuple[MemoryBreakdown, str] | None:
     """The role alone on n devices in its least-memory layout among those the search takes (the actor's
     generation in any layout the 3D-HybridEngine reaches from it, up to --max-gen-pp)."""
-    model, trained = req.models[role], role in TRAINED_ROLES
+    model, trained, lora = req.models[role], role in TRAINED_ROLES, req.lora_of(role)
     best = None
-    for cfg in train_configs(model, n, req.cluster.devices_per_node, req.max_pp, backends=req.backends,
-                             trained=trained):
+    max_pp, backends = (1, ("fsdp",)) if lora is not None else (req.max_pp, req.backends)  # LoRA: FSDP, pp=1
+    for cfg in train_configs(model, n, req.cluster.devices_per_node, max_pp, backends=backends,
+                             trained=trained, sequence_parallel=searches_sp(req.workload.seq_len) and lora is None):
+        if req.max_sp is not None and cfg.sp > req.max_sp:
+            continue
         for gen in generate_configs(cfg, req.max_gen_pp) if role == "actor" else (None,):
             m = role_memory(model, role_head(role), cfg, req.workload, trained, req.cluster.hardware, gen=gen,
-                            recompute=trained)
+                            recompute=trained, lora=lora)
             if best is None or m.total < best[0].total:
                 best = (m, str(cfg) + (f" {cfg.backend}" if len(req.backends) > 1 else "")
                         + (f" (gen {gen})" if gen is not None and gen != cfg.generation_layout() else ""))
@@ -91,4 +96,6 @@ def explain_infeasible(req: SearchRequest, cost_model, stream=None) -> str:
             if worst else "")
     fix = (f"the smallest cluster that fits is {nodes}x{c.devices_per_node} (--nodes {nodes})" if nodes
            else f"no cluster up to {MAX_NODES} nodes fits; use smaller models or shorter sequences")
+    if req.offload == "never" and fits_somewhere(req.model_copy(update={"offload": "always"})):
+        fix += "; offloading idle models fits it here (--offload auto)"
     return f"{req.algorithm} does not fit on {where}{what}; {fix}"

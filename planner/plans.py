@@ -24,18 +24,18 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
         gen = (rollout.generate if rollout else cand.generate) if role == "actor" else None
         roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train, generate=gen,
                                generate_group=set_of[ROLLOUT] if rollout and role == "actor" else None,
-                               path=req.paths.get(role))
+                               path=req.paths.get(role), lora=req.lora_of(role))
     mode = s.rollout
     return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
                 reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
-                mode=mode.mode, max_staleness=max(mode.staleness, 1),
+                mode=mode.mode, max_staleness=max(mode.staleness, 1), offload=s.offload,
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
 
 
 def _cfg(c) -> dict:
-    """pp, tp, dp, and the training engine and expert-parallel size where they are not the default."""
+    """pp, tp, dp, and the training engine, expert- and sequence-parallel sizes where they are not the default."""
     return {"pp": c.pp, "tp": c.tp, "dp": c.dp, **({"ep": c.ep} if c.ep > 1 else {}),
-            **({"backend": c.backend} if c.backend != "fsdp" else {})}
+            **({"sp": c.sp} if c.sp > 1 else {}), **({"backend": c.backend} if c.backend != "fsdp" else {})}
 
 
 def plan_summary(plan: Plan, iteration_seconds: float) -> dict:
@@ -45,6 +45,11 @@ def plan_summary(plan: Plan, iteration_seconds: float) -> dict:
         entry = {"train": _cfg(rp.train)}
         if role == "actor":
             entry["generate"] = _cfg(plan.generation_config())
+        if rp.lora is not None:
+            entry["lora"] = {"rank": rp.lora.rank, "alpha": rp.lora.lora_alpha,
+                             "target_modules": list(rp.lora.targets(rp.model))}
+            if role == "actor":
+                entry["lora"]["rollout"] = plan.lora_rollout()
         parallel[role] = entry
     return {
         "placement": plan.placement(),

@@ -29,7 +29,12 @@ from types import SimpleNamespace
 
 import networkx as nx
 
-from hybridflow.planner.configs import generate_configs, standalone_generate_configs, train_configs
+from hybridflow.planner.configs import (
+    generate_configs,
+    searches_sp,
+    standalone_generate_configs,
+    train_configs,
+)
 from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import price_op
@@ -151,7 +156,8 @@ class RolePricer:
         key = (self._key(role), cfg.world_size, (cfg.model_parallel_size, cfg.ep) if cfg.backend == "megatron" else 0)
         hit = self._states.get(key)
         if hit is None:
-            hit = state_bytes(self.req.models[role], role_head(role), cfg, role in TRAINED_ROLES)
+            hit = state_bytes(self.req.models[role], role_head(role), cfg, role in TRAINED_ROLES,
+                              lora=self.req.lora_of(role))
             self._states[key] = hit
         return hit
 
@@ -176,17 +182,22 @@ class RolePricer:
         if hit is not None:
             return hit
         model, head, w, cm = self.req.models[role], role_head(role), self.req.workload, self.cm
-        trained = role in TRAINED_ROLES
+        trained, lora = role in TRAINED_ROLES, self.req.lora_of(role)
+        # LoRA trains on FSDP with pp=1 (vocabulary/plan.py lora_problem)
+        backends, max_pp = (("fsdp",), 1) if lora is not None else (self.req.backends, self.req.max_pp)
         out = []
-        for cfg in train_configs(model, n, self.per_node, self.req.max_pp, backends=self.req.backends, trained=trained):
+        for cfg in train_configs(model, n, self.per_node, max_pp, backends=backends, trained=trained,
+                                 sequence_parallel=searches_sp(w.seq_len) and lora is None):
+            if self.req.max_sp is not None and cfg.sp > self.req.max_sp:
+                continue
             fwd = parts(forward_transient(model, head, cfg, w))
-            trans = {f: parts(train_transient(model, head, cfg, w, f)) if trained else fwd for f in (False, True)}
+            trans = {f: parts(train_transient(model, head, cfg, w, f, lora)) if trained else fwd for f in (False, True)}
             secs = {False: {}, True: {}}
             for node in self.role_nodes.get(role, ()):
                 op = self.node_attrs[node]["op"]
                 if op in UPDATE_OPS:
                     for f in (False, True):
-                        secs[f][node] = cm.train(model, head, cfg, w, recompute=f).seconds
+                        secs[f][node] = cm.train(model, head, cfg, w, recompute=f, lora=lora).seconds
                 elif op not in GENERATE_OPS and op not in WEIGHT_SYNC_OPS:
                     s = cm.forward(model, head, cfg, w, self._seqs(node)).seconds
                     secs[False][node] = secs[True][node] = s
@@ -215,7 +226,8 @@ class RolePricer:
         key = (train, gen)
         r = self._reshard.get(key)
         if r is None:
-            r = self._reshard[key] = self.cm.reshard(self.req.models["actor"], train, gen, self.reshard).seconds
+            r = self._reshard[key] = self.cm.reshard(self.req.models["actor"], train, gen, self.reshard,
+                                                     lora=self.req.lora_of("actor")).seconds
         return phase[0], phase[1], r
 
     def gen_batches(self, train: ParallelConfig, gen: ParallelConfig, resident: float,
@@ -227,7 +239,8 @@ class RolePricer:
         key = (train, gen, own_weights)
         wg = self._gen_weights.get(key)
         if wg is None:
-            wg = self._gen_weights[key] = generate_weights(model, train, gen, self.reshard, own_weights)
+            wg = self._gen_weights[key] = generate_weights(model, train, gen, self.reshard, own_weights,
+                                                           self.req.lora_of("actor"))
         kv_free = self.usable - resident
         b = decode_batch(model, gen, w, kv_free - wg, self.p)
         free = kv_free - wg - generate_buffers(model, gen, b)
@@ -243,7 +256,8 @@ class RolePricer:
         out = self._gen_by_batch.get((key[:-2], own_weights, batches), False)
         if out is False:  # the same batches give the same transient and seconds (memory.generate_transient, cost.generate)
             model, w = self.req.models["actor"], self.req.workload
-            t = generate_transient(model, train, gen, w, self.usable - resident, self.p, self.reshard, own_weights)
+            t = generate_transient(model, train, gen, w, self.usable - resident, self.p, self.reshard, own_weights,
+                                   self.req.lora_of("actor"))
             out = None
             if t.kv_cache > 0:
                 free = self.usable - resident - t.weights - t.buffers
@@ -334,7 +348,7 @@ class RolePricer:
         resident), as Candidates whose train and generate config are the layout."""
         model, w, out = self.req.models["actor"], self.req.workload, []
         for gen in standalone_generate_configs(model, n, self.per_node, self.req.max_gen_pp):
-            t = generate_transient(model, gen, gen, w, self.usable, self.p, "broadcast")
+            t = generate_transient(model, gen, gen, w, self.usable, self.p, "broadcast", lora=self.req.lora_of("actor"))
             if t.kv_cache <= 0 or not self._fits(MemoryBreakdown(), parts(t)):
                 continue
             free = self.usable - t.weights - t.buffers  # memory.kv_free_bytes of such a plan
@@ -347,6 +361,10 @@ class RolePricer:
         self.configs_priced += len(out)
         return out
 
+    def offload_seconds(self, own: MemoryBreakdown) -> float:
+        """One move of a model's states `own` between device and host (cost.price_op's onload/offload)."""
+        return self.cm.offload(own.total).seconds
+
     def weight_sync_seconds(self, train_devices: int, rollout_devices: int) -> float:
         """The broadcast from the actor's training set to its rollout set: it depends on the two sizes only
         (cost.reshard's `broadcast`), so it is one price per allocation."""
@@ -354,7 +372,8 @@ class RolePricer:
         hit = self._reshard.get(key)
         if hit is None:
             hit = self._reshard[key] = self.cm.reshard(self.req.models["actor"], ParallelConfig(dp=train_devices),
-                                                       ParallelConfig(dp=rollout_devices), "broadcast").seconds
+                                                       ParallelConfig(dp=rollout_devices), "broadcast",
+                                                       lora=self.req.lora_of("actor")).seconds
         return hit
 
     def _fits(self, resident: MemoryBreakdown, transient: tuple[float, ...]) -> bool:

@@ -37,6 +37,7 @@ class Scored:
     counts: tuple[int, ...]
     choice: tuple[tuple[str, Candidate], ...]  # (role, candidate) in the request's role order (+ ROLLOUT)
     rollout: Rollout = Rollout()
+    offload: bool = False  # colocated models move their states to host memory while another runs (Plan.offload)
 
     def devices(self) -> dict[str, int]:
         return {r: self.counts[i] for i, s in enumerate(self.placement) for r in s}

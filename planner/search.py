@@ -44,15 +44,16 @@ from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.pricing import RolePricer
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Rollout, Scored
-from hybridflow.planner.sets import SetPricer
+from hybridflow.planner.sets import SetPricer, offload_key
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.schedule.dataflow import DRIVER, build_dataflow, unroll
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.schedule.dataflow import DRIVER, add_offload_ops, build_dataflow, unroll
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share
 from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
 from hybridflow.simulator.schedule.schedule import call_gaps, makespan, pipeline_period, schedule_shared
 from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.roles import ROLLOUT
-from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, WEIGHT_SYNC_OPS
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, OFFLOAD_OPS, WEIGHT_SYNC_OPS
 
 INF = math.inf
 
@@ -94,18 +95,21 @@ class Planner:
     """One search: the dataflow graph is built once, prices are memoized across placements."""
 
     def __init__(self, req: SearchRequest, cost_model=None, generate_rule: str = "3d", reshard: str = "hybridflow",
-                 rollout: Rollout = Rollout()):
+                 rollout: Rollout = Rollout(), offload: bool = False):
         from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
-        self.req, self.rollout = req, rollout
+        if offload and rollout.staleness:
+            raise HflowError(f"offload of idle models is planned for sync mode only, not '{rollout.mode}'")
+        self.req, self.rollout, self.offload = req, rollout, offload
         self.cm = cost_model or default_cost_model(req.cluster)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
                                     cost_model="cost" in req.models, hybrid_engine=not rollout.separate,
-                                    old_logprob_pass=needs_old_logprob_pass(req.workload, req.roles,
+                                    ref_from_actor=req.lora is not None,
+                                    old_logprob_pass=needs_old_logprob_pass(req.workload, req.reference_roles,
                                                                              get_algorithm(req.algorithm).kl_in_reward))
         self.roles = req.roles
         self.pricer = RolePricer(req, self.graph, self.cm, generate_rule, reshard, separate_rollout=rollout.separate)
-        self.sets = SetPricer(self.pricer)
+        self.sets = SetPricer(self.pricer, offload)
         self.driver_seconds = self.pricer.driver_seconds()
         overheads = getattr(self.cm, "overheads", None)
         # A profiled cost model's controller gaps, as `simulate` leaves them: ranking and simulate agree.
@@ -121,6 +125,7 @@ class Planner:
             self.big_gaps = call_gaps(self.big, overheads)
         self.opts = size_options(req.cluster)
         self.plans_priced = 0
+        self._offload_graphs: dict[Placement, tuple] = {}
 
     # ---- bounds -----------------------------------------------------------------------------------
     def set_bound(self, members: tuple[str, ...], n: int) -> float:
@@ -130,6 +135,9 @@ class Planner:
 
     # ---- one allocation ---------------------------------------------------------------------------
     def price_allocation(self, placement: Placement, counts: tuple[int, ...], lane_of: dict, top: _TopK) -> None:
+        graph, gaps, moves = self.placement_graph(placement, lane_of)
+        if moves:
+            lane_of = graph.graph["lane_of"]
         fronts = []
         for members, n in zip(placement, counts, strict=False):
             f = self.sets.front(members, n)
@@ -149,14 +157,33 @@ class Planner:
                 continue
             for sc in combo:
                 seconds.update(sc.node_seconds)
+            for x, role in moves:  # every onload/offload of a role: one move of its states
+                seconds[x] = seconds[offload_key(role)]
             self.plans_priced += 1
-            t = self.price(lane_of, big_lanes, seconds, share)
+            t = self.price(lane_of, big_lanes, seconds, share, graph, gaps)
             if t < best:
                 best, best_combo = t, combo
         if best_combo is not None and best < top.threshold:  # the top k lists distinct allocations
             choice = dict(kv for sc in best_combo for kv in sc.choice)
             roles = self.roles + ((ROLLOUT,) if self.rollout.separate else ())
-            top.push(Scored(best, placement, counts, tuple((r, choice[r]) for r in roles), self.rollout))
+            top.push(Scored(best, placement, counts, tuple((r, choice[r]) for r in roles), self.rollout,
+                            self.offload))
+
+    def placement_graph(self, placement: Placement, lane_of: dict) -> tuple:
+        """(graph, controller gaps, [(onload/offload node, role)]) one placement is priced on: the search's
+        graph, or with offload a copy with the moves of its colocated models (the lanes depend on the
+        placement), its lanes in graph.graph["lane_of"]."""
+        if not self.offload:
+            return self.graph, self.gaps, []
+        hit = self._offload_graphs.get(placement)
+        if hit is None:
+            graph, lanes = self.graph.copy(), dict(lane_of)
+            add_offload_ops(graph, lanes, set(self.roles))
+            graph.graph["lane_of"] = lanes
+            moves = [(x, a["role"]) for x, a in graph.nodes(data=True) if a["op"] in OFFLOAD_OPS]
+            overheads = getattr(self.cm, "overheads", None)
+            hit = self._offload_graphs[placement] = (graph, call_gaps(graph, overheads), moves)
+        return hit
 
     def pipeline_lanes(self, lane_of: dict) -> dict | None:
         """The unrolled pipeline's lanes for one placement's `lanes` (None in sync mode)."""
@@ -171,11 +198,15 @@ class Planner:
         return node_share(self.alone_speedup, {f"g{i}": d for i, d in enumerate(devices)},
                           self.req.cluster.devices_per_node)
 
-    def price(self, lane_of: dict, big_lanes: dict | None, seconds: dict, share: NodeShare | None = None) -> float:
+    def price(self, lane_of: dict, big_lanes: dict | None, seconds: dict, share: NodeShare | None = None,
+              graph=None, gaps=None) -> float:
         """One iteration's makespan (sync) or the pipeline's steady iteration, as `simulate` gives it,
-        from each op node's seconds (the single iteration's nodes); `share`: node_share(counts)."""
+        from each op node's seconds (the single iteration's nodes); `share`: node_share(counts); `graph`
+        and `gaps`: placement_graph's (the search's own by default)."""
         if big_lanes is None:
-            return makespan(schedule_shared(self.graph, lane_of, seconds, self.gaps, share))
+            if graph is None:
+                graph, gaps = self.graph, self.gaps
+            return makespan(schedule_shared(graph, lane_of, seconds, gaps, share))
         times = schedule_shared(self.big, big_lanes, {n: seconds[n[1]] for n in self.big}, self.big_gaps, share)
         k = self.rollout.staleness
         return pipeline_period(self.big, times, priced_iterations(k), k)
@@ -299,5 +330,18 @@ class Planner:
 
 
 def search(req: SearchRequest, cost_model=None, progress: Callable[[int, int], None] | None = None,
-           rollout: Rollout = Rollout()) -> SearchResult:
-    return Planner(req, cost_model, rollout=rollout).run(progress)
+           rollout: Rollout = Rollout(), offload: bool = False) -> SearchResult:
+    return Planner(req, cost_model, rollout=rollout, offload=offload).run(progress)
+
+
+def search_as_asked(req: SearchRequest, cost_model=None, progress: Callable[[int, int], None] | None = None
+                    ) -> tuple[Planner, SearchResult]:
+    """The synchronous search under the request's offload policy (SearchRequest.offload): with "auto" the
+    plans that keep every model resident, and only when none fits, those that offload idle models (moving
+    states costs time, so where both fit the resident plans win or tie in practice)."""
+    planner = Planner(req, cost_model, offload=req.offload == "always")
+    result = planner.run(progress)
+    if result.best is None and req.offload == "auto":
+        planner = Planner(req, planner.cm, offload=True)
+        result = planner.run(progress)
+    return planner, result

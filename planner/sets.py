@@ -23,6 +23,11 @@ megatron-core keeps one parallel state per process, so the set's Megatron member
 priced once per state they could share, each member taking its FSDP configs and its Megatron ones at
 that state (RolePricer.entries); the union of those fronts is the front of the runnable combinations
 (combinations of FSDP members alone appear under every state: the front keeps one).
+
+With offload of idle models (Plan.offload) a member runs beside its own states only, so the members'
+fronts are independent: each member's options over its weight classes, each carrying the seconds of
+one move of its states to host and back (`offload_key`: the dataflow's onload/offload nodes depend on
+the placement, so the search maps them onto this per-role price), and the set's front is their product.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS
 # Most combinations of the members' options the merged way enumerates; beyond it the fronts over
 # seconds, states and transient keep most of them and the assignments of classes are fewer.
 MERGE_LIMIT = 20_000
+
+
+def offload_key(role: str) -> tuple[str, str]:
+    """The pseudo node under which a SetCandidate carries one onload/offload of `role`'s states."""
+    return ("offload", role)
 
 
 def _front_of(items: list, vecs: list[tuple[float, ...]]) -> list:
@@ -65,8 +75,8 @@ def _front_of(items: list, vecs: list[tuple[float, ...]]) -> list:
 class SetPricer:
     """The Pareto front of a colocated set on n devices (memoized per set and n)."""
 
-    def __init__(self, roles: RolePricer):
-        self.roles = roles
+    def __init__(self, roles: RolePricer, offload: bool = False):
+        self.roles, self.offload = roles, offload
         self._fronts: dict[tuple, list[SetCandidate]] = {}
 
     def front(self, members: tuple[str, ...], n: int) -> list[SetCandidate]:
@@ -85,8 +95,11 @@ class SetPricer:
             classes = [rp.weight_classes(r, n, shared) for r in members]
             merged = any(len(c) > 1 for c in classes) and self._actor_steady(members, n, classes, shared)
             for recompute in ((False, True) if any(r in TRAINED_ROLES for r in members) else (False,)):
-                combos += (self._merged(members, n, classes, recompute, shared) if merged
-                           else self._per_assignment(members, n, classes, recompute, shared))
+                if self.offload:
+                    combos += self._independent(members, n, classes, recompute, shared)
+                else:
+                    combos += (self._merged(members, n, classes, recompute, shared) if merged
+                               else self._per_assignment(members, n, classes, recompute, shared))
         # A combination priced with recomputation although it fits without is dominated by (or equal
         # to) the same combination without it, so the union's front is the true front.
         hit = _front_of(combos, [tuple(s for _, s in sc.node_seconds) for sc in combos])
@@ -101,6 +114,11 @@ class SetPricer:
         rp = self.roles
         trained = any(r in TRAINED_ROLES for r in members)
         for shared in self.shared_states(members, n):
+            if self.offload:  # each member beside its own states only
+                if any(all(any(rp.front(r, n, own, f, own, shared) for own in rp.weight_classes(r, n, shared))
+                           for r in members) for f in ((True, False) if trained else (False,))):
+                    return True
+                continue
             for owns in itertools.product(*(rp.weight_classes(r, n, shared) for r in members)):
                 resident = sum(owns, MemoryBreakdown())
                 for recompute in ((True, False) if trained else (False,)):
@@ -136,6 +154,29 @@ class SetPricer:
             fronts = [rp.front(r, n, resident, recompute, own, shared) for r, own in zip(members, owns, strict=True)]
             if all(fronts):
                 out += [self._candidate(members, pick, recompute) for pick in itertools.product(*fronts)]
+        return out
+
+    def _independent(self, members, n, classes, recompute: bool, shared: tuple | None) -> list[SetCandidate]:
+        """With offload: each member's front beside its own states, per weight class, with the seconds of
+        one move of those states (a lone member never moves: add_offload_ops); the set's front is the
+        product of the members' (their op seconds are disjoint dimensions)."""
+        rp, per = self.roles, []
+        moves = len(members) > 1
+        for r, cls in zip(members, classes, strict=True):
+            opts = [(c, rp.offload_seconds(own) if moves else 0.0) for own in cls
+                    for c in rp.front(r, n, own, recompute, own, shared)]
+            opts = pareto(opts, lambda o: o[0].seconds + (o[1],))
+            if not opts:
+                return []
+            per.append(opts)
+        out = []
+        for pick in itertools.product(*per):
+            sc = self._candidate(members, tuple(c for c, _ in pick), recompute)
+            if moves:
+                sc = SetCandidate(sc.choice, sc.node_seconds + tuple((offload_key(r), m) for r, (_, m)
+                                                                     in zip(members, pick, strict=True)),
+                                  sc.busy, recompute)
+            out.append(sc)
         return out
 
     def _span(self, members, classes, role: str, own: MemoryBreakdown) -> tuple[float, float]:

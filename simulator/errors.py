@@ -1,7 +1,8 @@
 """User-facing errors.
 
 A `HflowError` carries one line that names what is wrong and how to fix it; the CLI prints it
-and exits 2 (3 for a `WorkerLostError`: a run lost a worker), never with a traceback. Library
+and exits 2 (3 for a `WorkerLostError`: a run lost a worker; 4 for an `EnvironmentFaultError`: no space
+left, a storage error; 143 for a `PreemptedError`: SIGTERM), never with a traceback. Library
 code raises it for bad input (unknown preset, a parallel config that does not divide, a
 malformed file, a model that does not fit).
 """
@@ -15,6 +16,7 @@ class HflowError(Exception):
     """Bad input or an impossible request; `str(err)` is the one-line message for the user."""
 
     exit_code = 2
+    label = "error"  # the CLI's "hflow-plan: error: …"
 
 
 class WorkerLostError(HflowError):
@@ -22,6 +24,21 @@ class WorkerLostError(HflowError):
     input, so a different exit code; the message names the role and rank."""
 
     exit_code = 3
+
+
+class EnvironmentFaultError(HflowError):
+    """The run's environment failed it (no space left, a storage error): not the input, not a lost
+    worker; the message names the resource and the folder."""
+
+    exit_code = 4
+
+
+class PreemptedError(HflowError):
+    """The run was asked to stop (SIGTERM, a job scheduler's notice) and did, having saved what it could;
+    128 + SIGTERM, as a shell reports a process that SIGTERM ended."""
+
+    exit_code = 143
+    label = "stopped"
 
 
 def describe_validation_error(err: ValidationError, source: str = "") -> str:

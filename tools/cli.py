@@ -1,6 +1,7 @@
 """`hflow-plan`: the composition root. Each subcommand lives in its own module under tools/
 with `add_parser(subparsers)` (which sets `func`) — this file only wires them and turns user
-errors into one line and exit code 2 (3: a run lost a worker or node)."""
+errors into one line and exit code 2 (3: a run lost a worker or node; 4: its environment failed it, e.g. no
+space left; 143: stopped by SIGTERM)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hybridflow.tools.cli_help import OneLineErrorParser, examples
 
 # Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
 # planning commands work without the [runtime] extra.
-SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay"]
+SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay", "lengths"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except HflowError as e:
-        print(f"hflow-plan: error: {e}", file=sys.stderr)
+        cause = getattr(e, "user_error", None)  # an error in the user's own code (a reward function)
+        if cause is not None and getattr(args, "debug", False):
+            import traceback
+
+            traceback.print_exception(cause, file=sys.stderr)  # its traceback, then the one line
+        print(f"hflow-plan: {e.label}: {e}", file=sys.stderr)
         return e.exit_code
     except ValidationError as e:
         print(f"hflow-plan: error: {describe_validation_error(e)}", file=sys.stderr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from hybridflow.simulator.algorithms import algorithm_names
 from hybridflow.simulator.errors import HflowError
@@ -141,6 +142,69 @@ WORKLOAD_FLAGS = (
 )
 
 
+RECENT_ITERATIONS = 5  # a metrics file's last iterations: the lengths the policy produces now
+
+
+def _recorded_lengths(path: str):
+    """The response lengths a run recorded (its --metrics file): the mean of each quantile over its last
+    RECENT_ITERATIONS iterations."""
+    import json
+
+    from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+
+    if not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"no file {path}")
+    records = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"{path} line {n} is not JSON; give the metrics file `run --metrics` "
+                                             "wrote") from None
+        if isinstance(row, dict) and isinstance(row.get("response_lengths"), dict):
+            records.append(row["response_lengths"])
+    if not records:
+        raise argparse.ArgumentTypeError(f"{path} records no response lengths (runs record them per iteration "
+                                         "since this version); give quantiles instead")
+    return LengthDistribution.from_recorded(records[-RECENT_ITERATIONS:])
+
+
+def lengths_arg(text: str):
+    """`--response-lengths`: quantiles `p50=1500,p90=5000,max=16000` (shares as pNN, 0.NN, `min`, `max`), a
+    YAML/JSON file holding a LengthDistribution (quantiles, histogram or observed lengths), or a run's metrics
+    file (.jsonl: the lengths its last iterations produced)."""
+    from pydantic import ValidationError
+
+    from hybridflow.simulator.io import SPEC_SUFFIXES, read_mapping
+    from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+
+    try:
+        if Path(text).suffix.lower() == ".jsonl":
+            return _recorded_lengths(text)
+        if Path(text).suffix.lower() in SPEC_SUFFIXES:
+            if not Path(text).is_file():
+                raise argparse.ArgumentTypeError(f"no file {text}")
+            return LengthDistribution.model_validate(read_mapping(text))
+        pairs = dict(item.strip().partition("=")[::2] for item in text.split(","))
+        if "mean" in pairs:  # the least-assuming lengths with that mean and maximum
+            if set(pairs) != {"mean", "max"}:
+                raise ValueError("give mean with max only (mean=930,max=4000), or quantiles")
+            return LengthDistribution(mean=float(pairs["mean"]), max=int(pairs["max"]))
+        quantiles = {}
+        for item in text.split(","):
+            key, _, value = item.strip().partition("=")
+            key = key.strip().lower()
+            share = {"min": 0.0, "max": 1.0}.get(key)
+            if share is None:
+                share = float(key[1:]) / 100.0 if key.startswith("p") else float(key)
+            quantiles[share] = int(value)
+        return LengthDistribution(quantiles=quantiles)
+    except (ValueError, ValidationError) as e:
+        detail = e.errors()[0]["msg"].removeprefix("Value error, ") if isinstance(e, ValidationError) else str(e)
+        raise argparse.ArgumentTypeError(f"'{text}' is not a length distribution ({detail}); give quantiles such as "
+                                         "p50=1500,p90=5000,max=16000 or a YAML/JSON file") from None
+
+
 def add_request_args(p: argparse.ArgumentParser) -> None:
     """The flags `search` and `compare` share: cluster, algorithm, models, workload (read back by
     tools/search_request.py)."""
@@ -162,11 +226,24 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     for flag, field, text in WORKLOAD_FLAGS:
         w.add_argument(f"--{flag}", type=positive_int, metavar="N", help=f"{text} (default: the --workload file's, "
                        f"else {Workload.model_fields[field].default})")
+    w.add_argument("--response-lengths", type=lengths_arg, metavar="QUANTILES|FILE",
+                   help="response lengths as a distribution instead of every response --response-len long: "
+                   "quantiles p50=1500,p90=5000,max=16000, mean=2000,max=16000 (the maximum-entropy lengths with that "
+                   "mean), a YAML/JSON file (quantiles, histogram or observed "
+                   "lengths) or a run's --metrics file (.jsonl: its last iterations' lengths); --response-len then "
+                   "defaults to its longest")
     s = p.add_argument_group("search")
     s.add_argument("--max-pp", type=positive_int, help="largest training pipeline-parallel size to consider")
     s.add_argument("--max-gen-pp", type=positive_int, help="largest generation pipeline-parallel size "
                    "(`hflow-plan run` generates with pp=1: give 1 for a plan it can run)")
+    s.add_argument("--max-sp", type=positive_int, help="largest Ulysses sequence-parallel size to consider (searched "
+                   "for sequences of 4,096 tokens or more; `hflow-plan run` runs sp > 1 at pp=1)")
     s.add_argument("--top", type=positive_int, default=5, metavar="K", help="plans to list")
     s.add_argument("--backends", type=backends_arg, default="fsdp", metavar="LIST",
                    help="training engines to choose from per role: fsdp, megatron or fsdp,megatron (default: fsdp)")
+    s.add_argument("--offload", choices=("auto", "never", "always"), default="auto",
+                   help="move colocated models' states to host memory while another model of their set runs: auto "
+                   "only when no plan fits without it, never, or always (default: auto)")
+    s.add_argument("--lora", type=positive_int, metavar="RANK", help="train LoRA adapters of this rank on the frozen "
+                   "models (the actor's base is the reference: no ref model); `search` also compares full fine-tuning")
     add_profile_arg(s)

@@ -51,13 +51,16 @@ def request_with_profile(req, ref: str | None):
     return req.model_copy(update={"cluster": cluster}), cal.cost_model(cluster)
 
 
-def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
+def local_pricing(devices: int | None = None, profile: str = "cpu-2core", *, reprobe: bool = False,
+                  notes: list[str] | None = None):
     """(this machine as a one-node ClusterSpec, a cost model for it, the profile it came from or
     None) — for `quickstart`.
 
     When the shipped `profile` was measured on this kind of machine (same CPU / GPU model and core
     count), the cluster and cost model are its calibration's; otherwise the hardware probe's
-    figures (measured in seconds, cached) with the analytic default terms."""
+    figures (measured in seconds, cached; measured again with `reprobe`, when stale or when a quick check
+    disagrees: runtime/measure/hardware_probe.py) with the analytic default terms; `notes` gets what the probe
+    says (measured again, or taken on a busy machine)."""
     from hybridflow.runtime.measure.hardware_probe import default_devices, fingerprint, local_cluster
     from hybridflow.simulator.calibration.fit import calibrate_file
     from hybridflow.simulator.calibration.profile import resolve_profile
@@ -75,5 +78,5 @@ def local_pricing(devices: int | None = None, profile: str = "cpu-2core"):
         return cluster, cal.cost_model(cluster), profile
     from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
-    cluster = local_cluster(world)
+    cluster = local_cluster(world, refresh=reprobe, notes=notes)
     return cluster, default_cost_model(cluster), None

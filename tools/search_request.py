@@ -16,6 +16,7 @@ def request_from_args(args):
     from hybridflow.planner.request import SearchRequest
     from hybridflow.simulator.io import SPEC_SUFFIXES, load_model_file, read_mapping
     from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec, hardware_preset
+    from hybridflow.simulator.vocabulary.lora import LoraConfig
     from hybridflow.simulator.vocabulary.model import hf_folder, resolve_model
 
     if args.cluster:
@@ -29,6 +30,8 @@ def request_from_args(args):
         value = getattr(args, flag.replace("-", "_"))
         if value is not None:
             fields[field] = value
+    if args.response_lengths is not None:
+        fields["response_lengths"] = args.response_lengths
     workload = Workload.model_validate(fields)
     roles = get_algorithm(args.algo).roles
     given = role_values(args)
@@ -42,8 +45,13 @@ def request_from_args(args):
     for r, fn in rules.items():
         if fn and (":" not in fn or r in given):
             raise HflowError(f"--{r}-function {fn}: give 'module:function' and drop --{r}")
+    lora = getattr(args, "lora", None)
+    if lora and "ref" in given:
+        raise HflowError(f"--ref {given['ref']}: a LoRA run's reference is the actor's base model; drop --ref or --lora")
     models, paths = {}, {}
     for r in roles:
+        if lora and r == "ref":
+            continue
         ref = given.get(r) or (None if rules.get(r) else args.model)
         if ref:
             models[r] = resolve_model(ref)
@@ -56,7 +64,9 @@ def request_from_args(args):
         check_search_folders(paths)
     return SearchRequest(algorithm=args.algo, models=models, paths=paths, cluster=cluster, workload=workload,
                          reward_function=args.reward_function, cost_function=args.cost_function,
-                         max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, top_k=args.top, backends=args.backends)
+                         max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, max_sp=args.max_sp, top_k=args.top,
+                         backends=args.backends,
+                         offload=args.offload, lora=LoraConfig(rank=lora) if lora else None)
 
 
 def run_search(req, cm=None):
@@ -65,9 +75,8 @@ def run_search(req, cm=None):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hybridflow.planner.search import Planner
+    from hybridflow.planner.search import search_as_asked
 
-    planner = Planner(req, cm)
     console = Console(file=sys.stderr)
     with Progress(TextColumn("searching placements"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -76,7 +85,7 @@ def run_search(req, cm=None):
         def tick(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        result = planner.run(progress=tick)
+        planner, result = search_as_asked(req, cm, progress=tick)
     if result.best is None:
         from hybridflow.planner.diagnose import explain_infeasible
 

@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayTaskError
 
+from hybridflow.runtime.controller.kill_evidence import signal_cause
 from hybridflow.runtime.controller.protocols import Protocol, merge_info
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -51,18 +52,19 @@ class WorkerDiedError(RuntimeError):
 MEMORY_HINT = "give each worker more memory: fewer devices per node, a smaller micro-batch, or offload"
 
 
-def death_cause(err: BaseException) -> str:
-    """Why a worker process died, in a few words, from Ray's error text: its memory monitor killed
-    it, it exited with no error of its own (what the kernel's out-of-memory killer leaves), or it
-    was killed on purpose."""
+def death_cause(err: BaseException, pid: int | None = None, on_this_machine: bool = False) -> str:
+    """Why a worker process died, in a few words, from the evidence: Ray's memory monitor killed it (its
+    error says so), the kernel's OOM killer did (a record for `pid` in this machine's kernel log:
+    kill_evidence.py), a signal did (it exited with no error of its own, and no OOM record), or it was
+    killed on purpose."""
     text = str(err)
     if isinstance(err, OutOfMemoryError) or "running low on memory" in text:
         used = re.search(r"was ([\d.]+ ?GB / [\d.]+ ?GB)", text)
         return (f"was killed by Ray's memory monitor: its node ran out of memory ({used.group(1) + ' used; ' if used else ''}"
                 f"{MEMORY_HINT})")
     if "connection error" in text or "exits unexpectedly" in text or "SIGKILL" in text:
-        return ("exited with no error of its own — most often the kernel's out-of-memory killer (see `dmesg` on its "
-                f"node), else a crash; if memory ran out, {MEMORY_HINT}")
+        cause = signal_cause(pid, on_this_machine)
+        return f"{cause}; {MEMORY_HINT}" if "out-of-memory killer (kernel log" in cause else cause
     if "actor is killed" in text or "ray.kill" in text:
         return "was killed (ray.kill or `ray stop`)"
     first = (text.strip().splitlines() or [type(err).__name__])[0][:200]

@@ -10,7 +10,7 @@ matter (`collect_ranks`) into one result. Built in:
 | `ONE_TO_ALL`  | every argument as it is                | the list of all ranks' outputs             |
 | `ALL_TO_ALL`  | element `rank` of each list argument, or its share of a Batch/tensor (padded) | the list, or the batches concatenated (padding removed) |
 | `RANK_ZERO`   | every argument as it is (all ranks run)| rank 0's output                            |
-| `DP_COMPUTE` (alias `3D_PROTO`) | the dp shard of each Batch/tensor/list, the same on every tp/pp rank of the dp group; other arguments as they are | the outputs of tp = 0 of the last pp stage, concatenated in dp order, padding removed (other outputs, e.g. metric dicts: their list in dp order) |
+| `DP_COMPUTE` (alias `3D_PROTO`) | the dp shard of each Batch/tensor/list, the same on every tp/pp rank of the dp group (under sequence parallelism, sp > 1: one shard per dp/sp group, the same on its sp ranks); other arguments as they are | the outputs of tp = 0 of the last pp stage (and of each sp group's first rank), concatenated in dp order, padding removed (other outputs, e.g. metric dicts: their list in dp order) |
 
 A batch whose size the dp size does not divide is padded with copies of its first samples and
 the padding is removed from the gathered result. Add a protocol with `register_protocol(Protocol(
@@ -150,16 +150,17 @@ def _all_to_all_gather(outputs, parallel, info):
 
 
 def _dp_split(value, parallel):
+    """One shard per dp/sp group: the sp ranks of a sequence-parallel group split the same rows' sequences."""
     if not _splittable(value):
         return [value] * parallel.world_size, {}
-    shards, pad = shard(value, parallel.dp)
-    return [shards[parallel.rank_coords(r)[1]] for r in range(parallel.world_size)], {"pad": pad}
+    shards, pad = shard(value, parallel.dp // parallel.sp)
+    return [shards[parallel.rank_coords(r)[1] // parallel.sp] for r in range(parallel.world_size)], {"pad": pad}
 
 
 def _dp_collect(parallel):
-    """tp = 0 of the last pipeline stage, one rank per dp index, in dp order."""
+    """tp = 0 of the last pipeline stage, one rank per dp index (per sp group: its first), in dp order."""
     last = parallel.pp - 1
-    return [last * parallel.dp * parallel.tp + d * parallel.tp for d in range(parallel.dp)]
+    return [last * parallel.dp * parallel.tp + d * parallel.tp for d in range(0, parallel.dp, parallel.sp)]
 
 
 register_protocol(Protocol("ONE_TO_ALL", _one_to_all_split, lambda outs, p, info: list(outs)))

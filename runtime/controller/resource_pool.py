@@ -22,7 +22,9 @@ import time
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from hybridflow.runtime.controller.kill_evidence import fold_ray_notices
 from hybridflow.runtime.controller.nodes import LABEL_HINT, by_label, node_label, plan_nodes
+from hybridflow.runtime.controller.ray_reaper import reap_with_driver
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Device, DeviceGroup, Plan
 
@@ -45,6 +47,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
         try:
             ray.init(address=address or "local", include_dashboard=False, ignore_reinit_error=True,
                      logging_level=logging.WARNING if quiet else logging.INFO, **kwargs)
+            fold_ray_notices()  # a lost worker is our one line, not ours and Ray's
+            if address is None:
+                reap_with_driver()  # its processes end with this driver, even a SIGKILLed one
             return
         except Exception as e:
             ray.shutdown()

@@ -332,7 +332,10 @@ class WorkerGroup:
             where = self.describe_node(rank)
             return WorkerDiedError(f"{where} was lost (node down or its raylet killed), with {', '.join(lost_ranks)}; "
                                    f"during '{role}.{method}'; shut down {len(others) + 1} worker group(s)")
-        what = f"lost an input from a worker that {death_cause(err)}" if upstream else death_cause(err)
+        n = self.nodes[rank] if rank < len(getattr(self, "nodes", [])) else {}
+        here = n.get("ip") == ray.util.get_node_ip_address()  # its kernel log is this machine's
+        cause = death_cause(err, n.get("pid"), here)
+        what = f"lost an input from a worker that {cause}" if upstream else cause
         return WorkerDiedError(f"worker '{role}' {self.describe_rank(rank)} {what}, during '{method}'; "
                                f"shut down {len(others) + 1} worker group(s)")
 

@@ -9,7 +9,10 @@ The model file knows nothing of parallelism; this file shards it:
   is split along the vocabulary (row-wise, output replicated) and the LM head column-wise with
   replicated logits, so every tensor-parallel rank sees the full logits for log-probs and entropy.
   Other norms and the scalar head `score` stay replicated (they are tiny). A tied LM head keeps
-  embedding and head replicated.
+  embedding and head replicated. A layer that LoRA wraps (engines/train/lora.py: peft's layer holding
+  `base_layer`, `lora_A`, `lora_B`) is split as its base layer is, with its adapters alongside: under a
+  column-wise layer B is column-wise and A replicated, under a row-wise layer A is row-wise (its output
+  all-reduced) and B replicated; either way the adapter's output is laid out as the base layer's.
 - data parallelism with FSDP2 `fully_shard` over the `dp` mesh dimension, per decoder layer then
   the root; with TP this gives 2-D (dp × tp) DTensor parameters.
 - pipeline parallelism: pipeline.py first cuts the model into this rank's stage (contiguous
@@ -93,7 +96,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     plan = ({name: ColwiseParallel() for name in tp.colwise} | {name: RowwiseParallel() for name in tp.rowwise}
             | {name: SequenceParallel(sequence_dim=2, use_local_output=True) for name in tp.head_norms})
     for layer in _layers(model):
-        parallelize_module(layer, tp_mesh, {k: v for k, v in plan.items() if _has(layer, k)})
+        parallelize_module(layer, tp_mesh, _with_adapters(layer, {k: v for k, v in plan.items() if _has(layer, k)}))
     if hasattr(model, "lm_head") and not _is_tied(model):  # a pipeline stage may hold either or neither
         for name in tp.vocab:
             module = _get(model, name)
@@ -103,6 +106,23 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
             elif module is not None:  # the LM head's vocabulary columns split, logits gathered
                 parallelize_module(module, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
     return model
+
+
+def _with_adapters(layer: nn.Module, plan: dict) -> dict:
+    """`plan` with each LoRA-wrapped layer's entry moved onto its base layer and its split adapter."""
+    out = {}
+    for name, style in plan.items():
+        module = _get(layer, name)
+        if not (hasattr(module, "base_layer") and hasattr(module, "lora_A")):
+            out[name] = style
+            continue
+        out[f"{name}.base_layer"] = style
+        for adapter in module.lora_A:  # peft's adapters by name ("default")
+            if isinstance(style, ColwiseParallel):
+                out[f"{name}.lora_B.{adapter}"] = ColwiseParallel()
+            else:
+                out[f"{name}.lora_A.{adapter}"] = RowwiseParallel()
+    return out
 
 
 def _get(model: nn.Module, name: str) -> nn.Module | None:

@@ -130,8 +130,47 @@ def run_probe(devices: int | None = None, repeats: int = 5) -> tuple[HardwareSpe
     return spec_from_probe(raw, world), probe_points(raw, world)
 
 
-def probe_hardware(devices: int | None = None, *, refresh: bool = False) -> HardwareSpec:
-    """This machine's HardwareSpec for `devices` device processes, measured once and cached."""
+MAX_AGE_S = 30 * 24 * 3600  # a cached probe older than this is measured again
+DISAGREE = 2.0  # a quick check this many times faster or slower than the cache: measured again
+BUSY_LOAD = 0.5  # load average per core above which the machine counts as busy while probing
+
+
+def quick_matmul_flops(repeats: int = 5) -> float:
+    """One thread's matmul rate now (a few tens of ms): the check a cached probe must agree with."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a device process runs one thread (module docstring)
+    try:
+        n = MATMUL_N
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        return 2.0 * n ** 3 / _best(lambda: torch.mm(a, b), repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(load: float | None, cores: int) -> str | None:
+    if load is None or load <= BUSY_LOAD * cores:
+        return None
+    return (f"the machine was busy while it was measured (load average {load:.1f} on {cores} cores): predictions "
+            "may be off; run again with --reprobe when it is quiet")
+
+
+def probe_hardware(devices: int | None = None, *, refresh: bool = False,
+                   notes: list[str] | None = None) -> HardwareSpec:
+    """This machine's HardwareSpec for `devices` device processes, measured and cached with when it was
+    measured and how busy the machine was. The cache is measured again when `refresh`, when older than
+    MAX_AGE_S, or when a quick matmul now disagrees with it by more than DISAGREE×; `notes` gets a line
+    for each of those and for a probe taken on a busy machine."""
+    notes = notes if notes is not None else []
     world = devices or default_devices()
     fp = fingerprint(world)
     key = hashlib.sha256(json.dumps([fp.device_kind, fp.device_name, fp.cpu_count, world, fp.torch_version])
@@ -139,20 +178,37 @@ def probe_hardware(devices: int | None = None, *, refresh: bool = False) -> Hard
     path = cache_dir() / f"hardware-{key}.json"
     if path.is_file() and not refresh:
         try:
-            return HardwareSpec.model_validate_json(path.read_text())
+            data = json.loads(path.read_text())
+            hw = HardwareSpec.model_validate(data.get("spec", data))
+            age = time.time() - data.get("measured_at", 0.0)  # an older cache carries no date: stale
+            now = quick_matmul_flops() if fp.device_kind == "cpu" else hw.peak_flops
+            ratio = now / hw.peak_flops
+            if age > MAX_AGE_S:
+                notes.append(f"the cached hardware probe is {age / 86400:.0f} days old (or undated): measuring again")
+            elif not 1 / DISAGREE <= ratio <= DISAGREE:
+                notes.append(f"the cached hardware probe ({hw.peak_flops / 1e9:.1f} GFLOP/s) disagrees with a quick "
+                             f"check now ({now / 1e9:.1f} GFLOP/s): measuring again")
+            else:
+                if note := busy_note(data.get("load_average"), fp.cpu_count):
+                    notes.append(note)
+                return hw
         except ValueError:
             pass
+    load = load_average()
     hw, _ = run_probe(world)
     from hybridflow.simulator.io import write_atomic
 
+    if note := busy_note(load, fp.cpu_count):
+        notes.append(note)
     try:
-        write_atomic(path, hw.model_dump_json(indent=1) + "\n")
+        write_atomic(path, json.dumps({"spec": hw.model_dump(mode="json"), "measured_at": time.time(),
+                                       "load_average": load}, indent=1) + "\n")
     except OSError:
         pass
     return hw
 
 
-def local_cluster(devices: int | None = None, *, refresh: bool = False) -> ClusterSpec:
+def local_cluster(devices: int | None = None, *, refresh: bool = False, notes: list[str] | None = None) -> ClusterSpec:
     """This machine as a one-node cluster of `devices` devices (default: GPUs, else the cores)."""
     world = devices or default_devices()
-    return ClusterSpec(hardware=probe_hardware(world, refresh=refresh), nodes=1, devices_per_node=world)
+    return ClusterSpec(hardware=probe_hardware(world, refresh=refresh, notes=notes), nodes=1, devices_per_node=world)

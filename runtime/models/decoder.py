@@ -11,7 +11,9 @@ Module and parameter names are exactly those of Hugging Face (`model.layers.0.se
 
 The model knows nothing of parallelism. Attention reshapes with the LOCAL head count
 (`view(b, s, -1, head_dim)`), so q/k/v column-sharded by DTensor's `parallelize_module` work
-unchanged, and the KV cache is sized from the actual k/v tensors it receives.
+unchanged, and the KV cache is sized from the actual k/v tensors it receives. The attention core itself
+(`Attention.core`, by default `sdpa_attention`) is a plug: the FSDP engine's Ulysses sequence parallelism
+swaps in one that exchanges heads for sequence around it (engines/train/fsdp/ulysses.py).
 """
 
 from __future__ import annotations
@@ -110,6 +112,17 @@ class KVCache:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   window: int | None = None) -> torch.Tensor:
+    """Scaled dot-product attention of q [B, h, S, d] over k/v [B, kv_h, past+S, d]: `mask` as the decoder
+    builds it (additive or boolean, the window already in it), or None for plain causal attention (one query:
+    every key). Grouped-query attention: each kv head serves h/kv_h q heads (no copy of the cache)."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:  # plain causal self-attention over the whole sequence (training)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int):
         super().__init__()
@@ -124,6 +137,10 @@ class Attention(nn.Module):
         # Qwen3: each head's q and k normalised over head_dim (one weight shared by all heads), before RoPE.
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # The attention core (q, k, v [B, heads, S, head_dim], mask, window) -> [B, heads, S, head_dim]: a
+        # plain function, so no module or parameter name changes; a parallelization step may swap it (Ulysses
+        # sequence parallelism: engines/train/fsdp/ulysses.py).
+        self.core = sdpa_attention
 
     def forward(self, x, cos, sin, mask: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -136,12 +153,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-        # Grouped-query attention: each kv head serves heads/kv_heads q heads (no copy of the cache).
-        gqa = q.shape[1] != k.shape[1]
-        if mask is None:  # plain causal self-attention over the whole sequence (training)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1, enable_gqa=gqa)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        out = self.core(q, k, v, mask, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -366,5 +378,5 @@ def num_params(model: nn.Module) -> int:
 
 
 __all__ = ["DecoderModel", "CausalLM", "ScoreModel", "KVCache", "RMSNorm", "rms_norm",
-           "apply_rope", "rope_cos_sin", "rope_inv_freq",
+           "apply_rope", "sdpa_attention", "rope_cos_sin", "rope_inv_freq",
            "positions_from_mask", "attention_bias_mask", "last_token_values", "num_params"]

@@ -8,6 +8,11 @@ exports without the original folder. The export class follows the role, not the 
 critic started from a causal-LM folder is exported as a scalar-head model. The weights are written
 in the dtype the source's config.json names (the fp32 training weights rounded, for a bf16 model),
 so an exported model is the size of the one it started from.
+
+A LoRA role (models/lora_files.py) is exported merged — the plain model with W + scale·B·A, which
+transformers loads as it is — and its adapters beside it in peft's format, `<folder>/adapter`, for the base
+model its adapter_config.json names (`PeftModel.from_pretrained(base, "<folder>/adapter")`). Its checkpoint
+folder holds the same `adapter` folder, from which `export` learns the adapters' shapes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.models.decoder import CausalLM, ScoreModel, rope_inv_freq
 from hybridflow.runtime.models.folder_check import CONFIG_FILE, read_json
 from hybridflow.runtime.models.hf_format import CARRIED_FILES, read_config, save_pretrained
+from hybridflow.runtime.models.lora_files import (
+    ADAPTER_FOLDER,
+    lora_shapes,
+    merged_state,
+    read_peft_adapter_config,
+    write_peft_adapter,
+)
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.roles import role_head
 
@@ -82,7 +94,19 @@ def export_engine(engine, role: str, folder: str | Path, source: str | Path, ran
     state = engine.full_state_dict(rank0_only=True)
     if rank != 0:
         return None
-    return export(model_for_export(role, engine.decoder_config, state), folder, source)
+    lora = getattr(engine, "lora", None)
+    if lora is None:
+        return export(model_for_export(role, engine.decoder_config, state), folder, source)
+    written = export(model_for_export(role, engine.decoder_config, merged_state(state, lora)), folder, source)
+    write_peft_adapter(Location(folder) / ADAPTER_FOLDER, state, lora, lora_targets(engine), str(source))
+    return written
+
+
+def lora_targets(engine) -> tuple[str, ...]:
+    """The layers a LoRA engine's adapters wrap (its config's, else its family's default)."""
+    from hybridflow.simulator.vocabulary.families import family
+
+    return engine.lora.target_modules or family(engine.decoder_config.family).lora_default
 
 
 # ---- from a saved checkpoint -------------------------------------------------------------------
@@ -112,6 +136,11 @@ def load_checkpoint_model(role_folder: str | Path | Location, role: str, files: 
     config, _ = read_config(files or folder.path)
     with torch.device("meta"):
         shapes = MODEL_CLASS[role_head(role)](config).state_dict()
+    lora = read_peft_adapter_config(folder / ADAPTER_FOLDER)  # a LoRA role's checkpoint: its adapters' shapes
+    if lora is not None:
+        dtypes = {k: v.dtype for k, v in shapes.items()}
+        shapes = {k: torch.empty(s, dtype=dtypes.get(k.replace(".base_layer.", "."), torch.float32), device="meta")
+                  for k, s in lora_shapes({k: v.shape for k, v in shapes.items()}, *lora).items()}
     state = {k: torch.empty(v.shape, dtype=v.dtype) for k, v in shapes.items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -122,6 +151,8 @@ def load_checkpoint_model(role_folder: str | Path | Location, role: str, files: 
     except Exception as e:  # DCP wraps every failure (missing key, size mismatch, unreadable file) in its own
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HflowError(f"{folder / 'dcp'}: cannot read the {role}'s weights ({first[:200]})") from None
+    if lora is not None:
+        state = merged_state(state, lora[0])
     return model_for_export(role, config, state)
 
 
@@ -132,4 +163,9 @@ def export_checkpoint(roles: dict[str, Location], out: str | Path | Location) ->
     for role, folder in roles.items():
         with local_model_files(folder) as files:
             written[role] = export(load_checkpoint_model(folder, role, files), str(Location(out) / role), files)
+        adapter = Location(folder) / ADAPTER_FOLDER
+        if adapter.is_dir():  # a LoRA role: its peft adapters beside the merged model
+            dest = (Location(out) / role / ADAPTER_FOLDER).makedirs()
+            for f in adapter.children():
+                (dest / f.name).write(f.read_bytes())
     return written

@@ -9,13 +9,16 @@ advantages and returns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.tasks.reward_pool import ScoringPool
 from hybridflow.runtime.tasks.rewards import score_responses
 from hybridflow.runtime.tasks.tokenizer import Tokenizer
+from hybridflow.simulator.vocabulary.lengths import RECORDED_QUANTILES
 
 SEQ_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses")
 VALUE_FIELD = {"critic": "values", "cost_critic": "cost_values"}  # each critic's values in the batch
@@ -68,5 +71,14 @@ def rule_scores(fn: Callable, batch: Batch, tok: Tokenizer, name: str) -> torch.
     `cost` op; runtime/measure/reward_probe.py times this): each response decoded, then fn(prompt, response,
     **the prompt row's other fields), every score checked."""
     fields = {k: list(v) for k, v in batch.non_tensors.items() if k != "prompt"}
-    return score_responses(fn, list(batch["prompt"]), tok.decode_responses(batch["responses"], batch["response_mask"]),
-                           fields, name=name, **batch_origin(batch))
+    score = fn.score_responses if isinstance(fn, ScoringPool) else partial(score_responses, fn)  # pool: in processes
+    return score(list(batch["prompt"]), tok.decode_responses(batch["responses"], batch["response_mask"]),
+                 fields, name=name, **batch_origin(batch))
+
+
+def response_length_quantiles(response_mask: torch.Tensor) -> dict[str, float]:
+    """The iteration's response lengths at the shares a run records (vocabulary/lengths.py RECORDED_QUANTILES),
+    which `hflow-plan search --response-lengths METRICS.jsonl` reads back."""
+    lengths = response_mask.sum(-1).float()
+    shares = torch.tensor(list(RECORDED_QUANTILES.values()), dtype=lengths.dtype)
+    return dict(zip(RECORDED_QUANTILES, torch.quantile(lengths, shares).tolist(), strict=True))

@@ -3,10 +3,13 @@ checkpoint is the latest, which ones go.
 
     CKPT/iter_000004/actor/...      each rank's shards (DCP) and step/RNG state, written by the workers
     CKPT/iter_000004/driver.json    the driver's state: written once every rank's save returned
-    CKPT/latest                     "iter_000004": published last, so it names only complete checkpoints
+    CKPT/iter_000004/manifest.json  every file's size and checksum, written last (checkpoint_manifest.py)
+    CKPT/latest                     "iter_000004": published after the manifest
+    CKPT/run.lock                   who runs on the folder now (checkpoint_lock.py)
 
-A checkpoint is complete once its driver.json is there; `latest` moves to it only then (a crash
-mid-save leaves the previous one as the one a resume reads). `RunCheckpoints` writes and reads a
+A checkpoint is complete once its manifest is there; `latest` moves to it only then (a crash
+mid-save leaves the previous one as the one a resume reads). A resume verifies the checkpoint against
+its manifest and falls back to the newest older one that verifies, naming each it skipped. `RunCheckpoints` writes and reads a
 running Trainer's: the trained roles' shards (each worker writes its own), the driver's state (data
 order, the algorithm's driver state such as Safe-RLHF's Lagrange multiplier, the KL coefficient) and,
 with an export dir, every checkpoint also as Hugging Face folders.
@@ -15,10 +18,13 @@ with an export dir, every checkpoint also as Hugging Face folders.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.rl.checkpoint_manifest import MANIFEST, resume_point, write_manifest
 from hybridflow.runtime.rl.metrics_file import drop_after
+from hybridflow.runtime.rl.storage_faults import check_room, checkpoint_bytes, storage_fault
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
@@ -47,12 +53,12 @@ def publish_latest(folder: Location, name: str) -> None:
 
 
 def prune_checkpoints(folder: Location, keep_last: int) -> list[Location]:
-    """Delete all but the newest `keep_last` complete checkpoints (a folder `iter_N` with driver.json)
+    """Delete all but the newest `keep_last` complete checkpoints (a folder `iter_N` with its manifest)
     and any incomplete one older than the newest complete one (a save that crashed). The one
     `latest` names is never deleted. Returns what was deleted."""
     latest = latest_name(folder)
     found = [p for p in folder.children() if p.name.startswith("iter_") and p.name[5:].isdigit() and p.is_dir()]
-    complete = [p for p in found if (p / DRIVER_STATE).is_file()]
+    complete = [p for p in found if (p / MANIFEST).is_file()]
     keep = {p.name for p in complete[-keep_last:]} | {latest}
     newest = complete[-1].name if complete else ""
     doomed = [p for p in found if p.name not in keep and (p in complete or p.name < newest)]
@@ -66,6 +72,8 @@ class RunCheckpoints:
 
     def __init__(self, trainer):
         self.t = trainer
+        self.saved_iteration = 0  # the iteration of the last checkpoint this trainer saved or loaded
+        self.last_save_s = 0.0  # how long the last save took (is there time for one before a preemption's end)
 
     def _driver_state(self) -> dict:
         t = self.t
@@ -83,17 +91,35 @@ class RunCheckpoints:
         if not t.checkpoint_dir:
             raise HflowError("no checkpoint directory; pass checkpoint_dir")
         path = t.checkpoint_dir / f"iter_{t.iteration:06d}"
+        latest = latest_name(t.checkpoint_dir)
+        need = checkpoint_bytes(t.checkpoint_dir / latest) if latest else None  # the previous one's size
+        check_room(t.checkpoint_dir, need, latest)  # before writing anything: one line, exit 4
+        start = time.monotonic()
+        try:
+            self._write(path)
+        except Exception as e:
+            fault = storage_fault(t.checkpoint_dir, path, e, need, latest)
+            if fault is None:
+                raise
+            path.remove()  # the partial checkpoint: no resume takes it, and it holds the space
+            raise fault from None
+        self.saved_iteration, self.last_save_s = t.iteration, time.monotonic() - start
+        for old in prune_checkpoints(t.checkpoint_dir, t.config.checkpoint.keep_last):
+            if t.export_dir:  # a pruned checkpoint's HF export goes with it
+                (t.export_dir / old.name).remove()
+        return path
+
+    def _write(self, path: Location) -> None:
+        t = self.t
+        (path / MANIFEST).remove()  # a save over an older one: whole again only once its new manifest is written
         for role in TRAINED_ROLES:
             if role in t.groups:
                 t.groups[role].call(role, "save", str(path))  # returns once every rank's shards are written
         (path / DRIVER_STATE).write(json.dumps(self._driver_state(), indent=2) + "\n")
         if t.export_dir:
             self.export_hf(t.export_dir / path.name)
-        publish_latest(t.checkpoint_dir, path.name)  # last: the checkpoint is complete
-        for old in prune_checkpoints(t.checkpoint_dir, t.config.checkpoint.keep_last):
-            if t.export_dir:  # a pruned checkpoint's HF export goes with it
-                (t.export_dir / old.name).remove()
-        return path
+        write_manifest(path)  # last in the folder: a checkpoint with a manifest is whole
+        publish_latest(t.checkpoint_dir, path.name)
 
     def export_hf(self, folder: str | Path | Location | None = None) -> list[Location]:
         t = self.t
@@ -107,11 +133,12 @@ class RunCheckpoints:
 
     def load(self) -> Location:
         t = self.t
-        name = latest_name(t.checkpoint_dir)
-        if name is None:
-            raise HflowError(f"nothing to resume in {t.checkpoint_dir}: no 'latest' checkpoint; run without "
-                             "--resume first")
-        path = t.checkpoint_dir / name
+        point = resume_point(t.checkpoint_dir, latest_name(t.checkpoint_dir))
+        for line in point.skipped_lines():
+            t.events.say(line)
+        if point.checkpoint is None:
+            raise HflowError(point.none_line(t.checkpoint_dir))
+        path = point.checkpoint
         state = json.loads((path / DRIVER_STATE).read_text())
         if state["algorithm"] != t.plan.algorithm or state["placement"] != t.plan.placement():
             raise HflowError(f"{path} was written by a {state['algorithm']} run with placement {state['placement']}; "
@@ -119,7 +146,7 @@ class RunCheckpoints:
         for role in TRAINED_ROLES:
             if role in t.groups:
                 t.groups[role].call(role, "load", str(path))
-        t.iteration = state["iteration"]
+        t.iteration = self.saved_iteration = state["iteration"]
         t.sampler.load_state_dict(state["sampler"])
         if t.df.state is not None and state["algorithm_state"] is not None:
             t.df.state.load_state_dict(state["algorithm_state"])

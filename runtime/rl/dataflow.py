@@ -45,6 +45,8 @@ from hybridflow.runtime.rl.modes import MODES
 from hybridflow.runtime.rl.recorder import OpRecorder
 from hybridflow.runtime.rl.rollout import RolloutDevices
 from hybridflow.runtime.rl.run_config import RunConfig
+from hybridflow.runtime.rl.stops import cut_at_stops
+from hybridflow.runtime.tasks.reward_pool import ScoringPool
 from hybridflow.runtime.tasks.rewards import check_finite_scores
 from hybridflow.runtime.tasks.tokenizer import Tokenizer
 from hybridflow.simulator.algorithms import get_algorithm
@@ -75,7 +77,7 @@ class Dataflow:
         self.recorder = OpRecorder(origin)
         self.state = self.algo.hooks.driver_state(config)  # e.g. Safe-RLHF's Lagrange multiplier
         self.kl = KLController(config.kl)
-        self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.roles, config.kl_in_reward)
+        self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.reference_roles(), config.kl_in_reward)
         self.rollout = RolloutDevices(plan, groups, self.recorder)
         self.mode = MODES[plan.mode](self.rollout, plan.workload, prompts, plan.staleness)
         self.start_iteration(0)
@@ -134,13 +136,16 @@ class Dataflow:
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         """Responses for the prompts, as the execution mode makes them (rl/modes/). greedy (ReMax's
         baseline): one response per prompt, not per sample."""
-        return self.mode.generate(batch, greedy, sample_round)
+        return cut_at_stops(self.mode.generate(batch, greedy, sample_round), self.tok, self.config.sampling.stop)
 
     # ---- scores -------------------------------------------------------------------------------
     def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
         with self._on_driver(stream, stream):
-            ref = getattr(self.plan, f"{stream}_function")
-            return rule_scores(self.functions[stream], batch, self.tok, f"{stream} function '{ref}'")
+            ref, fn = getattr(self.plan, f"{stream}_function"), self.functions[stream]
+            scores = rule_scores(fn, batch, self.tok, f"{stream} function '{ref}'")
+            if isinstance(fn, ScoringPool) and fn.config.timeout_s:
+                self.stats[f"{stream}/timeouts"] = self.stats.get(f"{stream}/timeouts", 0.0) + fn.timeouts
+            return scores
 
     def score(self, batch: Batch) -> Batch:
         """`reward_scores` (and `cost_scores` for a constrained algorithm): score models first, then the
@@ -193,6 +198,9 @@ class Dataflow:
 
     # ---- log-probs and values -----------------------------------------------------------------
     def ref_logprob(self, batch: Batch) -> Pending | None:
+        if self.plan.ref_from_actor:  # a LoRA actor: its base model, adapters off
+            return self._call_balanced("ref_logprob", "actor", "compute_ref_log_prob",
+                                       batch.select(*SEQ_FIELDS, meta=False))
         if not self.has("ref"):
             return None
         return self._call_balanced("ref_logprob", "ref", "compute_log_prob", batch.select(*SEQ_FIELDS, meta=False))

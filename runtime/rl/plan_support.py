@@ -4,6 +4,8 @@ before it imports torch or starts Ray (tools/preflight/checks.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import record_dataflow
@@ -16,15 +18,31 @@ from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 
 def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
-    if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.roles:
+    if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.reference_roles():
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
+    if config.agent.enabled:
+        raise HflowError("agent.tools / agent.environment (multi-turn rollouts, docs/agents.md) are not wired into "
+                         "`run` yet; train on conversations with examples/agents/calculator_grpo.py for now")
     if not plan.mechanics.is_default:
         raise HflowError(f"this plan is priced with another system's engines ({plan.mechanics.describe()}): "
                          "`compare` writes such plans to show a baseline; run a plan from `hflow-plan search`")
+    priced_only = [r for r, rp in plan.roles.items() if rp.train.backend == "deepspeed"]
+    if priced_only:
+        raise HflowError(f"role '{priced_only[0]}' trains on backend 'deepspeed', which the simulator prices for the "
+                         "systems it is compared with but this runtime does not run: use fsdp or megatron")
+    split = [r for r, rp in plan.roles.items() if rp.train.sp > 1 and rp.train.pp > 1]
+    if split:  # the FSDP engine runs Ulysses (engines/train/fsdp/ulysses.py), not inside its pipeline schedule
+        raise HflowError(f"role '{split[0]}' trains with sequence parallelism sp={plan.roles[split[0]].train.sp} and "
+                         f"pp={plan.roles[split[0]].train.pp}; this runtime splits sequences with pp=1 only: plan with "
+                         "--max-sp 1 or --max-pp 1")
     if plan.optimizer_offload:
         raise HflowError("optimizer_offload is priced by the simulator but this runtime does not run it yet (its "
                          "engines keep Adam's states on the device): set optimizer_offload false, or plan with more "
-                         "devices or offload of idle models")
+                         "devices")
+    if plan.offload:
+        raise HflowError("the plan offloads idle models (offload: true), which the simulator prices and the planner "
+                         "chooses when nothing fits resident, but this runtime does not move models' states yet: "
+                         "set offload false, or plan with more devices (hflow-plan search --offload never)")
     actor = plan.roles.get("actor")
     separate = actor is not None and actor.generate_group is not None
     if plan.mode != "sync" and separate and _greedy_baseline(plan):
@@ -40,6 +58,14 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
         raise HflowError(f"the actor generates with pp={actor.generate.pp}; generation is not pipelined on this "
                          "runtime (training may use any pp): plan with `hflow-plan search --max-gen-pp 1` or give "
                          "the generate layout pp=1")
+    lora_roles = [r for r, rp in plan.roles.items() if rp.lora is not None]
+    if lora_roles and importlib.util.find_spec("peft") is None:  # torch-free: the spec, not the import
+        raise HflowError(f"role '{lora_roles[0]}' trains LoRA adapters, which need peft: pip install -e '.[lora]' "
+                         "(or drop lora)")
+    if separate and actor.lora is not None:
+        raise HflowError("a LoRA actor generates on its training devices on this runtime (the native engine merges "
+                         "the adapters there, vLLM takes them through its LoRA API); drop the actor's generate_group "
+                         "(rollout devices of its own are priced but not run yet with LoRA)")
     if separate and actor.generate_group == actor.group:
         raise HflowError(f"the actor's generate_group '{actor.generate_group}' is its training group; drop "
                          "generate_group to generate on the training devices (hybrid engine)")

@@ -5,13 +5,20 @@ A Plan fixes the algorithm, the models, the workload shape and where everything 
 what to train on and how:
 
     seed: 0
-    data:       {task: sort, prompts_file: null, dataset_size: 4096, chat_template: false}   # the dataset
-    sampling:   {temperature: 1.0, top_p: 1.0, top_k: 0, rollout: null}    # every rollout, and the log-probs
-    optimizer:  {actor: {lr: 2.0e-4, warmup_steps: 0, weight_decay: 0.0, betas: [0.9, 0.95], grad_clip: 1.0},
+    data:       {task: sort, prompts_file: null, dataset_size: 4096, chat_template: null,  # the dataset
+                 overlong: error}                                            # prompts over prompt_len
+    sampling:   {temperature: 1.0, top_p: 1.0, top_k: 0, stop: [], rollout: null}   # every rollout, the log-probs
+    optimizer:  {actor: {lr: 2.0e-4, warmup_steps: 0, schedule: constant, decay_steps: null, weight_decay: 0.0,
+                         betas: [0.9, 0.95], grad_clip: 1.0},
                  critic: {lr: 1.0e-3, ...}}                                  # each trained role's engine
+    eval:       {prompts_file: null, every: 0, samples: 4, max_prompts: 64, correct: 1.0, show: 3}   # held-out set
     checkpoint: {save_every: 1, keep_last: 3}                                # the trainer's checkpoints
-    cluster:    {start_timeout_s: 600, call_timeout_s: null, max_restarts: 0}   # worker groups, restarts
+    cluster:    {start_timeout_s: 600, call_timeout_s: null, max_restarts: 0,    # worker groups, restarts,
+                 preempt_grace_s: 25}                                        # SIGTERM's grace
+    scoring:    {workers: 0, timeout_s: null, timeout_score: null}          # reward/cost functions' processes
     logging:    {sample_log_every: 10, sample_log_count: 3}                  # sampled responses shown
+    lora:       {actor: null, critic: null}   # {rank, alpha, dropout, target_modules}: over the plan's `lora`
+    agent:      {tools: [], environment: null, max_turns: 4, max_tokens: 256, ...}   # multi-turn rollouts
     loss, kl, advantage, shaping, lagrange, value_loss                       # the algorithm's settings
 
 Run-level defaults suit the tiny model on the built-in `sort` task. A section given in part keeps the
@@ -24,7 +31,8 @@ the algorithm's KL placement and estimator), so each default lives in one place 
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,11 +47,13 @@ from pydantic import (
     model_validator,
 )
 
+from hybridflow.runtime.agents.settings import AgentSettings
 from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.runtime.tasks.policy_cache import WarmupConfig
 from hybridflow.simulator.algorithms import RLSettings, get_algorithm, merge_settings
 from hybridflow.simulator.errors import HflowError, describe_validation_error
+from hybridflow.simulator.vocabulary.lora import LoraConfig
 from hybridflow.simulator.vocabulary.plan import RolloutBackend
 
 _SECTION = ConfigDict(extra="forbid", frozen=True)
@@ -56,9 +66,12 @@ class DataConfig(BaseModel):
     # JSONL, Parquet or a `datasets` save_to_disk folder with a 'prompt' column (replaces the task's prompts)
     prompts_file: str | None = None
     dataset_size: PositiveInt = 4096  # prompts drawn from the built-in task
-    # Chat-message prompts always go through the tokenizer's chat template; this also sends plain-text
-    # prompts through it, as one user message (with the generation prompt added)
-    chat_template: bool = False
+    # Chat-message prompts always go through the tokenizer's chat template; plain-text prompts too (as one
+    # user message, the generation prompt added) when true — or, left unset, when the actor's tokenizer has one
+    chat_template: bool | None = None
+    # a prompt longer than the plan's prompt_len: an error before the run starts (naming it), cut to its
+    # last (truncate-left) or first (truncate-right) prompt_len tokens, or left out of the data (drop)
+    overlong: Literal["error", "truncate-left", "truncate-right", "drop"] = "error"
 
     @field_validator("task")
     @classmethod
@@ -72,7 +85,33 @@ class SamplingConfig(BaseModel):
     temperature: NonNegativeFloat = 1.0  # log-probs are taken at it too (0: greedy, log-probs at 1)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
+    # a response ends at the first of these strings (kept in it), as at an EOS; its later tokens are masked out
+    stop: tuple[str, ...] = ()
     rollout: RolloutBackend | None = None  # the generation engine; None: the plan's (its actor's `rollout`)
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty(cls, stop: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s for s in stop):
+            raise ValueError("a stop string cannot be empty")
+        return stop
+
+
+class EvalConfig(BaseModel):
+    """The held-out set a run evaluates on: before the first update, every `every` iterations and at the
+    end — greedy accuracy (reward ≥ `correct`), pass@`samples` (sampled with the run's sampling settings),
+    the response lengths and a few samples (runtime/rl/evaluation.py)."""
+
+    model_config = _SECTION
+
+    # JSONL, Parquet or a `datasets` folder (its test / validation split); None with a DatasetDict of
+    # training prompts that has a test or validation split: that split
+    prompts_file: str | None = None
+    every: NonNegativeInt = 0  # iterations between evaluations (0: only before the first update and at the end)
+    samples: PositiveInt = 4  # k of pass@k: sampled responses per held-out prompt
+    max_prompts: PositiveInt = 64  # held-out prompts evaluated (the first ones of the set)
+    correct: float = 1.0  # a response with this reward or more counts as correct
+    show: NonNegativeInt = 3  # greedy samples shown with each evaluation
 
 
 class OptimizerConfig(BaseModel):
@@ -106,6 +145,37 @@ class ClusterConfig(BaseModel):
     start_timeout_s: PositiveFloat = 600.0
     call_timeout_s: PositiveFloat | None = None  # the longest one call (generate, update, …) may take; None: no limit
     max_restarts: NonNegativeInt = 0  # after a lost worker or node: restart and resume from the last checkpoint
+    # on SIGTERM (a scheduler's notice): finish the step, save, end (exit 143) within this many seconds;
+    # past it, whatever runs is abandoned and the last checkpoint stands (keep it under the scheduler's own grace)
+    preempt_grace_s: PositiveFloat = 25.0
+
+
+class ScoringConfig(BaseModel):
+    """How the rule-based reward and cost functions run (runtime/tasks/reward_pool.py)."""
+
+    model_config = _SECTION
+
+    workers: NonNegativeInt = 0  # processes scoring in parallel, in batches; 0: on the driver, one sample at a time
+    # the longest one sample's call may take (it is stopped then); needs workers (1 when left at 0); None: no limit
+    timeout_s: PositiveFloat | None = None
+    timeout_score: float | None = None  # a timed-out sample's score; None: a timeout ends the run (one line)
+
+    @model_validator(mode="after")
+    def _score_needs_a_timeout(self) -> ScoringConfig:
+        if self.timeout_score is not None and (self.timeout_s is None or not math.isfinite(self.timeout_score)):
+            raise ValueError("timeout_score (--reward-timeout-score) is a finite score for samples whose call passed "
+                             "timeout_s; set timeout_s too (--reward-timeout S)")
+        return self
+
+
+class LoraSection(BaseModel):
+    """LoRA adapters per trained role over the plan's (RolePlan.lora; simulator/vocabulary/lora.py): None keeps
+    the plan's. A LoRA actor's reference is its base model, so its plan has no 'ref' role."""
+
+    model_config = _SECTION
+
+    actor: LoraConfig | None = None
+    critic: LoraConfig | None = None  # every critic (critic, cost_critic)
 
 
 class LoggingConfig(BaseModel):
@@ -115,6 +185,25 @@ class LoggingConfig(BaseModel):
     # iteration and every `sample_log_every` after it (0: never)
     sample_log_every: NonNegativeInt = 10
     sample_log_count: PositiveInt = 3
+
+
+def describe_run_config_errors(err: ValidationError, source: str) -> str:
+    """Every problem of a run config in one line, each with its field and, for a field in the wrong
+    section, where it goes (`optimizer: {warmup_steps: 5}` → optimizer.actor.warmup_steps)."""
+    parts = []
+    for problem in err.errors():
+        loc = [str(p) for p in problem["loc"] if not str(p).startswith("function-")]
+        where = ".".join(loc) or "(top level)"
+        msg = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden" and loc:
+            name = loc[-1]
+            home = [f"{'.'.join(loc[:-1] + [r])}.{name}" for r in ("actor", "critic")
+                    if loc[:-1] == ["optimizer"] and name in OptimConfig.model_fields]
+            home += [f"{s}.{name}" for s, f in RunConfig.model_fields.items()
+                     if _is_section(f) and name in f.annotation.model_fields and len(loc) == 1]
+            msg = "unknown field" + (f"; it goes under {' or '.join(home)}" if home else "")
+        parts.append(f"'{where}': {msg}")
+    return f"{source}: {len(parts)} bad field(s) — " + "; ".join(parts) if len(parts) > 1 else f"{source}: field {parts[0]}"
 
 
 def _is_section(field) -> bool:
@@ -142,6 +231,20 @@ class RunConfig(RLSettings):
     checkpoint: CheckpointConfig = CheckpointConfig()
     cluster: ClusterConfig = ClusterConfig()
     logging: LoggingConfig = LoggingConfig()
+    eval: EvalConfig = EvalConfig()
+    scoring: ScoringConfig = ScoringConfig()
+    lora: LoraSection = LoraSection()
+    agent: AgentSettings = AgentSettings()  # multi-turn tool / environment rollouts (docs/agents.md)
+
+    @classmethod
+    def load(cls, path) -> RunConfig:
+        """A run config file (YAML or JSON); every bad field named in one line."""
+        from hybridflow.simulator.io import read_mapping
+
+        try:
+            return cls.model_validate(read_mapping(path))
+        except ValidationError as e:
+            raise HflowError(describe_run_config_errors(e, str(path))) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -174,7 +277,7 @@ class RunConfig(RLSettings):
         try:
             return RunConfig.model_validate(data)
         except ValidationError as e:
-            raise HflowError(describe_validation_error(e, "run config")) from None
+            raise HflowError(describe_run_config_errors(e, "run config")) from None
 
     def for_algorithm(self, algorithm: str, has_ref: bool = True) -> RunConfig:
         """This config with `algorithm`'s default settings under every RL field it leaves unset; without a

@@ -51,11 +51,15 @@ from hybridflow.runtime.controller.storage import model_folder, output_markers
 from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 from hybridflow.runtime.engines.rollout.base import RolloutSettings
 from hybridflow.runtime.engines.rollout.generation import SamplingParams
+from hybridflow.runtime.rl.batches import response_length_quantiles
+from hybridflow.runtime.rl.checkpoint_lock import CheckpointLock
 from hybridflow.runtime.rl.checkpoints import RunCheckpoints, check_checkpoint_dir, latest_name
 from hybridflow.runtime.rl.dataflow import Dataflow
+from hybridflow.runtime.rl.evaluation import Evaluator, eval_line
 from hybridflow.runtime.rl.loggers import MetricsLogger
 from hybridflow.runtime.rl.metrics_file import append_metrics
 from hybridflow.runtime.rl.plan_support import role_weights
+from hybridflow.runtime.rl.preemption import Preemption
 from hybridflow.runtime.rl.resolve import ResolvedRun, resolve_run
 from hybridflow.runtime.rl.rollout import start_rollout_group
 from hybridflow.runtime.rl.run_config import RunConfig
@@ -64,6 +68,7 @@ from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.runtime.tasks.data import PromptDataset, PromptSampler
 from hybridflow.runtime.tasks.model_tokenizer import load_tokenizer
 from hybridflow.runtime.tasks.policy_cache import cached_policy, check_warmup_shape, warmup_cost
+from hybridflow.runtime.tasks.reward_pool import ScoringPool
 from hybridflow.runtime.tasks.rewards import load_function
 from hybridflow.runtime.tasks.tokenizer import CharTokenizer, Tokenizer
 from hybridflow.runtime.tasks.warmup import warm_policy
@@ -71,7 +76,7 @@ from hybridflow.runtime.workers.common import UpdateSettings
 from hybridflow.runtime.workers.policy import PolicyObjective, PolicyWorker
 from hybridflow.runtime.workers.value import ValueWorker
 from hybridflow.simulator.algorithms import get_algorithm
-from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.errors import HflowError, PreemptedError
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
@@ -107,6 +112,10 @@ class Trainer:
                         else PromptDataset.from_task(data.task, data.dataset_size, cfg.seed))
         if data.chat_template or self.dataset.has_chat():
             self.tok.require_chat_template()
+        if data.overlong == "drop":  # the prompts over prompt_len left out (counted up front by `run`'s check)
+            limit = plan.workload.prompt_len
+            self.dataset = self.dataset.only([i for i, r in enumerate(self.dataset.rows)
+                                              if len(self.tok.encode_prompt(r["prompt"], data.chat_template)) <= limit])
         self.sampler = PromptSampler(len(self.dataset), plan.workload.prompts, cfg.seed)
         self.functions = {s: self._function(getattr(plan, f"{s}_function"), s)
                           for s in self.algo.scores if s not in plan.roles}
@@ -118,13 +127,24 @@ class Trainer:
         self.df: Dataflow | None = None
         self.origin: float | None = None  # the run's clock: set at the first start, kept across restarts
         self.checkpoints = RunCheckpoints(self)
+        self.evaluator, self.eval_last = Evaluator.for_trainer(self), None  # held-out prompts (cfg.eval)
+        self.eval_history: list[dict] = []  # each evaluation's metrics, with the updates done before it
+        self.preemption = Preemption(cfg.cluster.preempt_grace_s)  # SIGTERM: installed once Ray is up
+        # with a checkpoint dir, an iteration's metrics line is written once a checkpoint holds it (or the run
+        # ends): a run that dies leaves no line a resume would not rerun
+        self.unsaved_metrics: list[dict] = []
         self._owns_ray = False
+        # last: nothing above may fail with the folder locked (`hflow-plan run` took it already: a no-op then)
+        self.lock = CheckpointLock(self.checkpoint_dir) if self.checkpoint_dir else None
+        if self.lock and (took_over := self.lock.acquire()):
+            self.events.say(took_over)
 
-    @staticmethod
-    def _function(ref: str | None, what: str):
+    def _function(self, ref: str | None, what: str):
         if ref is None:  # Plan validation makes this unreachable for a plan that passed it
             raise HflowError(f"the plan has neither a '{what}' model nor a {what}_function ('module:function')")
-        return load_function(ref, f"{what} function")
+        fn = load_function(ref, f"{what} function")  # imported here too: a bad reference is one line now
+        scoring = self.config.scoring
+        return ScoringPool(ref, f"{what} function '{ref}'", scoring) if scoring.workers or scoring.timeout_s else fn
 
     def _reward_example(self) -> str:
         return get_task(self.config.data.task).reward_function
@@ -174,9 +194,13 @@ class Trainer:
                           objective=PolicyObjective(loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len),
                           # generation on rollout devices of its own: rl/rollout.py
                           rollout=None if rp.generate_group else self._rollout_settings(on_trainer=True))
+            if rp.lora is not None:  # adapters on the frozen actor; its base is the reference
+                kw["lora"] = rp.lora
             return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
         if role in TRAINED_ROLES:  # a critic
             common.update(update=update(cfg.optimizer.critic), value_loss=cfg.value_loss)
+            if rp.lora is not None:
+                common["lora"] = rp.lora
         return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), common)
 
     def _start_ray(self) -> None:
@@ -196,6 +220,7 @@ class Trainer:
         if self.groups:
             return self
         self._start_ray()
+        self.preemption.install()  # after Ray's own (ray.init's handler exits 15)
         specs = {role: self._role_spec(role) for role in self.plan.roles}  # warm-up happens here, once
         cluster = self.config.cluster
         pools = ResourcePool.from_plan(self.plan, timeout_s=cluster.start_timeout_s)
@@ -237,7 +262,7 @@ class Trainer:
         rows = self.sampler.next_indices(count)
         prompts, cols = self.dataset.take(rows)
         ids, mask = self.tok.encode_prompts(prompts, self.config.data.chat_template,
-                                            max_len=self.plan.workload.prompt_len)
+                                            max_len=self.plan.workload.prompt_len, overlong=self.config.data.overlong)
         batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "data_row": torch.tensor(rows)},
                       non_tensors={"prompt": prompts, **cols}, meta={"data_source": self.dataset.source})
         return batch.repeat_interleave(self.plan.workload.samples_per_prompt)
@@ -262,6 +287,7 @@ class Trainer:
         self.start()
         df = self.df
         df.start_iteration(self.iteration + 1)
+        self.preemption.where = f"during iteration {self.iteration + 1}"
         start = time.time()
         first_event = len(df.events)
         metrics, batch = self.algo.loop(df, self.prompt_batch())
@@ -280,6 +306,7 @@ class Trainer:
         out = {"iteration": self.iteration, "reward_mean": rewards.mean().item(),
                "success_rate": (rewards >= 1.0).float().mean().item(),
                "response_length": mask.sum(-1).float().mean().item(),
+               "response_lengths": response_length_quantiles(mask),
                "advantage_mean": masked_mean(batch["advantages"], mask).item(),
                **df.stats, **metrics, "tokens": tokens, "seconds": seconds, "wall_seconds": wall,
                "tokens_per_second": throughput(self.plan.workload.tokens_per_iteration, seconds), "op_seconds": ops}
@@ -288,13 +315,32 @@ class Trainer:
         every = self.config.logging.sample_log_every
         if every and (self.iteration - 1) % every == 0:
             out["samples"] = self.samples(batch)
+        if self.evaluator and self.evaluator.due(self.iteration, self.eval_last):  # rl/evaluation.py
+            out.update(self.evaluate())
+        for logger in self.loggers:
+            logger.log(out)
+        self.unsaved_metrics.append(out)
+        if self.checkpoint_dir and self.iteration % self.config.checkpoint.save_every == 0:
+            self.preemption.where = f"while saving the checkpoint of iteration {self.iteration}"
+            self.save_checkpoint()
+        if not self.checkpoint_dir or self.checkpoints.saved_iteration == self.iteration:
+            self.flush_metrics()
+        self.preemption.where = f"after iteration {self.iteration}"
+        return out
+
+    def evaluate(self) -> dict:
+        """The held-out set's metrics now (rl/evaluation.py), said on the console too."""
+        m = self.evaluator.run()
+        self.events.say(f"after {self.iteration} update(s): {eval_line(m)}")
+        self.eval_history = [e for e in self.eval_history if e["iteration"] < self.iteration]  # a rerun's replace
+        self.eval_history.append({"iteration": self.iteration, **{k: v for k, v in m.items() if k != "eval_samples"}})
+        return m
+
+    def _log_metrics(self, out: dict) -> None:
         if self.metrics_path:
             append_metrics(self.metrics_path, out)
         for logger in self.loggers:
             logger.log(out)
-        if self.checkpoint_dir and self.iteration % self.config.checkpoint.save_every == 0:
-            self.save_checkpoint()
-        return out
 
     def run(self, iterations: int, resume: bool = False,
             on_iteration: Callable[[dict], None] | None = None) -> list[dict]:
@@ -315,13 +361,19 @@ class Trainer:
                     self.resume()  # drops the metrics lines of iterations after the checkpoint
                 if target is None:
                     target = self.iteration + iterations
+                self.eval_last = target
+                if self.evaluator and self.iteration == 0 and not done:  # the held-out set before any update
+                    self._log_metrics({"iteration": 0, **self.evaluate()})
                 done = {i: m for i, m in done.items() if i <= self.iteration}
                 self.timeline.events[:] = [e for e in self.timeline.events if e.iteration <= self.iteration]
                 while self.iteration < target:
+                    if self.preemption.pending:
+                        self._stop_preempted()
                     m = self.step()
                     done[m["iteration"]] = m
                     if on_iteration:
                         on_iteration(m)
+                self.flush_metrics()  # the run's end: lines past the last checkpoint too
                 return [done[i] for i in sorted(done)]
             except RESTARTABLE as e:
                 if restarts >= limit:
@@ -336,6 +388,33 @@ class Trainer:
                 where = "the last checkpoint" if resume else "the start (no checkpoint was complete)"
                 self.events.phase("restart", f"restart {restarts} of {limit} after: {str(e).splitlines()[0]}; "
                                   f"starting the worker groups again, from {where}")
+
+    def _stop_preempted(self) -> None:
+        """After SIGTERM, at the end of a step: save this iteration if it is not saved and the grace left
+        allows a save as long as the last one took, then end the run (PreemptedError, exit 143)."""
+        p, ck = self.preemption, self.checkpoints
+        if not self.checkpoint_dir:
+            kept = "no --checkpoint-dir: nothing is kept"
+        elif ck.saved_iteration == self.iteration and self.iteration > 0:
+            kept = f"its checkpoint {latest_name(self.checkpoint_dir)} is complete"
+        elif self.iteration == 0:
+            kept = "nothing to save yet"
+        elif p.left_s() <= ck.last_save_s:
+            kept = (f"no time left to save within --preempt-grace {p.grace_s:g} (the last save took "
+                    f"{ck.last_save_s:.1f} s); the last complete checkpoint is {latest_name(self.checkpoint_dir)}")
+        else:
+            p.where = f"while saving the checkpoint of iteration {self.iteration}"
+            kept = f"saved checkpoint {self.save_checkpoint()}"
+            self.flush_metrics()
+        p.disarm()
+        raise PreemptedError(f"preempted (SIGTERM): stopped after iteration {self.iteration}; {kept}"
+                             + ("; continue with --resume" if self.checkpoint_dir and self.iteration else ""))
+
+    def flush_metrics(self) -> None:
+        if self.metrics_path:
+            for row in self.unsaved_metrics:
+                append_metrics(self.metrics_path, row)
+        self.unsaved_metrics = []
 
     # ---- checkpoints (rl/checkpoints.py) ------------------------------------------------------
     def save_checkpoint(self) -> Location:
@@ -364,6 +443,8 @@ class Trainer:
         folders, at iteration 0 of the data order unless a checkpoint is loaded then (`run`'s restarts)."""
         self._end_groups()
         self.df, self.iteration = None, 0
+        self.checkpoints.saved_iteration = 0
+        self.unsaved_metrics = []  # past the last checkpoint: they run again
         self.sampler = PromptSampler(len(self.dataset), self.plan.workload.prompts, self.config.seed)
 
     def _end_groups(self) -> None:
@@ -373,7 +454,13 @@ class Trainer:
         self.groups = {}
 
     def shutdown(self) -> None:
+        self.preemption.uninstall()
+        for fn in self.functions.values():
+            if isinstance(fn, ScoringPool):
+                fn.close()
         self._end_groups()
+        if self.lock:
+            self.lock.release()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False

@@ -11,42 +11,21 @@ run sees exactly the prompts a straight run would.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from hybridflow.runtime.tasks.builtin import get_task
+from hybridflow.runtime.tasks.prompt_files import (  # noqa: F401  (re-exported: the readers and checks are torch-free)
+    FORMATS,
+    Message,
+    Prompt,
+    check_prompt,
+    is_chat,
+    prompt_preview,
+    read_prompt_rows,
+    task_rows,
+)
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.io import read_jsonl
-
-Message = dict[str, str]
-Prompt = str | list[Message]
-FORMATS = "a .jsonl or .parquet file or a `datasets` folder (save_to_disk)"
-
-
-def is_chat(prompt: Prompt) -> bool:
-    return not isinstance(prompt, str)
-
-
-def prompt_preview(prompt: Prompt, width: int = 60) -> str:
-    """One short line for messages and logs: the text, or the last chat message's content."""
-    text = prompt if isinstance(prompt, str) else (prompt[-1]["content"] if prompt else "")
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-def check_prompt(value: Any, where: str) -> Prompt:
-    """`value` as a Prompt (chat messages keep their non-null fields); one-line error otherwise."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
-        messages = [{k: v for k, v in m.items() if v is not None} for m in value]
-        if all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
-            return messages
-    raise HflowError(f"{where}: 'prompt' must be text or a non-empty list of chat messages "
-                     f"({{\"role\": ..., \"content\": ...}}), not {str(value)[:60]!r}")
 
 
 class PromptDataset:
@@ -76,67 +55,17 @@ class PromptDataset:
 
     @classmethod
     def from_task(cls, task: str, size: int, seed: int = 0) -> PromptDataset:
-        rng = random.Random(f"{task}:{seed}")  # str seeds are hashed deterministically (not PYTHONHASHSEED)
-        t = get_task(task)
-        return cls([t.make_example(rng) for _ in range(size)], source=f"task {task} (seed {seed})")
+        return cls(task_rows(task, size, seed), source=f"task {task} (seed {seed})")
 
     @classmethod
-    def from_file(cls, path: str | Path) -> PromptDataset:
-        """The user's prompts: a JSONL or Parquet file, or a folder written by `Dataset.save_to_disk`."""
-        p = Path(path)
-        if p.is_dir():
-            rows = _read_saved_dataset(p)
-        elif not p.is_file():
-            raise HflowError(f"{p}: no such prompt file or folder; give {FORMATS} with a 'prompt' column")
-        elif p.suffix in (".jsonl", ".json"):
-            rows = read_jsonl(p, "a prompt file")
-        elif p.suffix == ".parquet":
-            rows = _read_parquet(p)
-        else:
-            raise HflowError(f"{p}: unknown prompt file type '{p.suffix}'; give {FORMATS}")
-        for i, r in enumerate(rows):
-            if "prompt" not in r:
-                raise HflowError(f"{p}: row {i + 1} has no 'prompt' field; every row needs one "
-                                 f"(columns: {', '.join(r) or 'none'})")
-            r["prompt"] = check_prompt(r["prompt"], f"{p}: row {i + 1}")
-        return cls(rows, source=str(p))
+    def from_file(cls, path: str | Path, split: str | None = None) -> PromptDataset:
+        """The user's prompts: a JSONL or Parquet file, or a folder written by `Dataset.save_to_disk`
+        (`split` of a DatasetDict; default `train`), every row checked (tasks/prompt_files.py)."""
+        return cls(read_prompt_rows(path, split), source=str(path) + (f" ({split})" if split else ""))
 
-
-def _read_parquet(p: Path) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise HflowError(f"{p}: reading Parquet needs pyarrow; `pip install pyarrow` or convert to JSONL") from None
-    try:
-        table = pq.read_table(p)
-    except Exception as e:
-        raise HflowError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
-    if "prompt" not in table.column_names:
-        raise HflowError(f"{p}: no 'prompt' column (columns: {', '.join(table.column_names)})")
-    return table.to_pylist()
-
-
-def _read_saved_dataset(p: Path) -> list[dict]:
-    """A `Dataset` (or the `train` split, or the only split, of a `DatasetDict`) saved with save_to_disk."""
-    try:
-        import datasets
-    except ImportError:
-        raise HflowError(f"{p}: reading a `datasets` folder needs the datasets library; "
-                         "`pip install datasets` or give a .jsonl / .parquet file") from None
-    try:
-        ds = datasets.load_from_disk(str(p))
-    except Exception as e:  # FileNotFoundError for a folder save_to_disk did not write, or a damaged one
-        raise HflowError(f"{p}: not a folder written by datasets' save_to_disk "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        splits = list(ds)
-        if len(splits) != 1 and "train" not in splits:
-            raise HflowError(f"{p}: a DatasetDict with splits {', '.join(splits)}; give the folder of one "
-                             f"split ({p}/{splits[0]}) or name one 'train'")
-        ds = ds["train" if "train" in splits else splits[0]]
-    if "prompt" not in ds.column_names:
-        raise HflowError(f"{p}: no 'prompt' column (columns: {', '.join(ds.column_names)})")
-    return ds.to_list()
+    def only(self, keep: list[int]) -> PromptDataset:
+        """The rows at `keep` (the prompts a run keeps after dropping over-long ones)."""
+        return PromptDataset([self.rows[i] for i in keep], self.source)
 
 
 class PromptSampler:

@@ -46,12 +46,15 @@ class Tokenizer(ABC):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids, special tokens dropped."""
 
-    def encode_prompts(self, prompts: Sequence[Prompt], chat: bool = False,
-                       max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_prompts(self, prompts: Sequence[Prompt], chat: bool = False, max_len: int | None = None,
+                       overlong: str = "error") -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded rows (every row's last prompt token in the same column, as batched generation
         wants): (input_ids [B, L], attention_mask [B, L]), L the longest row; a row longer than
-        `max_len` is an error naming it."""
+        `max_len` is an error naming it, or (`overlong` truncate-left / truncate-right) cut to its last /
+        first `max_len` ids."""
         rows = [self.encode_prompt(p, chat) for p in prompts]
+        if max_len is not None and overlong in ("truncate-left", "truncate-right"):
+            rows = [r[-max_len:] if overlong == "truncate-left" else r[:max_len] for r in rows]
         if max_len is not None:
             for p, r in zip(prompts, rows, strict=True):
                 if len(r) > max_len:

@@ -109,6 +109,14 @@ class EngineState:
         from hybridflow.runtime.controller.locations import Location
 
         self.engine.save(f"{path}/{self.role}")
+        if getattr(self.engine, "lora", None) is not None:  # LoRA: the adapters in peft's format too
+            from hybridflow.runtime.models.hf_export import lora_targets
+            from hybridflow.runtime.models.lora_files import ADAPTER_FOLDER, write_peft_adapter
+
+            adapters = self.engine.adapter_tensors()  # a collective: every rank
+            if self.rank == 0:
+                write_peft_adapter(f"{path}/{self.role}/{ADAPTER_FOLDER}", adapters, self.engine.lora,
+                                   lora_targets(self.engine), self.model_path)
         for folder in (f"{path}/{self.role}/dcp", f"{path}/{self.role}", path):  # the shards' names durable too
             Location(folder).sync()
         if self.rank == 0:  # the checkpoint carries its model's config and tokenizer (hf_export.py)

@@ -44,6 +44,7 @@ from hybridflow.runtime.workers.common import (
 from hybridflow.runtime.workers.weight_source import WeightSource
 from hybridflow.simulator.algorithms.settings import KLSettings, PolicyLossSettings
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.vocabulary.lora import LoraConfig
 
 
 class PolicyObjective(BaseModel):
@@ -60,12 +61,14 @@ class PolicyObjective(BaseModel):
 class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
     def __init__(self, model_path: str, *, seed: int = 0, micro_batch_size: int | None = None,
                  temperature: float = 1.0, update: UpdateSettings | None = None,
-                 objective: PolicyObjective | None = None, rollout: RolloutSettings | None = None):
+                 objective: PolicyObjective | None = None, rollout: RolloutSettings | None = None,
+                 lora: LoraConfig | None = None):
         """update: how the actor steps (None: the reference, never trained); objective: its loss;
         rollout: how it generates on its own devices (None: on separate rollout devices,
         workers/rollout.py, or not at all). temperature: the sampling temperature; every log-prob
         (old, reference, training) is taken from logits / temperature, the distribution the
-        responses were drawn from (greedy, 0: at 1)."""
+        responses were drawn from (greedy, 0: at 1). lora: train adapters on the frozen model (seeded by
+        `seed`); its base, adapters off, is then the reference (`compute_ref_log_prob`)."""
         super().__init__()
         torch.manual_seed(seed)
         if update is not None and objective is None:
@@ -74,7 +77,7 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
         self.update_settings, self.objective = update, objective
         self.engine = build_train_engine(load_causal_lm(model_path), self.parallel,
                                          optim=update.optim if update else None, micro_batch_size=micro_batch_size,
-                                         temperature=temperature or 1.0)
+                                         temperature=temperature or 1.0, lora=lora, lora_seed=seed)
         self.micro_batch_size = micro_batch_size
         self.sampling = rollout.sampling if rollout else None
         self.rollout: RolloutEngine | None = None
@@ -119,6 +122,18 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
                                                self.micro_batch_size, score_width=width)["log_probs"]
         key = "old_log_probs" if self.role == "actor" else "ref_log_probs"
         return with_timing(Batch({key: response_slice(lp, width)}), timing)
+
+    @register("DP_COMPUTE")
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """`ref_log_probs` from this LoRA actor's base model (its adapters off): the reference of a LoRA plan."""
+        if getattr(self.engine, "lora", None) is None:
+            raise HflowError(f"role '{self.role}' has no LoRA adapters: its reference is a 'ref' model of its own")
+        timing: dict = {}
+        with timed(timing, "ref_logprob"), self.engine.base_policy():
+            width = batch["responses"].shape[1]
+            lp = self.engine.compute_log_probs(batch.select("input_ids", "attention_mask", "position_ids").tensors,
+                                               self.micro_batch_size, score_width=width)["log_probs"]
+        return with_timing(Batch({"ref_log_probs": response_slice(lp, width)}), timing)
 
     # ---- training -----------------------------------------------------------------------------
     def _loss_fn(self, outputs: dict, micro) -> tuple[torch.Tensor, dict]:

@@ -35,8 +35,9 @@ class Recorded:
 
 class RecordingDataflow:
     def __init__(self, algo: Algorithm, roles: Iterable[str], *, reward_model: bool, cost_model: bool,
-                 hybrid_engine: bool, old_logprob_pass: bool):
+                 hybrid_engine: bool, old_logprob_pass: bool, ref_from_actor: bool = False):
         self.algo, self.roles = algo, set(roles)
+        self.ref_from_actor = ref_from_actor  # a LoRA actor: its base (adapters off) is the reference
         self.models = {"reward": reward_model, "cost": cost_model}
         self.old_logprob_pass = old_logprob_pass
         self.graph = nx.DiGraph(algorithm=algo.name)
@@ -79,6 +80,8 @@ class RecordingDataflow:
         return Recorded(frozenset({self._add(op, op, role, after=batch.nodes)}))
 
     def ref_logprob(self, batch: Recorded) -> Recorded | None:
+        if self.ref_from_actor:
+            return self._forward("ref_logprob", "actor", batch)
         return self._forward("ref_logprob", "ref", batch) if "ref" in self.roles else None
 
     def actor_logprob(self, batch: Recorded) -> Recorded | None:
@@ -104,9 +107,11 @@ class RecordingDataflow:
 
 
 def record_dataflow(algo: Algorithm, roles: Iterable[str], *, reward_model: bool, cost_model: bool,
-                    hybrid_engine: bool, old_logprob_pass: bool) -> nx.DiGraph:
-    """One iteration of `algo` as the graph of the ops its loop calls."""
+                    hybrid_engine: bool, old_logprob_pass: bool, ref_from_actor: bool = False) -> nx.DiGraph:
+    """One iteration of `algo` as the graph of the ops its loop calls. ref_from_actor: the reference
+    log-probs are the actor's with its LoRA adapters off (node `ref_logprob`, role `actor`)."""
     df = RecordingDataflow(algo, roles, reward_model=reward_model, cost_model=cost_model,
-                           hybrid_engine=hybrid_engine, old_logprob_pass=old_logprob_pass)
+                           hybrid_engine=hybrid_engine, old_logprob_pass=old_logprob_pass,
+                           ref_from_actor=ref_from_actor and "ref" in algo.roles)
     algo.loop(df, Recorded())
     return df.graph

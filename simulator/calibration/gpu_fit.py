@@ -62,6 +62,7 @@ SHARED = (
     Term("hardware", "intra_node_latency", 2e-6, 1e-4),
     Term("hardware", "inter_node_latency", 5e-6, 2e-4),
     Term("params", "kv_read_efficiency", 0.2, 1.0),
+    Term("params", "deepspeed_efficiency", 0.2, 1.0),
     Term("overheads", "decode_layer_seconds", 1e-7, 2e-4),
     Term("overheads", "tp_decode_layer_seconds", 1e-7, 2e-4),
     Term("overheads", "decode_sequence_seconds", 1e-8, 2e-4),

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybridflow.simulator.pricing.comm import dp_ranks
-from hybridflow.simulator.pricing.cost import CostModel, OpCost
+from hybridflow.simulator.pricing.cost import CostModel, OpCost, micro_batches
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
@@ -116,11 +116,9 @@ class EngineOverheads(BaseModel):
 MEGATRON_OVERHEADS = tuple(f for f in EngineOverheads.model_fields if f.startswith("megatron_"))
 
 
-def _micro_batches(sequences: int, steps: int, dp: int, micro_batch_size: int) -> int:
-    """Micro-batches one rank runs: as CostModel._passes splits the work."""
-    per_rank = max(1, -(-sequences // (steps * dp)))
-    b = min(micro_batch_size, per_rank)
-    return steps * -(-per_rank // b)
+def _micro_batches(workload: Workload, sequences: int, steps: int, dp: int) -> int:
+    """Micro-batches one rank runs: as CostModel._passes splits the work (cost.micro_batches)."""
+    return steps * micro_batches(workload, sequences, steps, dp)[1]
 
 
 class ProfiledCostModel(CostModel):
@@ -166,22 +164,22 @@ class ProfiledCostModel(CostModel):
                 sequences: int | None = None) -> OpCost:
         cost = super().forward(model, head, parallel, workload, sequences)
         seqs = workload.sequences if sequences is None else sequences
-        micro = _micro_batches(seqs, 1, parallel.dp, workload.micro_batch_size)
+        micro = _micro_batches(workload, seqs, 1, parallel.dp // parallel.sp)
         extra = (self._slots(parallel, micro, 1) * model.layers / parallel.pp * self._layer(parallel)
                  + self._call(parallel, micro))
         return self._with(cost, extra)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False, optimizer_offload: bool = False) -> OpCost:
-        cost = super().train(model, head, parallel, workload, recompute, optimizer_offload)
+              recompute: bool = False, optimizer_offload: bool = False, lora=None) -> OpCost:
+        cost = super().train(model, head, parallel, workload, recompute, optimizer_offload, lora=lora)
         o = self.overheads
         steps = workload.ppo_epochs * workload.mini_batches
-        micro = _micro_batches(workload.sequences * workload.ppo_epochs, steps, parallel.dp,
-                               workload.micro_batch_size)
+        micro = _micro_batches(workload, workload.sequences * workload.ppo_epochs, steps, parallel.dp // parallel.sp)
         # the analytic compute counts the backward as 2 forwards (3 passes, 4 with recomputation)
         forwards = 2.0 if recompute else 1.0
         ratio = o.megatron_backward_ratio if parallel.backend == "megatron" else o.backward_ratio
-        scale = (forwards + ratio) / (forwards + 2.0)
+        # (LoRA: its backward, one forward's worth of activation gradients, is not what the ratio measured)
+        scale = 1.0 if lora is not None else (forwards + ratio) / (forwards + 2.0)
         if scale != 1.0 and cost.breakdown.get("compute", 0.0) > 0.0:
             cost = self._with(cost, (scale - 1.0) * cost.breakdown["compute"], part="compute")
         layers = self._slots(parallel, micro, steps) * model.layers / parallel.pp
@@ -195,16 +193,16 @@ class ProfiledCostModel(CostModel):
                  gather_every_step: bool = False) -> OpCost:
         cost = super().generate(model, gen, workload, sequences, free_bytes_per_device, batch_cap, gather_every_step)
         seqs = workload.sequences if sequences is None else sequences
-        per_replica, waves, _ = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
-        passes = waves * workload.response_len  # the prefill and response_len - 1 decode steps
+        # the slowest replica's prefills and decode steps, and the response tokens it generates
+        passes, tokens = self.decode_counts(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         # generation replicas hold whole (tp-sharded) weights: no FSDP hooks however large dp is
         o = self.overheads
         per_layer = o.decode_layer_seconds + (o.tp_decode_layer_seconds if gen.tp > 1 else 0.0)
-        extra = passes * model.layers * per_layer + per_replica * workload.response_len * o.decode_sequence_seconds
+        extra = passes * model.layers * per_layer + tokens * o.decode_sequence_seconds
         return self._with(cost, extra + o.call_seconds)
 
     def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
-                per_tensor: bool = False) -> OpCost:
+                per_tensor: bool = False, lora=None) -> OpCost:
         """The switch as the engines run it. The analytic price is paper Table 2, whose training
         weights are whole on every data-parallel replica (Megatron); the training engine shards them
         over dp (FSDP2), so before any mode's gather it all-gathers each tensor-parallel shard over
@@ -213,8 +211,8 @@ class ProfiledCostModel(CostModel):
         into the generation model (a local copy of M/(t_g·p_g)). DS-Chat's gather over every device
         is that dp gather when nothing is tensor- or pipeline-parallel (t·p = 1): the engines then
         move no more bytes, and neither does this price."""
-        cost = super().reshard(model, train, gen, mode, per_tensor)
-        if mode == IN_PLACE:  # nothing switches: generation gathers as it goes
+        cost = super().reshard(model, train, gen, mode, per_tensor, lora=lora)
+        if mode == IN_PLACE or lora is not None:  # nothing switches / only the adapters move (the analytic price)
             return cost
         if mode in ("ds-chat", HYBRID_ENGINE) and train.tp * train.pp == 1:
             cost = OpCost.model_construct(seconds=0.0, flops=0.0, bytes=0.0, breakdown={})

@@ -88,6 +88,11 @@ def dp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
     return tuple(j * cfg.tp for j in range(cfg.dp))
 
 
+def sp_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
+    """A sequence-parallel (Ulysses) group: `sp` consecutive data-parallel ranks (parallel.py)."""
+    return tuple(j * cfg.tp for j in range(cfg.sp))
+
+
 def ep_ranks(cfg: ParallelConfig) -> tuple[int, ...]:
     """An expert-parallel group: `ep` consecutive data-parallel ranks (parallel.py)."""
     return tuple(j * cfg.tp for j in range(cfg.ep))

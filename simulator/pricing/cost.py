@@ -27,7 +27,12 @@ from functools import lru_cache
 from pydantic import BaseModel, Field
 
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, tp_ranks
+from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, sp_ranks, tp_ranks
+from hybridflow.simulator.pricing.decode_schedule import (
+    ReplicaDecode,
+    replica_decode,
+    slowest_replica_lengths,
+)
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
 from hybridflow.simulator.pricing.memory import (
@@ -41,6 +46,7 @@ from hybridflow.simulator.pricing.memory import (
 from hybridflow.simulator.pricing.reshard import IN_PLACE, reshard_spec, weight_sync_buckets
 from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.lora import LoraConfig, adapter_bytes, adapter_params
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
@@ -70,6 +76,29 @@ def _times(cost: OpCost, n: float) -> OpCost:
         return cost
     return OpCost.model_construct(seconds=cost.seconds * n, flops=cost.flops * n, bytes=cost.bytes * n,
                                   breakdown={k: v * n for k, v in cost.breakdown.items()})
+
+
+def micro_batches(workload: Workload, sequences: int, steps: int, dp: int) -> tuple[int, int, float]:
+    """(sequences per rank per step, micro-batches per step, tokens per micro-batch) of one data-parallel
+    rank. Fixed lengths: micro_batch_size sequences per micro-batch. A length distribution: sequences
+    packed into micro-batches of at most micro_batch_size · seq_len tokens (the padded micro-batch's
+    budget, so activation memory stays the longest sequence's), about equal tokens each."""
+    per_rank = max(1, -(-sequences // (steps * dp)))
+    b = min(workload.micro_batch_size, per_rank)
+    budget = b * workload.seq_len
+    if workload.response_lengths is None:
+        return per_rank, -(-per_rank // b), float(budget)
+    rank_tokens = per_rank * (workload.prompt_len + workload.mean_response_len)
+    m = max(1, math.ceil(rank_tokens / budget - 1e-9))
+    return per_rank, m, rank_tokens / m
+
+
+def _mean_seq_flops(pm: float, attn: float, workload: Workload, attention_efficiency: float = 1.0) -> float:
+    """E[_seq_flops(P + L)] over the workload's response lengths L (exact from the first two moments)."""
+    d, P = workload.response_lengths, workload.prompt_len
+    mean_x = P + d.mean
+    mean_x2 = P * P + 2 * P * d.mean + d.mean_square
+    return 2.0 * pm * mean_x + attn * (mean_x2 + mean_x) / 2.0 / attention_efficiency
 
 
 @lru_cache(maxsize=256)
@@ -130,19 +159,22 @@ class CostModel(Collectives):
         recompute) over `sequences` split evenly into `steps` optimizer steps."""
         n_params, pm, attn, _ = _shape(model, head)
         tp, pp, dp, world = par.tp, par.pp, par.dp, par.world_size
-        s = workload.seq_len
-        per_rank = max(1, -(-sequences // (steps * dp)))  # sequences per dp rank per step
-        b = min(workload.micro_batch_size, per_rank)
-        m = -(-per_rank // b)  # micro-batches per step
+        s, sp = workload.seq_len, par.sp
+        # per_rank, m, rows: per group of sp ranks that shares its sequences (each device holds rows/sp tokens)
+        per_rank, m, rows = micro_batches(workload, sequences, steps, dp // sp)
+        rows /= sp
         ae = self.params.attention_efficiency
         seq_flops, seq_work = _seq_flops(pm, attn, s), _seq_flops(pm, attn, s, ae)
+        if workload.response_lengths is not None:  # packed: attention per sequence, E over the lengths
+            seq_flops, seq_work = _mean_seq_flops(pm, attn, workload), _mean_seq_flops(pm, attn, workload, ae)
         if workload.samples_per_prompt > 1 and shares_prompts(head, par, model.attention_window, s):  # each sample's share of its prompt
             share = 1.0 - 1.0 / workload.samples_per_prompt
             seq_flops -= share * _seq_flops(pm, attn, workload.prompt_len)
             seq_work -= share * _seq_flops(pm, attn, workload.prompt_len, ae)
-        compute = mult * seq_work * per_rank * steps / (tp * pp) / (
-            self.peak * self.matmul_efficiency(b * s, model.hidden / tp))
-        act_bytes = BF16 * b * s * model.hidden
+        engine = self.params.deepspeed_efficiency if par.backend == "deepspeed" else 1.0
+        compute = mult * seq_work * per_rank * steps / (tp * pp * sp) / (
+            self.peak * self.matmul_efficiency(rows, model.hidden / tp) * engine)
+        act_bytes = BF16 * rows * model.hidden
         micro = steps * m
         tp_bw, tp_lat = self.allreduce(act_bytes, world, tp_ranks(par))
         layers = model.layers / pp
@@ -151,9 +183,16 @@ class CostModel(Collectives):
         pp_bw, pp_lat = self.p2p(act_bytes / tp, world, pp_ranks(par))
         sends = (2 if mult > 1 else 1) * micro
         pp_comm, pp_latency = sends * pp_bw, sends * pp_lat
-        ep_bw, ep_lat, ep_bytes = expert_dispatch(self, model, par, b * s, tp_collectives)
+        ep_bw, ep_lat, ep_bytes = expert_dispatch(self, model, par, rows, tp_collectives)
         ep_comm, ep_latency = micro * ep_bw, micro * ep_lat
-        stage = compute + tp_comm + tp_latency + pp_comm + pp_latency + ep_comm + ep_latency
+        sp_comm, sp_latency, sp_bytes = 0.0, 0.0, 0.0
+        if sp > 1:  # Ulysses: per layer and pass, q·k·v to whole heads on a sequence's ranks, the output back
+            per_a2a = BF16 * rows * (model.hidden + model.kv_heads * model.dim_head) / tp  # mean of the two
+            a2a_bw, a2a_lat = self.alltoall(per_a2a, world, sp_ranks(par))
+            n_a2a = tp_collectives * layers * micro
+            sp_comm, sp_latency, sp_bytes = n_a2a * a2a_bw, n_a2a * a2a_lat, n_a2a * (sp - 1) / sp * per_a2a
+        stage = (compute + tp_comm + tp_latency + pp_comm + pp_latency + ep_comm + ep_latency + sp_comm
+                 + sp_latency)
         bubble = stage * (pp - 1) / m
         shard = BF16 * n_params / (tp * pp)
         ag_bw, ag_lat = self.allgather(shard, world, dp_ranks(par))
@@ -173,10 +212,12 @@ class CostModel(Collectives):
             dp_exposed = max(0.0, dp_total - self.params.fsdp_overlap * compute)
             dp_bytes = micro * fsdp_passes * (dp - 1) / dp * shard
         pp_bytes = sends * act_bytes / tp if pp > 1 else 0.0  # `sends` counts every micro-batch already
-        net = micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + ep_bytes) + pp_bytes + dp_bytes
+        net = (micro * (tp_collectives * layers * 2.0 * (tp - 1) / tp * act_bytes + ep_bytes) + pp_bytes + dp_bytes
+               + sp_bytes)
         flops = mult * seq_flops * sequences
-        return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, ep_comm=ep_comm,
-                                latency=tp_latency + pp_latency + ep_latency, pp_bubble=bubble, dp_comm=dp_exposed)
+        return flops, net, dict(compute=compute, tp_comm=tp_comm, pp_comm=pp_comm, ep_comm=ep_comm, sp_comm=sp_comm,
+                                latency=tp_latency + pp_latency + ep_latency + sp_latency, pp_bubble=bubble,
+                                dp_comm=dp_exposed)
 
     def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                 sequences: int | None = None) -> OpCost:
@@ -186,14 +227,26 @@ class CostModel(Collectives):
         return _cost(flops, net, **parts)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False, optimizer_offload: bool = False) -> OpCost:
+              recompute: bool = False, optimizer_offload: bool = False, lora: LoraConfig | None = None) -> OpCost:
         """All PPO epochs × mini-batches of forward + backward (+ recomputation) and Adam steps.
         optimizer_offload: each step sends the gradients to host memory, runs Adam on the node's CPU (its
-        devices' shards one after another through the host's DRAM) and copies the new weights back."""
+        devices' shards one after another through the host's DRAM) and copies the new weights back.
+        lora: the backward still computes activation gradients through every frozen layer (a forward's
+        FLOPs) but weight gradients only for the adapters: 2 passes (3 with recompute) plus the adapters'
+        own 6 FLOPs per parameter and token; FSDP gathers the frozen base for the forward and the backward
+        and reduce-scatters only the adapters' gradients; Adam steps the adapters."""
         steps = workload.ppo_epochs * workload.mini_batches
-        flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
-                                         steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3)
-        p, local = self.params, _shape(model, head)[0] / parallel.world_size
+        if lora is not None:
+            adapters = adapter_params(model, lora)
+            mult = (3.0 if recompute else 2.0) + 3.0 * adapters / _shape(model, head)[1]
+            flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
+                                             steps, mult, 6 if recompute else 4, 2)
+            local = adapters / parallel.world_size
+        else:
+            flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
+                                             steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3)
+            local = _shape(model, head)[0] / parallel.world_size
+        p = self.params
         if optimizer_offload:
             per_node = local * min(parallel.world_size, self.cluster.devices_per_node)
             host_link = self.cluster.hardware.host_bandwidth * p.host_link_efficiency
@@ -282,6 +335,9 @@ class CostModel(Collectives):
         seqs = workload.sequences if sequences is None else sequences
         _, pm, attn, kv_tok = _shape(model, "lm")
         per_replica, waves, batch = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
+        if workload.response_lengths is not None:
+            return self._generate_lengths(model, gen, workload, seqs, free_bytes_per_device, batch_cap,
+                                          gather_every_step)
         P, R = workload.prompt_len, workload.response_len
         pre = self.prefill(model, gen, batch, P)
         a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = self._decode_terms(model, gen, batch)
@@ -306,18 +362,95 @@ class CostModel(Collectives):
         hbm_bytes = waves * steps * (weights_read + batch * kv_tok * kv_share / gen.pp * (P + 1 + (steps - 1) / 2))
         return _cost(flops, hbm_bytes, **parts)
 
+    def replica_decode(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
+                       free_bytes_per_device: float | None, batch_cap: int | None = None) -> ReplicaDecode:
+        """The slowest replica's decode of a workload with response_lengths (pricing/decode_schedule.py):
+        continuous batching over as many slots as the KV cache holds at the mean context, or a static
+        engine's batches of `batch_cap`, each until its longest response ends."""
+        per_replica, _, _ = self.decode_waves(model, gen, workload, sequences, free_bytes_per_device, batch_cap)
+        if free_bytes_per_device is None:
+            free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
+        slots = batch_cap or decode_batch(model, gen, workload, free_bytes_per_device, self.params, sequences)
+        lengths = slowest_replica_lengths(workload.response_lengths, sequences, gen.dp)
+        return replica_decode(lengths, min(slots, per_replica), batch_cap is None)
+
+    def decode_counts(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
+                      free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int]:
+        """(forward passes, response tokens) of the slowest replica: its prefills and decode steps, and the
+        tokens it generates (what per-step and per-sequence engine overheads scale with)."""
+        if workload.response_lengths is None:
+            per_replica, waves, _ = self.decode_waves(model, gen, workload, sequences, free_bytes_per_device,
+                                                      batch_cap)
+            return waves * workload.response_len, per_replica * workload.response_len
+        d = self.replica_decode(model, gen, workload, sequences, free_bytes_per_device, batch_cap)
+        return d.admissions + sum(s.steps for s in d.segments), d.tokens
+
+    def _generate_lengths(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, seqs: int,
+                          free_bytes_per_device: float | None, batch_cap: int | None,
+                          gather_every_step: bool) -> OpCost:
+        """generate() for a distribution of response lengths: the slowest replica's prefills and its decode
+        segments, each priced in closed form (the step's price is linear in the context its batch holds)."""
+        _, pm, attn, kv_tok = _shape(model, "lm")
+        P = workload.prompt_len
+        d = self.replica_decode(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
+        per_prefill = -(-d.sequences // d.admissions)
+        pre = self.prefill(model, gen, per_prefill, P)
+        parts = {k: d.admissions * v for k, v in pre.items()}
+        terms: dict[int, tuple] = {}
+        steps_total, hbm_bytes = 0, 0.0
+        kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads
+        for seg in d.segments:
+            t = terms.get(seg.batch)
+            if t is None:
+                t = terms[seg.batch] = self._decode_terms(model, gen, seg.batch)
+            a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = t
+            # per step j: memory a_m + (b_m / b)·C_j with C_j = b·P + generated + b·j the batch's context
+            per_ctx_m, per_ctx_c = b_m / seg.batch, b_c / seg.batch
+            c0 = seg.batch * P + seg.generated
+            memory, compute = _sum_of_max(a_m + per_ctx_m * c0, b_m, a_c + per_ctx_c * c0, b_c, seg.steps)
+            parts["memory"] += memory
+            parts["compute"] += compute
+            parts["tp_comm"] += seg.steps * tp_comm
+            parts["pp_comm"] += seg.steps * pp_comm
+            parts["latency"] += seg.steps * latency
+            steps_total += seg.steps
+            weights_read = BF16 * pm / (gen.tp * gen.pp) * min(gen.pp, seg.batch)
+            hbm_bytes += seg.steps * (weights_read + kv_tok * kv_share / gen.pp * (c0 + seg.batch * (seg.steps - 1) / 2))
+        parts["overhead"] = (d.admissions + steps_total) * self.params.decode_step_overhead
+        if gather_every_step and gen.dp > 1:
+            ag_bw, ag_lat = self.allgather(BF16 * model.num_params("lm") / (gen.tp * gen.pp), gen.world_size,
+                                           dp_ranks(gen))
+            parts["dp_gather"] = (d.admissions + steps_total) * ag_bw
+            parts["latency"] += (d.admissions + steps_total) * (model.layers / gen.pp) * ag_lat
+        dist = workload.response_lengths
+        # every sequence's FLOPs: its prompt, then a decode step per further token at contexts P+1 … P+L-1
+        mean_steps = dist.mean - 1.0
+        mean_ctx_sum = P * mean_steps + (dist.mean_square - dist.mean) / 2.0  # E[Σ_{k=1}^{L-1} (P + k)]
+        flops = seqs * (_seq_flops(pm, attn, P) + 2 * pm * mean_steps + attn * mean_ctx_sum)
+        return _cost(flops, hbm_bytes, **parts)
+
     # ---- weights moving -------------------------------------------------------------------------
     def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
-                per_tensor: bool = False) -> OpCost:
+                per_tensor: bool = False, lora: LoraConfig | None = None) -> OpCost:
         """Switch the actor's weights from its training to its generation layout (paper Table 2).
         per_tensor: a broadcast that gathers and sends one tensor at a time (OpenRLHF v0.2's weight sync),
-        paying a gather's and a broadcast's latency per tensor instead of per layer and per bucket."""
+        paying a gather's and a broadcast's latency per tensor instead of per layer and per bucket.
+        lora: only the adapters move (vocabulary/lora.py); on the actor's own devices its generation
+        engine's base copy comes back from host memory, where it waits while the actor trains."""
         m_bytes = BF16 * model.num_params("lm")
-        spec = reshard_spec(m_bytes, train, gen, mode)
         if mode == IN_PLACE:
             return _cost(0.0, 0.0)
         world = train.world_size
         collectives = model.layers + 1  # gathered layer by layer (plus embeddings/head)
+        if lora is not None:
+            a_bytes = float(adapter_bytes(model, lora))
+            if mode != "broadcast":  # every device gathers the whole adapters, merges its generation slice
+                link = self.cluster.hardware.host_bandwidth * self.params.host_link_efficiency
+                ag, lat = self.allgather(a_bytes, world, tuple(range(world)))
+                return _cost(0.0, a_bytes, reshard_comm=ag, host_copy=m_bytes / (gen.tp * gen.pp) / link,
+                             latency=collectives * lat if world > 1 else 0.0)
+            m_bytes = a_bytes  # the broadcast below moves the adapters
+        spec = reshard_spec(m_bytes, train, gen, mode)
         if mode == "broadcast":  # gather the ZeRO-3 shards, then send the full model to the other devices
             ag, lat = self.allgather(m_bytes, world, tuple(range(world)))
             across = world + gen.world_size > self.cluster.devices_per_node
@@ -359,7 +492,7 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         if op in ("reward", "cost"):  # a rule-based function on the driver
             return _cost(0.0, 0.0, driver=seqs * p.rule_reward_seconds_per_sequence)
         if op == "advantage":
-            return _cost(0.0, 0.0, driver=w.sequences * w.response_len * p.driver_seconds_per_token)
+            return _cost(0.0, 0.0, driver=w.sequences * w.mean_response_len * p.driver_seconds_per_token)
         raise HflowError(f"op '{op}' names role '{role}', which the plan does not have (roles: {', '.join(plan.roles)})")
     rp, head = plan.roles[role], role_head(role)
     mech = getattr(plan, "mechanics", None)  # the planner's view of a request has none: HybridFlow's own
@@ -374,15 +507,16 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         return _times(_times(one, calls), mech.decode_slowdown if mech else 1.0)
     if op in FORWARD_OPS:
         return cm.forward(rp.model, head, rp.train, w, seqs)
+    lora = getattr(rp, "lora", None)
     if op in UPDATE_OPS:
         return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False),
-                        optimizer_offload=bool(getattr(plan, "optimizer_offload", False)))
+                        optimizer_offload=bool(getattr(plan, "optimizer_offload", False)), lora=lora)
     if op in WEIGHT_SYNC_OPS:
         return _times(cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode(),
-                                 per_tensor=bool(mech and mech.weight_sync == "per-tensor")), calls)
+                                 per_tensor=bool(mech and mech.weight_sync == "per-tensor"), lora=lora), calls)
     if op in OFFLOAD_OPS:
         states = state_bytes(rp.model, head, rp.train, role in TRAINED_ROLES,
-                             optimizer_offload=bool(getattr(plan, "optimizer_offload", False)))
+                             optimizer_offload=bool(getattr(plan, "optimizer_offload", False)), lora=lora)
         return cm.offload(states.total)
     raise HflowError(f"unknown op '{op}'; known ops: generate, generate_baseline, {', '.join(FORWARD_OPS)}, "
                      "advantage, actor_update, critic_update, reshard, offload, onload")

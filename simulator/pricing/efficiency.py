@@ -30,6 +30,12 @@ class EfficiencyParams(BaseModel):
                     "the roofline ridge of an A100 is 312e12/2.0e12 ~ 150 FLOP/byte, and a bf16 GEMM with "
                     "M rows has an arithmetic intensity of about M, so GEMMs with fewer rows are "
                     "bandwidth-bound. Decode steps model their memory bound explicitly and skip this term.")
+    deepspeed_efficiency: float = Field(
+        1.0, gt=0, le=1,
+        description="a DeepSpeed ZeRO-3 run of Hugging Face model code (backend 'deepspeed': DS-Chat's and OpenRLHF's "
+                    "training) against the fused-kernel FSDP and Megatron runs the other terms are fitted to: HF's "
+                    "unfused norms, rotary and gated MLP, ZeRO-3's per-parameter hooks. Scales its compute's "
+                    "efficiency; 1: alike.")
     attention_efficiency: float = Field(
         1.0, gt=0, le=2,
         description="attention's FLOP/s relative to the matmuls' (QKᵀ and AV; flash-attention kernels reach a lower "

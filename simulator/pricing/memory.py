@@ -14,6 +14,11 @@ cache). Colocated models take turns: without offload every model's states stay r
 the running op's transient is added; with `plan.offload` idle models' states live in host memory,
 so the peak is the largest single model's states + its largest transient. Each device also keeps
 `reserved_bytes` (CUDA context, NCCL) once, reported under buffers.
+
+LoRA (vocabulary/lora.py): the base weights stay in bf16 with no gradients and no optimizer states;
+the adapters (A) carry the trained 16 bytes per parameter — weights and Adam's states resident,
+gradients in the update's transient. Activations are the full model's; the FSDP gathers move the
+frozen base too, but no full-size gradient is reduce-scattered.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.reshard import reshard_spec
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
+from hybridflow.simulator.vocabulary.lora import LoraConfig, adapter_params
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
@@ -103,10 +109,14 @@ def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig
 
 
 def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainable: bool,
-                optimizer_offload: bool = False) -> MemoryBreakdown:
-    """Resident bytes per device: the weights and (trained, unless offloaded to host memory) Adam's states."""
+                optimizer_offload: bool = False, lora: LoraConfig | None = None) -> MemoryBreakdown:
+    """Resident bytes per device: the weights and (trained, unless offloaded to host memory) Adam's states.
+    lora: the frozen base in bf16 plus the adapters and their Adam states (FSDP: everything over all devices)."""
     n = parallel.world_size
     params = model.num_params(head)
+    if lora is not None and trainable:
+        a = adapter_params(model, lora)
+        return _mb(weights=BF16 * (params + a) / n, optimizer=0.0 if optimizer_offload else OPTIMIZER_BYTES * a / n)
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
     # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
     weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
@@ -120,10 +130,10 @@ def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
 
 
 def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-                    recompute: bool = False) -> MemoryBreakdown:
+                    recompute: bool = False, lora: LoraConfig | None = None) -> MemoryBreakdown:
     tp, pp, dp = parallel.tp, parallel.pp, parallel.dp
-    b, m = _microbatch(workload, dp, workload.mini_batches)
-    tokens = b * workload.seq_len
+    b, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
+    tokens = b * workload.seq_len / parallel.sp  # Ulysses: each rank holds 1/sp of its sequences' tokens
     per_layer = activation_bytes_per_token_layer(model, tp) * tokens
     in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
     layers = model.layers / pp
@@ -135,13 +145,16 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
         acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
     if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank (of its own experts); no gathers
         return _mb(gradients=MEGATRON_GRAD_BYTES * megatron_local_params(model, head, parallel), activations=acts)
+    if lora is not None:  # gradients of the adapters only; the gathers still move the frozen base
+        bufs = 2 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0
+        return _mb(gradients=BF16 * adapter_params(model, lora) / parallel.world_size, activations=acts, buffers=bufs)
     bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
     return _mb(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
 
 def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload) -> MemoryBreakdown:
-    b, _ = _microbatch(workload, parallel.dp, 1)
-    tokens = b * workload.seq_len
+    b, _ = _microbatch(workload, parallel.dp // parallel.sp, 1)
+    tokens = b * workload.seq_len / parallel.sp
     acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
     if head == "lm":
         acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
@@ -157,9 +170,13 @@ def kv_bytes_per_sequence(model: ModelSpec, gen: ParallelConfig, seq_len: int) -
 
 
 def generate_weights(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
-                     resident_train_weights: float) -> float:
+                     resident_train_weights: float, lora: LoraConfig | None = None) -> float:
     """Extra weight bytes per device while generating: the reshard's peak, minus the training shard
-    when it lies inside the generation shard (HybridFlow's zero redundancy)."""
+    when it lies inside the generation shard (HybridFlow's zero redundancy). A LoRA actor's generation
+    engine holds its own copy of the base in the generation layout (the adapters merged in, or beside it
+    under vLLM's LoRA API): the whole generation shard, which no frozen training shard can alias."""
+    if lora is not None:
+        return BF16 * model.num_params("lm") / (gen.tp * gen.pp)
     spec = reshard_spec(BF16 * model.num_params("lm"), train, gen, mode)
     overlap = resident_train_weights if mode == "hybridflow" else 0.0
     return max(spec.peak_memory - overlap, 0.0)
@@ -172,36 +189,43 @@ def generate_buffers(model: ModelSpec, gen: ParallelConfig, batch: int) -> float
 def decode_batch(model: ModelSpec, gen: ParallelConfig, workload: Workload, kv_free_bytes: float,
                  params: EfficiencyParams, sequences: int | None = None) -> int:
     """Sequences one generation replica decodes at once: as many as the free memory holds, at most
-    max_decode_batch and at most what it was given. 0 when not even one sequence fits."""
+    max_decode_batch and at most what it was given. 0 when not even one sequence fits. With a length
+    distribution a slot is sized for the mean context (Workload.kv_seq_len), and the longest response
+    must fit on its own."""
     seqs = sequences if sequences is not None else workload.sequences
     per_replica = -(-seqs // gen.dp)
-    cap = int(max(kv_free_bytes, 0.0) // kv_bytes_per_sequence(model, gen, workload.seq_len))
+    free = max(kv_free_bytes, 0.0)
+    if free < kv_bytes_per_sequence(model, gen, workload.seq_len):
+        return 0
+    cap = int(free // kv_bytes_per_sequence(model, gen, workload.kv_seq_len))
     return min(cap, params.max_decode_batch, per_replica)
 
 
 def generate_transient(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, workload: Workload,
                        kv_free_bytes: float, params: EfficiencyParams, mode: str = "hybridflow",
-                       resident_train_weights: float = 0.0) -> MemoryBreakdown:
+                       resident_train_weights: float = 0.0, lora: LoraConfig | None = None) -> MemoryBreakdown:
     """Generation weights + the KV cache of the batch that `kv_free_bytes` allows (+ logits)."""
-    w = generate_weights(model, train, gen, mode, resident_train_weights)
+    w = generate_weights(model, train, gen, mode, resident_train_weights, lora)
     batch = decode_batch(model, gen, workload, kv_free_bytes - w, params)
-    return _mb(weights=w, kv_cache=batch * kv_bytes_per_sequence(model, gen, workload.seq_len),
+    return _mb(weights=w, kv_cache=max(batch * kv_bytes_per_sequence(model, gen, workload.kv_seq_len),
+                                       kv_bytes_per_sequence(model, gen, workload.seq_len) if batch else 0.0),
                buffers=generate_buffers(model, gen, batch))
 
 
 def role_memory(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload, trainable: bool,
                 hardware: HardwareSpec, gen: ParallelConfig | None = None, *, recompute: bool = False,
-                mode: str = "hybridflow", params: EfficiencyParams | None = None) -> MemoryBreakdown:
+                mode: str = "hybridflow", params: EfficiencyParams | None = None,
+                lora: LoraConfig | None = None) -> MemoryBreakdown:
     """One model alone on its devices at its peak op (states + the largest transient + the fixed
     reservation). `gen` (the actor) adds the generation phase, its KV cache filling the free memory
     up to the decode batch it would run."""
     p = params or EfficiencyParams.for_hardware(hardware)
-    states = state_bytes(model, head, parallel, trainable)
-    phases = [train_transient(model, head, parallel, workload, recompute) if trainable
+    states = state_bytes(model, head, parallel, trainable, lora=lora)
+    phases = [train_transient(model, head, parallel, workload, recompute, lora) if trainable
               else forward_transient(model, head, parallel, workload)]
     if gen is not None:
         free = p.usable_bytes(hardware.hbm_bytes) - states.total
-        phases.append(generate_transient(model, parallel, gen, workload, free, p, mode, states.weights))
+        phases.append(generate_transient(model, parallel, gen, workload, free, p, mode, states.weights, lora))
     peak = max(phases, key=lambda m: m.total)
     return states + peak + _mb(buffers=p.reserved_bytes)
 
@@ -299,7 +323,7 @@ _OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", 
 def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
     """(states by role, [(role, op, resident states, transient)]) for one device group."""
     usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
-    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES, plan.optimizer_offload)
+    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES, plan.optimizer_offload, rp.lora)
               for r, rp in plan.roles.items() if rp.group == group}
     everyone = sum(states.values(), _mb())
     phases = []
@@ -307,7 +331,7 @@ def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
         rp, head = plan.roles[role], role_head(role)
         resident = s if plan.offload else everyone
         for op in _OPS[role]:
-            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute) if op.endswith("_update")
+            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute, rp.lora) if op.endswith("_update")
                  else forward_transient(rp.model, head, rp.train, plan.workload))
             if plan.optimizer_offload and op.endswith("_update"):  # ZeRO-Offload moves the gradients out too
                 t = t.model_copy(update={"gradients": 0.0})
@@ -315,12 +339,12 @@ def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
         if role == "actor" and rp.generate_group is None:
             gen = rp.generate or rp.train
             t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p,
-                                   plan.weight_sync_mode(), s.weights)
+                                   plan.weight_sync_mode(), s.weights, rp.lora)
             phases.append((role, "generate", resident, t))
     actor = plan.roles.get("actor")
     if actor is not None and actor.generate_group == group:  # separate inference devices
         gen = actor.generate or actor.train
-        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast")
+        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast", lora=actor.lora)
         phases.append(("actor", "generate", _mb(), t))
     return states, phases
 
@@ -366,7 +390,7 @@ def plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleM
                 gen_t = [t for _, o, _, t in gphases if o == "generate"]
                 rm.generate_bytes_per_device, rm.fits = gpeak.total, ok and gok
             gen = rp.generate or rp.train
-            kv_seq = kv_bytes_per_sequence(rp.model, gen, plan.workload.seq_len)
+            kv_seq = kv_bytes_per_sequence(rp.model, gen, plan.workload.kv_seq_len)
             rm.decode_batch = int(round(gen_t[0].kv_cache / kv_seq)) if gen_t else None
         out[role] = rm
     return out

@@ -41,7 +41,8 @@ Lanes = str | tuple[str, ...]  # the device group(s) an op occupies
 
 def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, cost_model: bool,
                    hybrid_engine: bool, offload: bool | Collection[str] = False,
-                   placement: Iterable[Iterable[str]] | None = None, old_logprob_pass: bool = True) -> nx.DiGraph:
+                   placement: Iterable[Iterable[str]] | None = None, old_logprob_pass: bool = True,
+                   ref_from_actor: bool = False) -> nx.DiGraph:
     """One iteration of `algorithm` as a DAG of op instances, recorded from its driver loop.
 
     roles: the models the plan has ("ref" may be missing: no KL term). reward_model/cost_model:
@@ -50,7 +51,8 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     offload: True (or a collection of roles) adds onload/offload ops around each stretch of a
     model's ops in its group; `placement` (lists of roles sharing devices) says which models
     share a group — by default all of them do. old_logprob_pass: False drops `actor_logprob` (the
-    update's own log-probs serve as the old ones; see needs_old_logprob_pass).
+    update's own log-probs serve as the old ones; see needs_old_logprob_pass). ref_from_actor: a LoRA
+    actor computes the reference log-probs itself, adapters off (vocabulary/lora.py).
     """
     algo = get_algorithm(algorithm)
     roles = set(roles)
@@ -62,7 +64,7 @@ def build_dataflow(algorithm: str, roles: Iterable[str], *, reward_model: bool, 
     except ValueError as e:
         raise HflowError(str(e)) from None
     g = record_dataflow(algo, roles, reward_model=reward_model, cost_model=cost_model, hybrid_engine=hybrid_engine,
-                        old_logprob_pass=old_logprob_pass)
+                        old_logprob_pass=old_logprob_pass, ref_from_actor=ref_from_actor)
     if offload:
         which = set(ROLES) if offload is True else set(offload)
         groups = [list(p) for p in placement] if placement is not None else [sorted(roles)]

@@ -128,7 +128,8 @@ def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGr
         kl_in_reward = get_algorithm(plan.algorithm).kl_in_reward
     graph = build_dataflow(plan.algorithm, plan.roles, reward_model="reward" in plan.roles,
                            cost_model="cost" in plan.roles, hybrid_engine=actor.generate_group is None,
-                           old_logprob_pass=needs_old_logprob_pass(plan.workload, plan.roles, kl_in_reward))
+                           old_logprob_pass=needs_old_logprob_pass(plan.workload, plan.reference_roles(), kl_in_reward),
+                           ref_from_actor=plan.ref_from_actor)
     lane_of: dict[Hashable, Lanes] = {}
     for n, a in graph.nodes(data=True):
         if a["driver"]:

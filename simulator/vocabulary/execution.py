@@ -43,8 +43,9 @@ def shares_prompts(head: Head, par: ParallelConfig, attention_window: int | None
     """Whether the FSDP engine computes each prompt once for all of its samples in an LM's forward and
     train passes (runtime/engines/train/fsdp/shared_prompts.py): not under tensor or pipeline parallelism,
     nor on the Megatron backend, nor where a layer's sliding window is shorter than the `seq_len` columns
-    of a row (the packed rows' block mask has no window)."""
-    return head == "lm" and par.tp == 1 and par.pp == 1 and par.backend != "megatron" and (
+    of a row (the packed rows' block mask has no window), nor under Ulysses sequence parallelism (sp > 1 splits
+    plain packed rows)."""
+    return head == "lm" and par.tp == 1 and par.pp == 1 and par.sp == 1 and par.backend != "megatron" and (
         attention_window is None or seq_len <= attention_window)
 
 

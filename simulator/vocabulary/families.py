@@ -67,6 +67,9 @@ class Family(BaseModel):
     default_max_positions: PositiveInt
     fused_decode: bool  # engines/cpu_decode/fast_decode.py runs it (else the module path generates)
     experts: bool = False  # a sparse MoE in every layer: `num_local_experts`, `num_experts_per_tok` (Mixtral)
+    # LoRA (vocabulary/lora.py): the linear layers an adapter may wrap, and those it wraps unless told
+    lora_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_default: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     tp_plan: TensorParallelPlan
     stage_cut: StageCut = StageCut()
 
@@ -105,6 +108,9 @@ MIXTRAL = Family(name="mixtral", model_types=("mixtral",), causal_lm="MixtralFor
                  score_model="MixtralForSequenceClassification", attention_bias="none", reads_mlp_bias=False,
                  qk_norm=False, rope_types=("default",), sliding_window="all_layers", default_max_positions=131072,
                  fused_decode=False, experts=True,
+                 # adapters on attention by default: each expert's own (w1, w3, w2) multiply the adapter count
+                 lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "w1", "w3", "w2"),
+                 lora_default=("q_proj", "k_proj", "v_proj", "o_proj"),
                  tp_plan=TensorParallelPlan(colwise=_ATTENTION_MLP["colwise"][:3], rowwise=("self_attn.o_proj",)))
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL)}

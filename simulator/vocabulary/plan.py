@@ -16,10 +16,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
+from hybridflow.simulator.vocabulary.lora import LoraConfig, LoraRollout
 from hybridflow.simulator.vocabulary.mechanics import Mechanics
 from hybridflow.simulator.vocabulary.model import ModelSpec, preset_if_named
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-from hybridflow.simulator.vocabulary.roles import Role
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, Role
 from hybridflow.simulator.vocabulary.workload import Workload
 
 PLAN_VERSION = 1
@@ -49,6 +50,20 @@ def known_algorithm(name: str) -> str:
 
 
 AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
+
+
+def lora_problem(role: str, rp) -> None:
+    """Raise ValueError when `rp`'s LoRA config cannot train `role` (pydantic makes it one line)."""
+    if role not in TRAINED_ROLES:
+        raise ValueError(f"role '{role}' is not trained: LoRA applies to {', '.join(TRAINED_ROLES)}; drop its lora")
+    if rp.train.backend != "fsdp":
+        raise ValueError(f"role '{role}': LoRA trains on the fsdp backend only (megatron-core 0.16 has no LoRA of "
+                         "its own); set train.backend: fsdp or drop lora")
+    if rp.train.pp > 1:
+        raise ValueError(f"role '{role}': LoRA trains with pp=1 (got {rp.train}); use tensor and data parallelism")
+    bad = rp.lora.problems(rp.model)
+    if bad:
+        raise ValueError(f"role '{role}': {'; '.join(bad)}")
 
 
 def algorithm_name(name: str) -> str:
@@ -82,6 +97,7 @@ class RolePlan(BaseModel):
     generate_group: str | None = None  # actor only: separate inference devices (OpenRLHF-style)
     path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
     rollout: RolloutBackend = "native"  # actor only: the generation engine (a run config may override it)
+    lora: LoraConfig | None = None  # trained roles: train LoRA adapters on the frozen model (vocabulary/lora.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +123,8 @@ class Plan(BaseModel):
     mode: ExecutionMode = "sync"
     max_staleness: int = Field(1, ge=1)  # `async`: the most updates a trained batch's policy may lag behind
     notes: str = ""
+    # the measured profile it was priced with (`search --profile`): `simulate` and `run` price it on the same
+    profile: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -151,6 +169,11 @@ class Plan(BaseModel):
                                  "generate.backend")
             if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
                 raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
+            if rp.lora is not None:
+                lora_problem(role, rp)
+        if actor is not None and actor.lora is not None and "ref" in self.roles:
+            raise ValueError("a LoRA actor's reference is its own base model with the adapters off: drop the "
+                             "'ref' role (its log-probs come from the actor's weights)")
         return self
 
     # ---- views ------------------------------------------------------------------------------
@@ -180,6 +203,24 @@ class Plan(BaseModel):
         if actor is not None and actor.rollout == "vllm":
             return "ds-chat"
         return self.reshard
+
+    @property
+    def ref_from_actor(self) -> bool:
+        """Whether the reference log-probs come from the actor's base (a LoRA actor, adapters off)."""
+        actor = self.roles.get("actor")
+        return actor is not None and actor.lora is not None and "ref" in get_algorithm(self.algorithm).roles
+
+    def reference_roles(self) -> list[str]:
+        """The plan's roles, with `ref` where the actor's base serves as the reference (LoRA)."""
+        return [*self.roles, "ref"] if self.ref_from_actor else list(self.roles)
+
+    def lora_rollout(self) -> LoraRollout | None:
+        """How a LoRA actor's generation engine takes its adapters: merged into its own base copy (the native
+        engine) or through vLLM's LoRA adapter API; None without LoRA."""
+        actor = self.roles.get("actor")
+        if actor is None or actor.lora is None:
+            return None
+        return "adapter" if actor.rollout == "vllm" else "merged"
 
     @property
     def staleness(self) -> int:
@@ -220,6 +261,32 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path) -> Plan:
+        """A plan file, its relative paths (model folders, `file.py:function`) read against its own folder."""
+        from pathlib import Path
+
         from hybridflow.simulator.io import load_model_file
 
-        return load_model_file(cls, path).validate_parallel()
+        return load_model_file(cls, path).validate_parallel().with_paths(Path(path).absolute().parent, anchor=True)
+
+    def with_paths(self, folder, anchor: bool) -> Plan:
+        """anchor: every relative path that exists under `folder` made absolute (a path that does not is left
+        as written: an older plan's, relative to where it is run). Else: every local path made relative to
+        `folder`, where the plan is written, so the plan and its files can move together."""
+        import os
+        from pathlib import Path
+
+        def move(ref: str) -> str:
+            p = Path(ref)
+            if anchor:
+                return str((folder / p).resolve()) if not p.is_absolute() and (folder / p).exists() else ref
+            return os.path.relpath(p.absolute(), folder) if p.exists() else ref
+
+        def fn(ref: str | None) -> str | None:
+            if not ref or ref.count(":") != 1 or not ref.split(":")[0].endswith(".py"):
+                return ref
+            file, name = ref.split(":")
+            return f"{move(file)}:{name}"
+
+        roles = {r: rp.model_copy(update={"path": move(rp.path)}) if rp.path else rp for r, rp in self.roles.items()}
+        return self.model_copy(update={"roles": roles, "reward_function": fn(self.reward_function),
+                                       "cost_function": fn(self.cost_function)})

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 
 
 class Workload(BaseModel):
@@ -23,6 +25,26 @@ class Workload(BaseModel):
     # and the fraction of groups the simulator expects each round to drop.
     max_sampling_rounds: PositiveInt = 3
     filter_rate: float = Field(0.5, ge=0.0, lt=1.0)
+    # Response lengths as a distribution (vocabulary/lengths.py); None: every response is response_len
+    # long. With one, response_len is the longest response allowed (memory is sized for it) and
+    # defaults to the distribution's longest.
+    response_lengths: LengthDistribution | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_from_lengths(cls, data):
+        if isinstance(data, dict) and data.get("response_lengths") is not None and "response_len" not in data:
+            dist = data["response_lengths"]
+            dist = dist if isinstance(dist, LengthDistribution) else LengthDistribution.model_validate(dist)
+            data = {**data, "response_lengths": dist, "response_len": dist.longest}
+        return data
+
+    @model_validator(mode="after")
+    def _lengths_within_budget(self):
+        if self.response_lengths is not None and self.response_lengths.longest > self.response_len:
+            raise ValueError(f"response_lengths reach {self.response_lengths.longest} tokens, beyond response_len "
+                             f"{self.response_len}: raise response_len or cap the distribution")
+        return self
 
     @property
     def sequences(self) -> int:
@@ -33,9 +55,26 @@ class Workload(BaseModel):
         return self.prompt_len + self.response_len
 
     @property
+    def mean_response_len(self) -> float:
+        """Tokens an average response really has: response_len without a distribution."""
+        return float(self.response_len) if self.response_lengths is None else self.response_lengths.mean
+
+    @property
+    def kv_seq_len(self) -> int:
+        """The context a generation slot is sized for: the whole sequence for fixed lengths; for a
+        distribution the prompt plus the mean response (continuous batching frees a finished
+        sequence's cache for the next one, so the cache holds sequences of mean length on average)."""
+        if self.response_lengths is None:
+            return self.seq_len
+        return self.prompt_len + max(1, math.ceil(self.response_lengths.mean - 1e-9))
+
+    @property
     def tokens_per_iteration(self) -> int:
-        """The paper's throughput numerator: prompts × samples × (prompt + response length)."""
-        return self.sequences * self.seq_len
+        """The throughput numerator: the tokens really processed, prompts × samples × (prompt + mean response
+        length). With fixed lengths, the paper's (prompt + response length)."""
+        if self.response_lengths is None:
+            return self.sequences * self.seq_len
+        return round(self.sequences * (self.prompt_len + self.response_lengths.mean))
 
     @property
     def expected_rollouts(self) -> float:

@@ -23,3 +23,27 @@ def small_cluster(nodes=1, per=4, gib=8.0) -> ClusterSpec:
 
 
 SMALL_WORKLOAD = Workload(prompts=64, prompt_len=256, response_len=256, micro_batch_size=4)
+
+
+def assert_search_is_exact(req, cm, *, offload: bool = False):
+    """The search's best equals brute force's under `cm`, and every listed plan fits and simulates to the
+    seconds the search gave it. Returns the search's result."""
+    import math
+
+    from hybridflow.planner.brute import brute_force
+    from hybridflow.planner.plans import scored_to_plan
+    from hybridflow.planner.search import search
+    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.schedule.schedule import simulate
+
+    found, ref = search(req, cm, offload=offload), brute_force(req, cm, offload=offload)
+    if ref is None:
+        assert found.best is None
+        return found
+    assert found.best is not None, "brute force found a plan the search missed"
+    assert math.isclose(found.best.seconds, ref.seconds, rel_tol=1e-9), (found.best, ref)
+    for s in found.top:
+        plan = scored_to_plan(req, s)
+        assert plan.offload == offload and all(m.fits for m in plan_memory(plan).values())
+        assert math.isclose(simulate(plan, cm).iteration_seconds(), s.seconds, rel_tol=1e-9)
+    return found

@@ -25,8 +25,9 @@ def _check_summary(s, roles):
     assert set(s["devices"]) == set(roles) == set(s["parallel"])
     for role, p in s["parallel"].items():
         assert set(p) == ({"train", "generate"} if role == "actor" else {"train"})
-        for cfg in p.values():  # the training engine where it is not the default (NeMo-Aligner trains on Megatron)
-            assert set(cfg) - {"backend"} == {"pp", "tp", "dp"} and cfg.get("backend", "megatron") == "megatron"
+        for cfg in p.values():  # the training engine where it is not the default (a baseline's own)
+            assert set(cfg) - {"backend"} == {"pp", "tp", "dp"} and cfg.get("backend", "megatron") in (
+                "megatron", "deepspeed")
             assert cfg["pp"] * cfg["tp"] * cfg["dp"] == s["devices"][role]
     assert s["tokens_per_second"] == pytest.approx(64 * 512 / s["iteration_seconds"])
 

@@ -1,7 +1,8 @@
 """docs/byo.md as a user runs it: its shell and Python blocks, in order, in a fresh folder (the guide's
 `examples/` reached through a link). A tiny Qwen2 with a BPE tokenizer and a chat template, saved in
-shards; chat prompts with answers in JSONL; a reward from a file; planned with `search --actor`,
-trained with GRPO for 2 iterations, exported, loaded and run by transformers."""
+shards; chat prompts with answers in a `datasets` folder with train and test splits; a reward from a
+file; planned with `search --actor`, trained with GRPO for 2 iterations with the test split evaluated,
+exported, loaded and run by transformers."""
 
 from __future__ import annotations
 
@@ -44,9 +45,15 @@ def test_the_bring_your_own_guide_runs_as_written(tmp_path):
     model = tmp_path / "byo" / "model"
     assert (model / "model.safetensors.index.json").is_file() and len(list(model.glob("*.safetensors"))) > 1
     plan = json.loads((tmp_path / "byo" / "plan.json").read_text())
-    assert {r: Path(p["path"]) for r, p in plan["roles"].items()} == {"actor": model, "ref": model}
+    # the plan names its files relative to its own folder (it runs from anywhere, and moves with them)
+    assert {r: p["path"] for r, p in plan["roles"].items()} == {"actor": "model", "ref": "model"}
+    assert plan["reward_function"] == "../examples/byo/reward.py:exact_match" and plan["profile"] == "cpu-2core"
     run_output = next(o for o in outputs if "predicted vs measured" in o)
     assert "samples of iteration 1" in run_output and "over 2 iteration(s)" in run_output
+    # the held-out split evaluated before the first update, after each and at the end
+    assert run_output.count("held-out (20 prompts): greedy accuracy") == 3, run_output
+    metrics = [json.loads(line) for line in (tmp_path / "byo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics if "eval/accuracy" in m] == [0, 1, 2]
     first, last = map(float, re.search(r"reward (\S+) → (\S+) over 2", run_output).groups())
     assert max(first, last) > 0, "the supervised start should answer some sums right"
     trained = tmp_path / "byo" / "trained" / "actor"

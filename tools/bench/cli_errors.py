@@ -77,6 +77,37 @@ def error_cases(folder: Path) -> list[ErrorCase]:
     (folder / "a-folder").mkdir(exist_ok=True)
     (folder / "empty-ckpt").mkdir(exist_ok=True)
     slow = "about 20 s (torch and Ray imported first)"
+    # a user's task (issue 39): prompt files and a reward file with the mistakes a new user makes
+    (folder / "reward.py").write_text("def last_number(prompt, response, answer, **_):\n"
+                                      "    words = response.split()\n    return float(bool(words) and words[-1] == answer)\n")
+    row = json.dumps({"prompt": "sort 312:", "answer": "123"})
+    for name, bad in (("malformed", '{"prompt": "sort 21:"'), ("no-prompt", json.dumps({"question": "sort 21:"})),
+                      ("not-text", json.dumps({"prompt": {"text": "sort 21:"}})),
+                      ("overlong", json.dumps({"prompt": "sort " + "9" * 40 + ":", "answer": "9"})),
+                      ("no-answer", json.dumps({"prompt": "sort 21:"}))):
+        (folder / f"{name}.jsonl").write_text(f"{row}\n{bad}\n")
+    reward = str(folder / "reward.py")
+    late = "after Ray and the weights loaded (issue 39: ~8 s in)"
+    task_cases = [
+        ErrorCase("run --prompts with a malformed JSONL line", ["run", tiny, "--prompts", str(folder / "malformed.jsonl")],
+                  "line 2 is not JSON", late),
+        ErrorCase("run --prompts with a row without 'prompt'", ["run", tiny, "--prompts", str(folder / "no-prompt.jsonl")],
+                  "line 2 has no 'prompt'", late),
+        ErrorCase("run --prompts with a prompt that is not text", ["run", tiny, "--prompts",
+                                                                   str(folder / "not-text.jsonl")],
+                  "line 2: 'prompt' must be text", late),
+        ErrorCase("run --prompts with a prompt over prompt_len", ["run", tiny, "--prompts", str(folder / "overlong.jsonl")],
+                  "longer than the plan's prompt_len 16 tokens", "22.6 s in (issue 39)"),
+        ErrorCase("run a reward needing a column a row lacks", ["run", tiny, "--prompts", str(folder / "no-answer.jsonl"),
+                                                                "--reward-function", f"{reward}:last_number"],
+                  "needs the column 'answer'", "27.5 s in, inside the reward (issue 39)"),
+        ErrorCase("run --reward-function with a typo'd function", ["run", tiny, "--reward-function", f"{reward}:last_nmber"],
+                  "has no 'last_nmber'", "no such flag; a typo in the plan failed at run"),
+        ErrorCase("search --reward-function with a typo'd file", ["search", "--model", "tiny", "--algo", "grpo",
+                                                                  "--samples", "4", "--reward-function",
+                                                                  f"{folder / 'rewrd.py'}:last_number"],
+                  "no file", "accepted: exit 0, plan written (issue 39)"),
+    ]
     return [
         ErrorCase("run --resume without --checkpoint-dir", ["run", tiny, "--resume"], "--resume needs --checkpoint-dir",
                   slow),
@@ -102,6 +133,7 @@ def error_cases(folder: Path) -> list[ErrorCase]:
                   "unrecognized arguments: --gpus", "accepted as --gpus-per-node 4"),
         ErrorCase("search --algo ppp (near miss)", ["search", "--algo", "ppp", "--model", "tiny"], "did you mean 'ppo'",
                   "refused without a suggestion"),
+        *task_cases,
     ]
 
 

@@ -33,6 +33,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--devices", type=positive_int, metavar="N", help="virtual devices (default: this machine's cores)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--reprobe", action="store_true", help="measure this machine again instead of using the cached "
+                   "hardware probe (it is re-measured anyway when stale or when a quick check disagrees with it)")
+    p.add_argument("--eval-prompts", type=positive_int, default=64, metavar="N",
+                   help="held-out prompts of the task evaluated before the first update, every 10 iterations and at "
+                        "the end (0: none)")
     p.set_defaults(func=run)
 
 
@@ -63,11 +68,31 @@ def quickstart_request(algorithm: str, cluster):
                          max_gen_pp=1, top_k=3)
 
 
-def quickstart_config(seed: int):
-    """The run's settings: learning rates for the tiny model, the algorithm's defaults for the rest."""
+def quickstart_config(seed: int, eval_prompts: int = 0):
+    """The run's settings: learning rates for the tiny model, the algorithm's defaults for the rest; with
+    `eval_prompts`, that many held-out prompts of the task (another seed's) evaluated every 10 iterations."""
     from hybridflow.runtime.rl.run_config import RunConfig
 
-    return RunConfig(seed=seed, data={"task": "sort"}, optimizer={"actor": {"lr": 5e-4}, "critic": {"lr": 1e-3}})
+    cfg = RunConfig(seed=seed, data={"task": "sort"}, optimizer={"actor": {"lr": 5e-4}, "critic": {"lr": 1e-3}})
+    if not eval_prompts:
+        return cfg
+    return cfg.with_overrides({"eval.prompts_file": str(held_out_file("sort", eval_prompts, seed)), "eval.every": 10,
+                               "eval.max_prompts": eval_prompts})
+
+
+def held_out_file(task: str, count: int, seed: int):
+    """`count` prompts of the built-in `task` drawn with a seed training never uses, as a JSONL file in the cache."""
+    import json
+
+    from hybridflow.runtime.controller.host import cache_dir
+    from hybridflow.runtime.tasks.prompt_files import task_rows
+    from hybridflow.simulator.io import write_atomic
+
+    path = cache_dir() / f"heldout-{task}-{count}-{seed}.jsonl"
+    if not path.is_file():
+        rows = task_rows(task, count, seed=1_000_000 + seed)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def run(args) -> int:
@@ -93,7 +118,10 @@ def run(args) -> int:
     events = ConsoleEvents(console, quiet=args.json)
     events.say("measuring this machine (cached after the first time)")
     # the shipped profile's calibration when this is the machine it was measured on, else the probe
-    cluster, cost_model, profile = local_pricing(args.devices)
+    notes: list[str] = []
+    cluster, cost_model, profile = local_pricing(args.devices, reprobe=args.reprobe, notes=notes)
+    for note in notes:
+        events.say(note)
     req = quickstart_request(args.algo, cluster)
     events.say("searching placements and parallel configs")
     result = search(req, cost_model)
@@ -101,7 +129,7 @@ def run(args) -> int:
         raise HflowError(f"no plan fits {args.algo} with the tiny model on {cluster.devices_per_node} device(s)")
     plan = scored_to_plan(req, result.best, notes="hflow-plan quickstart")
     summary = plan_summary(plan, result.best.seconds)
-    cfg = quickstart_config(args.seed)
+    cfg = quickstart_config(args.seed, args.eval_prompts)
     resolved = resolve_run(plan, cfg)
     predicted = predicted_timeline(plan, cost_model, kl_in_reward=resolved.config.kl_in_reward)
     if not args.json:
@@ -126,12 +154,17 @@ def run(args) -> int:
     iterations = [{"iteration": m["iteration"], "reward_mean": m["reward_mean"],
                    "tokens_per_second": m["tokens_per_second"], "op_seconds": m["op_seconds"]} for m in metrics]
     if args.json:
-        print(json.dumps({"plan": summary, "iterations": iterations,
+        print(json.dumps({"plan": summary, "iterations": iterations, "evaluations": trainer.eval_history,
                           "predicted": {"iteration_seconds": predicted.iteration_seconds() if predicted else None,
                                         "op_seconds": predicted.op_seconds() if predicted else {}},
                           "comparison": comparison.json()}))
         return 0
     _print_rewards(console, metrics)
+    if len(trainer.eval_history) > 1:
+        first, last = trainer.eval_history[0], trainer.eval_history[-1]
+        console.print(f"held-out accuracy (greedy, {first['eval/prompts']} prompts the run never trains on): "
+                      f"{first['eval/accuracy']:.1%} before the first update, {last['eval/accuracy']:.1%} after "
+                      f"{last['iteration']} ({last['eval/accuracy'] - first['eval/accuracy']:+.1%})")
     console.print(comparison_table(comparison))
     console.print(speed_line(comparison))
     return 0

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 from hybridflow.runtime.controller.locations import Location, check_url, is_url, readable
+from hybridflow.runtime.rl.checkpoint_lock import CheckpointLock
+from hybridflow.runtime.rl.checkpoint_manifest import resume_point
 from hybridflow.runtime.rl.checkpoints import latest_name
 from hybridflow.runtime.rl.loggers import close_loggers, open_loggers, parse_logger_names
 from hybridflow.runtime.rl.run_config import CheckpointConfig, ClusterConfig, DataConfig, RunConfig
@@ -35,7 +37,15 @@ from hybridflow.tools.flags import (
     rollout_arg,
     task_arg,
 )
+from hybridflow.tools.preflight.inputs import check_inputs
 from hybridflow.tools.profile_option import plan_with_profile
+from hybridflow.tools.task_options import (
+    add_task_flags,
+    config_overrides,
+    one_sample_group,
+    plan_overrides,
+    resumed_iterations,
+)
 
 PROMPT_SUFFIXES = (".jsonl", ".parquet")
 
@@ -50,14 +60,16 @@ def add_parser(subparsers) -> None:
                     "built-in task the first time (cached in $HFLOW_CACHE or ~/.cache/hybridflow). On a cluster "
                     "(docs/cluster.md) the checkpoint, export and model folders must be on storage every node sees "
                     "(checked at start). Exit code 2: bad input; 3: a worker or node was lost or timed out (with no "
-                    "restart left); 130: interrupted.",
+                    "restart left); 4: the environment failed the run (no space left, a storage error); 130: "
+                    "interrupted; 143: stopped by SIGTERM after saving (--preempt-grace).",
         epilog=examples("hflow-plan run examples/plans/tiny-local.json --profile cpu-2core --metrics run.jsonl "
                         "--timeline run.png",
                         "hflow-plan run plan.json --address auto --checkpoint-dir /shared/ckpt --keep-last 2 --resume "
                         "--max-restarts 2 --call-timeout 1800",
                         "hflow-plan run plan.json --actor ./my-sft-model --export-hf trained"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. from `hflow-plan search --out plan.json`")
-    p.add_argument("--iterations", type=positive_int, default=10, metavar="N", help="iterations to run")
+    p.add_argument("--iterations", type=positive_int, default=10, metavar="N",
+                   help="iterations to run; with --resume the total to reach (--more N: N after the checkpoint)")
     p.add_argument("--address", help="Ray cluster to join ('auto', 'ip:port') (default: a new local cluster)")
     p.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON line of metrics per iteration")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="save a checkpoint here every save_every iterations")
@@ -77,6 +89,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-restarts", type=non_negative_int, metavar="N",
                    help="after a lost worker or node (or a call past --call-timeout), restart the worker groups and "
                         "resume from the last complete checkpoint, at most N times (default: 0)")
+    p.add_argument("--reward-workers", type=non_negative_int, metavar="N",
+                   help="score with the reward and cost functions in N worker processes, in batches (default: 0, on "
+                        "the driver one sample at a time)")
+    p.add_argument("--reward-timeout", type=positive_float, metavar="S",
+                   help="stop a reward or cost function's call on one sample after S seconds (in a worker process: "
+                        "at least one); the run ends naming the sample, unless --reward-timeout-score X")
+    p.add_argument("--reward-timeout-score", type=float, metavar="X",
+                   help="score a sample whose call timed out X instead of ending the run; counted in the metrics "
+                        "(reward/timeouts)")
+    p.add_argument("--preempt-grace", type=positive_float, metavar="S",
+                   help="on SIGTERM (a job scheduler's notice): finish the current step, save a checkpoint and end "
+                        "with exit code 143 within S seconds; past S the step is abandoned and the last checkpoint "
+                        f"stands (default: {ClusterConfig.model_fields['preempt_grace_s'].default:g})")
     p.add_argument("--config", metavar="RUN.yaml", help="the run config: sections data, sampling, optimizer, "
                    "checkpoint, cluster, logging and the RL settings loss, kl, advantage, shaping, lagrange, value_loss "
                    "(docs/rl.md); unset RL settings take the algorithm's defaults")
@@ -105,6 +130,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeline", metavar="FILE.png", help="write the measured timeline as a PNG Gantt chart")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of tables")
     add_profile_arg(p)
+    add_task_flags(p)  # tools/task_options.py: --reward-function, --prompt-len, sampling, optimizer, eval, --more
     p.add_argument("--no-speed-check", action="store_true",
                    help="with --profile: skip re-timing a few of the profile's points at the start (the machine's "
                         "speed now, which scales the predictions shown beside the raw ones)")
@@ -130,9 +156,10 @@ def check_args(args) -> None:
             ckpt = Location(args.checkpoint_dir)
             if ckpt.is_file():
                 raise HflowError(f"--checkpoint-dir {args.checkpoint_dir}: is a file; give a folder")
-            if args.resume and latest_name(ckpt) is None:
-                raise HflowError(f"nothing to resume in {args.checkpoint_dir}: no 'latest' checkpoint; run without "
-                                 "--resume first")
+            if args.resume:  # each checkpoint verified against its manifest, before any worker starts
+                point = resume_point(ckpt, latest_name(ckpt))
+                if point.checkpoint is None:
+                    raise HflowError(point.none_line(ckpt))
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
     for path, flag in ((args.trace, "--trace"), (args.timeline, "--timeline"), (args.metrics, "--metrics")):
@@ -170,15 +197,26 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
 def run_config(args) -> RunConfig:
     """The --config file, then the flags, then each --set: only what they set (every RL setting left
     unset takes the algorithm's default when the run is resolved)."""
-    from hybridflow.simulator.io import load_model_file
-
-    cfg = load_model_file(RunConfig, args.config) if args.config else RunConfig()
+    cfg = RunConfig.load(args.config) if args.config else RunConfig()
     flags = {k: v for k, v in (("data.task", args.task), ("data.prompts_file", args.prompts), ("seed", args.seed),
                                ("checkpoint.keep_last", args.keep_last), ("sampling.rollout", args.rollout),
                                ("cluster.start_timeout_s", args.start_timeout),
                                ("cluster.call_timeout_s", args.call_timeout),
-                               ("cluster.max_restarts", args.max_restarts)) if v is not None}
-    return cfg.with_overrides({**flags, **parse_overrides(args.overrides)})
+                               ("cluster.max_restarts", args.max_restarts),
+                               ("cluster.preempt_grace_s", args.preempt_grace),
+                               ("scoring.workers", args.reward_workers), ("scoring.timeout_s", args.reward_timeout),
+                               ("scoring.timeout_score", args.reward_timeout_score)) if v is not None}
+    return cfg.with_overrides({**flags, **config_overrides(args), **parse_overrides(args.overrides)})
+
+
+def checkpoint_iteration(args) -> int | None:
+    """The iteration of the checkpoint a --resume continues from (None: not resuming, or unknown)."""
+    if not (args.resume and args.checkpoint_dir):
+        return None
+    ckpt = Location(args.checkpoint_dir)
+    point = resume_point(ckpt, latest_name(ckpt)).checkpoint  # the one the resume loads (a broken latest skipped)
+    digits = point.name.rsplit("_", 1)[-1] if point is not None else ""
+    return int(digits) if digits.isdigit() else None
 
 
 def check_export_dir(folder: str | None) -> None:
@@ -197,6 +235,18 @@ def check_export_dir(folder: str | None) -> None:
 
 
 def run(args) -> int:
+    check_args(args)
+    lock = CheckpointLock(args.checkpoint_dir) if args.checkpoint_dir else None
+    with readable(args.checkpoint_dir or "", "--checkpoint-dir"):
+        took_over = lock.acquire() if lock else None  # a second run on the folder ends here, before torch
+    try:
+        return _run(args, took_over)
+    finally:
+        if lock:
+            lock.release()
+
+
+def _run(args, took_over: str | None) -> int:
     from rich.console import Console
 
     from hybridflow.runtime.rl.resolve import resolve_run
@@ -213,10 +263,12 @@ def run(args) -> int:
         run_with_progress,
     )
 
-    check_args(args)
     cfg = run_config(args)
+    iterations = resumed_iterations(args, checkpoint_iteration(args))  # --iterations is the total on --resume
     folders = role_values(args)  # --actor FOLDER … over the plan's
-    plan = resolve_role_paths(Plan.load(args.plan), folders)
+    plan = plan_overrides(Plan.load(args.plan), args)  # --reward-function, --prompt-len, … over the plan's
+    plan = resolve_role_paths(plan, folders)
+    args.profile = args.profile or plan.profile  # priced on the profile `search` priced it on
     if args.mode:
         plan = plan.with_mode(args.mode)
     if args.max_staleness is not None:
@@ -228,7 +280,13 @@ def run(args) -> int:
     plan = resolved.plan
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
+    if took_over:
+        events.say(took_over)
     checks = check_plan(plan, cfg, args.address, events)
+    inputs = check_inputs(plan, resolved.config)  # every prompt row, its tokens, the reward on a row: before torch
+    events.say(inputs.line(plan.workload.prompt_len, resolved.config.data.overlong))
+    if problem := one_sample_group(resolved.config.advantage.estimator, plan.workload.samples_per_prompt, plan.algorithm):
+        events.say(f"warning: {problem}")
     if args.profile:
         events.say(f"pricing the plan on profile '{args.profile}'")
     predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=resolved.config.kl_in_reward)
@@ -251,7 +309,7 @@ def run(args) -> int:
         with events:
             if args.address:
                 join_cluster(args.address, checks, events)
-            metrics = run_with_progress(trainer, args.iterations, args.resume, events)
+            metrics = run_with_progress(trainer, iterations, args.resume, events)
             if args.export_hf:
                 events.say(f"writing the trained models as Hugging Face folders in {args.export_hf}")
                 exported = [str(p) for p in trainer.export_hf()]

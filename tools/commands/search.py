@@ -17,6 +17,7 @@ from hybridflow.tools.flags import add_request_args, modes_arg
 from hybridflow.tools.outputs import rendered_outputs, write_outputs
 from hybridflow.tools.profile_option import request_with_profile
 from hybridflow.tools.search_request import request_from_args, run_search
+from hybridflow.tools.task_options import check_search_task
 
 
 def add_parser(subparsers) -> None:
@@ -35,6 +36,8 @@ def add_parser(subparsers) -> None:
     o.add_argument("--trace", metavar="FILE.json", help="write the best plan's Chrome trace (Perfetto)")
     o.add_argument("--timeline", metavar="FILE.png", help="write the best plan's Gantt chart")
     o.add_argument("--json", action="store_true", help="print one JSON object (see docs/planner.md)")
+    o.add_argument("--debug", action="store_true", help="with an error in your own code (a reward or cost function), "
+                   "also print its traceback")
     md = p.add_argument_group("execution modes (docs/planner.md)")
     md.add_argument("--modes", type=modes_arg, metavar="LIST", help="search these modes side by side: sync, "
                     "one-step-off, async (comma-separated); the plan is the fastest within --max-staleness")
@@ -57,6 +60,7 @@ def run(args) -> int:
     from hybridflow.simulator.schedule.schedule import simulate
 
     _check_outputs(args)
+    warning = check_search_task(args)  # the reward / cost functions importable, a group algorithm given samples
     if args.modes is not None or args.max_staleness:
         from hybridflow.tools.reports.modes import run_modes
 
@@ -66,19 +70,36 @@ def run(args) -> int:
     plans = [scored_to_plan(req, s) for s in result.top]
     best = plans[0]
     timeline = simulate(best, planner.cm)
+    # the plan remembers the profile it was priced on (simulate and run price it the same) and names its
+    # files relative to its own folder (run from anywhere, moved with them)
+    profile = str(Path(args.profile).absolute()) if args.profile and Path(args.profile).is_file() else args.profile
+    written = best.model_copy(update={"profile": profile}) if profile else best
+    written = written.with_paths(Path(args.out).absolute().parent, anchor=False) if args.out else written
 
-    wrote = write_outputs(rendered_outputs(timeline, f"best plan: {req.algorithm}", plan=best, out=args.out,
+    wrote = write_outputs(rendered_outputs(timeline, f"best plan: {req.algorithm}", plan=written, out=args.out,
                                            trace=args.trace, png=args.timeline))
+    if warning:
+        print(warning, file=sys.stderr)
 
+    variants = None
+    if req.lora is not None:  # the same job fully fine-tuned, each on its smallest cluster (planner/lora.py)
+        from hybridflow.planner.lora import compare_lora
+
+        variants = compare_lora(req, planner.cm)
     if args.json:
         baselines = price_baselines(req, planner, result)
-        print(json.dumps({
+        out = {
             "best": plan_summary(best, result.top[0].seconds),
             "top": [plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)],
             "baselines": {name: b.json() for name, b in baselines.items()},
             "search_seconds": result.search_seconds,
             "plans_priced": result.plans_priced,
-        }))
+        }
+        if variants is not None:
+            from hybridflow.tools.reports.lora import lora_json
+
+            out["lora"] = lora_json(variants)
+        print(json.dumps(out))
         return 0
     from rich.console import Console
 
@@ -90,8 +111,18 @@ def run(args) -> int:
     console.print(f"[bold]{req.algorithm}[/] on {req.cluster.nodes}×{req.cluster.devices_per_node} {hw.name}: "
                   f"searched in {result.search_seconds:.2f} s, {result.plans_priced:,} plans priced "
                   f"({result.configs_priced:,} model configs)")
+    if req.workload.response_lengths is not None:
+        console.print(f"response lengths: {req.workload.response_lengths.describe()} (generation under continuous "
+                      "batching, the slowest replica's tail; training on packed tokens; memory for the longest)")
+    if result.best.offload and req.offload == "auto":
+        console.print("no plan fits with every model resident: these plans move idle colocated models' states to "
+                      "host memory and back (onload/offload below; --offload never to refuse)")
     console.print(top_plans_table([plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)]))
     console.print(ops_table(timeline, iteration=0, title="best plan: ops (simulated, iteration 0)"))
     extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
+    if variants is not None:
+        from hybridflow.tools.reports.lora import lora_table
+
+        console.print(lora_table(variants, req.cluster))
     return 0

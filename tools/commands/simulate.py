@@ -64,7 +64,8 @@ def run(args) -> int:
     for path in (args.trace, args.timeline):
         if path and Path(path).is_dir():
             raise HflowError(f"{path}: is a folder; give a file name")
-    plan, cm = plan_with_profile(Plan.load(args.plan), args.profile)
+    plan = Plan.load(args.plan)
+    plan, cm = plan_with_profile(plan, args.profile or plan.profile)  # the profile it was priced on, by default
     timeline = simulate(plan, cm, iterations=args.iterations)
     memory = plan_memory(plan)
 

@@ -13,7 +13,8 @@ from hybridflow.tools.reports.tables import fmt_seconds
 def _layout(cfg: Mapping) -> str:
     backend = f" {cfg['backend']}" if cfg.get("backend", "fsdp") != "fsdp" else ""
     ep = f"-ep{cfg['ep']}" if cfg.get("ep", 1) > 1 else ""  # as ParallelConfig.label writes it
-    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}{ep}{backend}"
+    sp = f"-sp{cfg['sp']}" if cfg.get("sp", 1) > 1 else ""
+    return f"{cfg['pp']}-{cfg['tp']}-{cfg['dp']}{ep}{sp}{backend}"
 
 
 def plan_parallel_text(summary: Mapping) -> str:

@@ -12,6 +12,11 @@ between them with the 3D-HybridEngine reshard:
 
 It is the `native` backend of the rollout interface (rollout.py): `update_weights()` is
 `to_generation()`. Workers (Ray) wrap it; it knows nothing of Ray.
+
+A LoRA trainer (engines/train/lora.py) is switched once in full — its frozen base, resharded as above —
+and the generation engine keeps that base slice of each wrapped layer; every switch after that moves
+only the adapters (whole, gathered over the trainer's ranks: `bytes_received` is their bytes) and merges
+them into the generation weights, W_g = W_base,g + scale·(B·A)_g for this device's generation slice.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class HybridEngine(RolloutEngine):
         self.engine = GenerationEngine(self.model)
         self.engine.clock = trainer.clock  # one phase clock per actor: its generation and training phases
         self.dims = trainer.tp_shard_dims()
+        self.lora = getattr(trainer, "lora", None)
+        self._lora_base: dict[str, torch.Tensor] | None = None  # LoRA: the base's generation slice per wrapped layer
         self.last_stats: ReshardStats | None = None
         self._released: dict[str, int] = {}  # parameter -> storage bytes freed by to_generation
 
@@ -72,6 +79,8 @@ class HybridEngine(RolloutEngine):
             raise HflowError(f"mode '{self.resharder.layout.mode}' cannot rebuild the training weights from the "
                              "generation weights; release_training needs mode 'hybridflow'")
         target = {n: _local(p) for n, p in self.model.named_parameters()}
+        if self.lora is not None:
+            return self._lora_to_generation(target)
         with self.trainer.gathered_tp_shards() as shards:  # under FSDP: all-gather over dp first
             if self.staged is None:
                 _, stats = self.resharder.to_generation(shards, self.dims, out=target)
@@ -86,6 +95,38 @@ class HybridEngine(RolloutEngine):
 
     def update_weights(self) -> int:
         return self.to_generation().bytes_received
+
+    @torch.no_grad()
+    def _lora_to_generation(self, target: dict[str, torch.Tensor]) -> ReshardStats:
+        """The LoRA switch: the base once (resharded in full), then the adapters alone, merged here."""
+        first = None
+        if self._lora_base is None:
+            with self.trainer.base_policy(), self.trainer.gathered_tp_shards() as shards:
+                _, first = self.resharder.to_generation(shards, self.dims, out=target)
+            self._lora_base = {}
+        adapters = self.trainer.adapter_tensors()  # collective: whole A and B on every rank
+        _, k = self.generation_ranks(self.trainer.rank)
+        t_g = self.resharder.layout.t_g
+        received = 0
+        for name, a in adapters.items():
+            if ".lora_A." not in name:
+                continue
+            prefix = name.split(".lora_A.")[0]
+            b = adapters[name.replace(".lora_A.", ".lora_B.")]
+            received += a.numel() * a.element_size() + b.numel() * b.element_size()
+            weight = prefix + ".weight"
+            dim = self.dims.get(weight) if t_g > 1 else None
+            if dim == 0:  # column-wise: this slice's rows of B·A
+                b = b.chunk(t_g, 0)[k]
+            elif dim == 1:  # row-wise: its columns
+                a = a.chunk(t_g, 1)[k]
+            base = self._lora_base.setdefault(weight, target[weight].clone())
+            target[weight].copy_((base.float() + self.lora.scale * (b.float() @ a.float())).to(base.dtype))
+        stats = first or ReshardStats(mode=self.resharder.layout.mode)
+        stats.bytes_received = received if first is None else first.bytes_received + received
+        stats.lora_adapter_bytes = received
+        self.last_stats = stats
+        return stats
 
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:

@@ -153,6 +153,7 @@ class ReshardStats:
     replicated_bytes: int = 0  # p > 1: the stages' replicated parameters (norms), not in M
     seconds: float = 0.0
     per_param: dict[str, int] = field(default_factory=dict)
+    lora_adapter_bytes: int = 0  # HybridEngine under LoRA: the adapters this switch moved (after the first, all it moved)
 
 
 class Resharder:

@@ -26,6 +26,12 @@ after every reload (its blocks were computed with the old weights). The engine s
 `load_format="dummy"` when built on a trainer: the first update_weights (before any generate)
 brings the real weights, so the folder's are not read twice.
 
+**LoRA.** A LoRA trainer (engines/train/lora.py) gets vLLM's LoRA adapter API (the plan's
+`lora_rollout()`: "adapter"): the engine starts with `enable_lora`, the first update_weights loads the
+frozen base under the plain names, and every update writes the adapters in peft's format to a folder of
+this rank's and hands it over as a fresh `LoRARequest`, which every generate then applies: after the
+first sync only the adapters move. (Not run here: vLLM is not installed on this machine.)
+
 **Log-probs.** vLLM is asked for `processed_logprobs` (after temperature): with top-k/top-p off
 they equal the native engine's log_softmax(logits / T); with top-k/top-p vLLM renormalises over
 the kept tokens, which the native engine does not. Training never reads them: the old log-probs
@@ -120,6 +126,10 @@ class VllmRollout(RolloutEngine):
             llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         if trainer is not None:
             llm_kwargs.setdefault("load_format", "dummy")
+        self.lora = getattr(trainer, "lora", None)  # a LoRA actor: vLLM's adapter API (see the module docstring)
+        self._lora_request, self._lora_version, self._lora_dir, self._base_loaded = None, 0, None, False
+        if self.lora is not None:
+            llm_kwargs.update(enable_lora=True, max_lora_rank=self.lora.rank, max_loras=1)
         self.llm = vllm.LLM(
             model=str(model_dir), skip_tokenizer_init=True, tensor_parallel_size=self.tp,
             dtype=dtype or ("auto" if torch.cuda.is_available() else "float32"),  # vLLM-CPU would pick bf16
@@ -154,10 +164,37 @@ class VllmRollout(RolloutEngine):
         if self.trainer is None:
             raise HflowError("this VllmRollout has no trainer to take weights from; pass trainer= or call "
                              "load_weights(weights)")
+        if self.lora is not None:
+            return self._update_adapters()
         full = self.trainer.full_state_dict()  # collective: every rank of the actor's group
         received = sum(t.numel() * t.element_size() for t in full.values()) - _local_bytes(self.trainer.model)
         self.load_weights(full)
         return max(received, 0)
+
+    def _update_adapters(self) -> int:
+        """LoRA: the frozen base once (plain names), then the adapters as a new LoRARequest (peft's folder)."""
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from hybridflow.runtime.models.hf_export import lora_targets
+        from hybridflow.runtime.models.lora_files import is_adapter, plain_name, save_peft_adapter
+
+        received = 0
+        if not self._base_loaded:
+            full = self.trainer.full_state_dict()  # collective
+            self.load_weights({plain_name(n): t for n, t in full.items() if not is_adapter(n)})
+            received += sum(t.numel() * t.element_size() for n, t in full.items() if not is_adapter(n))
+            self._base_loaded = True
+        adapters = self.trainer.adapter_tensors()  # collective: whole A and B on every rank
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="hflow-vllm-lora-")
+        self._lora_version += 1
+        folder = save_peft_adapter(Path(self._lora_dir.name) / f"v{self._lora_version}", adapters, self.lora,
+                                   lora_targets(self.trainer), None)
+        self._lora_request = LoRARequest(f"actor-v{self._lora_version}", self._lora_version, str(folder))
+        self.llm.reset_prefix_cache()
+        return received + sum(t.numel() * t.element_size() for t in adapters.values())
 
     def generation_ranks(self, rank: int) -> tuple[int, int]:
         return rank // self.tp, rank % self.tp
@@ -206,7 +243,8 @@ class VllmRollout(RolloutEngine):
                  if generator is not None else [None] * b)
         prompts = [{"prompt_token_ids": row[m.bool()].tolist()}
                    for row, m in zip(prompt_ids.cpu(), mask.cpu(), strict=True)]
-        outs = self.llm.generate(prompts, [self._vllm_params(params, s) for s in seeds], use_tqdm=False)
+        extra = {"lora_request": self._lora_request} if self._lora_request is not None else {}
+        outs = self.llm.generate(prompts, [self._vllm_params(params, s) for s in seeds], use_tqdm=False, **extra)
         response = torch.full((b, r), params.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros(b, r, dtype=torch.float32)
         resp_mask = torch.zeros(b, r, dtype=torch.long)

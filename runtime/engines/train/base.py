@@ -147,9 +147,9 @@ class TrainEngine(ABC):
 
     # ---- the learning-rate schedule --------------------------------------------------------------
     def learning_rate(self) -> float:
-        """This step's learning rate: linear warm-up over `warmup_steps`, then constant."""
-        oc = self.optim_config
-        return oc.lr * min(1.0, (self.step + 1) / oc.warmup_steps) if oc.warmup_steps else oc.lr
+        """This step's learning rate: linear warm-up over `warmup_steps`, then the config's schedule
+        (constant, or linear / cosine decay: OptimConfig.lr_at)."""
+        return self.optim_config.lr_at(self.step)
 
     def _set_lr(self) -> float:
         lr = self.learning_rate()
@@ -240,9 +240,17 @@ TRAIN_ENGINES = Registry("training backend", {"fsdp": "hybridflow.runtime.engine
 
 
 def build_train_engine(model: torch.nn.Module, parallel: ParallelConfig | None, *, optim: OptimConfig | None = None,
-                       micro_batch_size: int | None = None, temperature: float = 1.0) -> TrainEngine:
-    """The engine of `parallel.backend` (FSDP2 without a config) for `model`."""
+                       micro_batch_size: int | None = None, temperature: float = 1.0, lora=None,
+                       lora_seed: int = 0) -> TrainEngine:
+    """The engine of `parallel.backend` (FSDP2 without a config) for `model`; `lora` (a LoraConfig): train
+    adapters on the frozen model (the FSDP engine only: megatron-core 0.16 has no LoRA of its own)."""
     backend = parallel.backend if parallel is not None else "fsdp"
+    extra = {}
+    if lora is not None:
+        if backend != "fsdp":
+            raise HflowError(f"LoRA trains on the fsdp backend only (megatron-core 0.16 has no LoRA of its own); "
+                             f"set train.backend: fsdp, not {backend}")
+        extra = {"lora": lora, "lora_seed": lora_seed}
     return TRAIN_ENGINES.get(backend)(model, parallel, optim=optim, micro_batch_size=micro_batch_size,
-                                       temperature=temperature)
+                                       temperature=temperature, **extra)
 

@@ -64,7 +64,7 @@ def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_l
         elapsed = time.monotonic() - t0
         msg = str(err.value)
         assert "worker 'actor' rank 1 of group 'victim' on node 0" in msg and "during 'wait_in_all_reduce'" in msg
-        assert "exited with no error of its own" in msg and "out-of-memory killer" in msg and "\n" not in msg
+        assert "was killed by a signal" in msg and "\n" not in msg  # no OOM record for it: stated as a signal
         assert f"pid {pids[1]}" in msg and "shut down 2 worker group(s)" in msg
         assert elapsed < 20, elapsed
         assert not victim.alive and not bystander.alive

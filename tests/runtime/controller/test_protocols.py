@@ -64,6 +64,18 @@ def test_dp_collects_tp0_of_last_stage_in_dp_order():
     assert [p.rank_coords(r) for r in ranks] == [(1, 0, 0), (1, 1, 0), (1, 2, 0)]
 
 
+@pytest.mark.parametrize("n", [8, 5])
+def test_dp_gives_the_ranks_of_a_sequence_parallel_group_the_same_shard(n):
+    """sp = 2 of dp = 4 (tp 2): dp/sp = 2 shards, each on both dp ranks of its sp group; one rank per group collected."""
+    p = ParallelConfig(tp=2, dp=4, sp=2)
+    back, outs = simulate("DP_COMPUTE", p, batch(n))
+    assert back.equals(batch(n))
+    groups = [[q for q in range(p.world_size) if p.rank_coords(q)[1] // 2 == g] for g in range(2)]
+    assert all(outs[q].equals(outs[grp[0]]) for grp in groups for q in grp)
+    assert not outs[groups[0][0]].equals(outs[groups[1][0]]) and len(outs[0]) == -(-n // 2)
+    assert [p.rank_coords(r) for r in get_protocol("DP_COMPUTE").collect_ranks(p)] == [(0, 0, 0), (0, 2, 0)]
+
+
 def test_dp_splits_tensors_and_lists_and_broadcasts_the_rest():
     p = ParallelConfig(dp=2)
     per_rank, info = split_call(get_protocol("DP_COMPUTE"), p, (torch.arange(5), [1, 2, 3, 4, 5]), {"scale": 2.0})

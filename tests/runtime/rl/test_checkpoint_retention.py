@@ -11,6 +11,7 @@ import secrets
 import pytest
 
 from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.rl.checkpoint_manifest import write_manifest
 from hybridflow.runtime.rl.checkpoints import prune_checkpoints
 
 
@@ -25,6 +26,7 @@ def make(folder, name, complete=True):
     (folder / name / "actor" / "shard").write("x")
     if complete:
         (folder / name / "driver.json").write("{}")
+        write_manifest(folder / name)
 
 
 def names(folder):

@@ -86,7 +86,7 @@ def test_prompts_from_jsonl(tmp_path):
     with pytest.raises(HflowError, match="line 2 is not JSON"):
         PromptDataset.from_file(f)
     f.write_text('{"question": "x"}\n')
-    with pytest.raises(HflowError, match="row 1 has no 'prompt' field"):
+    with pytest.raises(HflowError, match="line 1 has no 'prompt' \\(columns: question\\)"):
         PromptDataset.from_file(f)
     with pytest.raises(HflowError, match="no such prompt file or folder"):
         PromptDataset.from_file(tmp_path / "missing.jsonl")

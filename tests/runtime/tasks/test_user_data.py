@@ -70,7 +70,7 @@ def test_bad_prompts_are_one_line(tmp_path):
     with pytest.raises(HflowError, match="line 2 is a JSON list, not an object"):
         PromptDataset.from_file(f)
     f.write_text('{"prompt": "ok"}\n{"prompt": {"role": "user"}}\n')
-    with pytest.raises(HflowError, match=f"{f}: row 2: 'prompt' must be text"):
+    with pytest.raises(HflowError, match=f"{f}: 1 of 2 row\\(s\\) unusable — line 2: 'prompt' must be text"):
         PromptDataset.from_file(f)
 
 

@@ -63,4 +63,5 @@ def test_plan_carries_train_backend_and_refuses_it_on_generation():
     with pytest.raises(ValueError, match="train.backend"):
         type(plan).model_validate(data)
     with pytest.raises(ValueError, match="backend"):
-        ParallelConfig(backend="deepspeed")
+        ParallelConfig(backend="tensorflow")
+    assert ParallelConfig(backend="deepspeed").generation_layout().backend == "fsdp"  # priced for baselines only

@@ -119,7 +119,7 @@ def test_a_url_checkpoint_dir_is_read_through_fsspec(tmp_path, capsys):
     # file:// is read as a URL (fsspec), not as a relative folder named "file:"
     url = f"file://{tmp_path}/ckpt"
     assert main(["run", "p.json", "--checkpoint-dir", url, "--resume"]) == 2
-    assert f"nothing to resume in {url}: no 'latest'" in capsys.readouterr().err
+    assert f"nothing to resume in {url}: no complete checkpoint" in capsys.readouterr().err
     (tmp_path / "ckpt").write_text("")
     assert main(["run", "p.json", "--checkpoint-dir", url]) == 2
     assert "is a file; give a folder" in capsys.readouterr().err

@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from rl_util import policy_folder, tiny_plan  # noqa: E402
@@ -38,11 +37,14 @@ def folder(tmp_path_factory):
 
 
 def _plan_paths(plan_file) -> dict:
-    return {r: rp["path"] for r, rp in json.loads(Path(plan_file).read_text())["roles"].items()}
+    """Each role's folder as a run reads the plan: written relative to the plan's folder, read against it."""
+    from hybridflow.simulator.vocabulary.plan import Plan
+
+    return {r: rp.path for r, rp in Plan.load(plan_file).roles.items()}
 
 
 def test_search_records_each_folder_in_the_plan(tmp_path, folder, monkeypatch):
-    monkeypatch.chdir(folder.parent)  # a relative folder is recorded absolute
+    monkeypatch.chdir(folder.parent)  # a folder given relative to here is recorded relative to the plan's
     assert main([*SEARCH, "--model", "policy", "--out", str(tmp_path / "a.json"), "--json"]) == 0
     assert _plan_paths(tmp_path / "a.json") == {"actor": str(folder), "ref": str(folder)}
     # A preset records no path; a role given as a folder records its own.

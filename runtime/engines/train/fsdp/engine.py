@@ -28,6 +28,15 @@ They are those of softmax(logits / temperature): a policy sampled at temperature
 distribution it was sampled from. `score_width=R` says only the last R columns (the responses) are
 read: the LM head and the log-softmax then run from the first position any row needs (as TRL's
 `logits_to_keep`), and the columns before hold 0. The engine knows nothing of Ray; workers wrap it.
+
+LoRA (`lora=`, engines/train/lora.py): peft's adapters are injected before the model is sharded, only they
+(and a critic's scalar head) train and reach the optimizer; `base_policy()` switches them off (a LoRA
+actor's reference log-probs). The tensor-parallel shards the 3D-HybridEngine reads are the merged weights
+under the plain model's names (`gathered_tp_shards`), so generation runs the plain decoder.
+
+Ulysses sequence parallelism (`parallel.sp > 1`, ulysses.py): each micro-batch's sequence is split over the
+rank's sp group (which holds the same rows), attention exchanges heads for sequence by all-to-all, the
+per-token outputs are gathered along the sequence, and the backward is scaled by sp: the step is sp = 1's.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
     micro_batch_rows,
     share_prompts,
 )
+from hybridflow.runtime.engines.train.fsdp.ulysses import SequenceSplit, apply_ulysses, check_sp, new_sp_group
 from hybridflow.runtime.engines.train.logits import (
     entropy_of,
     first_scored_logit,
@@ -74,10 +84,13 @@ from hybridflow.runtime.engines.train.logits import (
     token_entropy,
     token_log_probs,
 )
+from hybridflow.runtime.engines.train.lora import adapters_disabled, apply_lora
 from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import inverse_order, pack
+from hybridflow.runtime.models.lora_files import is_adapter, merged_state, plain_name
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.execution import shares_prompts
+from hybridflow.simulator.vocabulary.lora import LoraConfig
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
 # FSDP2 warns that the root returns a view; the engine never modifies outputs in place.
@@ -96,19 +109,38 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
 
     def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
                  optim: OptimConfig | None = None, micro_batch_size: int | None = None,
-                 mixed_precision: bool | None = None, temperature: float = 1.0):
+                 mixed_precision: bool | None = None, temperature: float = 1.0, lora: LoraConfig | None = None,
+                 lora_seed: int = 0):
         super().__init__(parallel, optim, micro_batch_size, temperature)
         self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
+        self.lora = lora
+        self._adapters_off = False  # inside base_policy()
+        if lora is not None:
+            if self.parallel.pp > 1:
+                raise HflowError(f"LoRA trains with pp=1 on this runtime (got {self.parallel}); use tp·dp")
+            model = apply_lora(model, lora, lora_seed)
         self.prompt_sharing = True  # one forward per prompt group (shared_prompts.py) where the batch allows
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.mesh = None
         self.pipeline = None  # pipeline.PipelineRunner when pp > 1
+        self.sequence_split = None  # ulysses.SequenceSplit when sp > 1
         if self.distributed:
             self.mesh = build_mesh(self.parallel)
             if self.mesh.device_type == "cuda":  # the worker has set this process's device
                 model = model.to(torch.device("cuda", torch.cuda.current_device()))
             if self.parallel.pp > 1:  # keep this rank's stage; pipeline.py runs the schedule
                 model = split_stage(model, self.mesh["pp"].get_local_rank(), self.parallel.pp)
+            if lora is not None and resolve_mixed_precision(self.mesh, mixed_precision):
+                # bf16 compute: the frozen base is kept in bf16 too (no fp32 master: it never steps), the
+                # adapters in fp32 with their Adam states — the memory model's LoRA (simulator/pricing/memory.py)
+                for p in model.parameters():
+                    if not p.requires_grad:
+                        p.data = p.data.to(torch.bfloat16)
+            if self.parallel.sp > 1:  # Ulysses: each sequence split over sp dp ranks (ulysses.py)
+                check_sp(model, self.parallel)
+                group = new_sp_group(self.parallel)
+                self.sequence_split = SequenceSplit(group)
+                apply_ulysses(model, group)
             model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
         elif self.parallel.world_size > 1:
             raise HflowError(f"parallel config {self.parallel} needs an initialised torch.distributed group; "
@@ -122,7 +154,7 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         oc = self.optim_config
         # Two groups: foreach kernels cannot mix DTensor (TP, FSDP) and plain parameters. The plain ones
         # take the fused kernel (one pass over each tensor; several times faster than foreach on CPU).
-        params = list(model.parameters())
+        params = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
         groups = [{"params": g, **kernel} for g, kernel in (
             ([p for p in params if isinstance(p, DTensor)], {"foreach": True}),
             ([p for p in params if not isinstance(p, DTensor)], {"fused": True})) if g]
@@ -170,6 +202,9 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
         mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
+        if self.sequence_split is not None:
+            return self.sequence_split.forward(self.model, ids, mask, pos, lm=self.is_lm, tempered=self.tempered,
+                                               entropy=entropy, score_width=score_width, clock=self.clock)
         if self._shares_prompts(score_width, ids.shape[1]) and mask is not None and \
                 (shared := share_prompts(ids, mask, pos, ids.shape[1] - score_width)) is not None:
             return self._forward_shared(shared, entropy)
@@ -283,7 +318,8 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
             sums["nonfinite_loss"] = max(sums["nonfinite_loss"], float(not torch.isfinite(loss)))
             # every rank backs up every micro-batch: FSDP's collectives stay matched
             with self.clock.span("backward"):
-                (loss * weight).backward()
+                # sp > 1: FSDP averages over all dp ranks, sp of which computed each sequence between them
+                (loss * (weight * (self.sequence_split.grad_scale if self.sequence_split else 1))).backward()
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
@@ -302,26 +338,57 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
                 self.optimizer.step()
         return norm
 
+    @contextmanager
+    def base_policy(self) -> Iterator[None]:
+        """The frozen base model inside the `with` (LoRA: adapters off); without LoRA, the model itself."""
+        if self.lora is None:
+            yield
+            return
+        with adapters_disabled(self.model):
+            self._adapters_off = True
+            try:
+                yield
+            finally:
+                self._adapters_off = False
+
+    @torch.no_grad()
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """Every adapter's whole tensor (gathered over dp and tp: a collective on every rank), our names."""
+        return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+                for n, p in self.model.named_parameters() if is_adapter(n)}
+
     # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------
     def tp_shard_dims(self) -> dict[str, int | None]:
-        """For each parameter, the dimension split over tensor parallelism (None: replicated)."""
-        return {n: tp_shard_dim(p) for n, p in self.model.named_parameters()}
+        """For each parameter, the dimension split over tensor parallelism (None: replicated); under LoRA,
+        of the plain model's weights (a wrapped layer's as its base layer's)."""
+        dims = {n: tp_shard_dim(p) for n, p in self.model.named_parameters()}
+        return dims if self.lora is None else {plain_name(n): d for n, d in dims.items() if not is_adapter(n)}
 
     @contextmanager
     def gathered_tp_shards(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's tensor-parallel shard of every parameter, gathered over dp under FSDP; valid
         inside the `with` only. FSDP2's own unshard moves each FSDP unit (a decoder layer, the root)
         in one all-gather, all units in flight at once: a collective per parameter instead is latency-
-        bound on gloo (tiny model, dp 2: ~40 all-gathers, 71 ms, vs 5 in 19 ms)."""
+        bound on gloo (tiny model, dp 2: ~40 all-gathers, 71 ms, vs 5 in 19 ms). Under LoRA: the merged
+        weights W + scale·B·A under the plain model's names (new tensors; B's or A's local slice is the shard's),
+        or inside base_policy() the frozen base's."""
+        def view():
+            shards = {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+            if self.lora is None:
+                return shards
+            if self._adapters_off:  # base_policy(): the frozen weights themselves
+                return {plain_name(n): t for n, t in shards.items() if not is_adapter(n)}
+            return merged_state(shards, self.lora)
+
         with torch.no_grad():
             if not self._fsdp_units:
-                yield {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+                yield view()
                 return
             handles = [unit.unshard(async_op=True) for unit in self._fsdp_units]
             try:
                 for h in handles:
                     h.wait()
-                yield {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
+                yield view()
             finally:
                 for unit in self._fsdp_units:
                     unit.reshard()
@@ -340,6 +407,8 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
     @torch.no_grad()
     def release_weights(self, held_elsewhere: set[str]) -> dict[str, int]:
         freed = {}
+        if self.lora is not None:  # the generation weights are merged, not the frozen base: keep it
+            return freed
         for n, p in self.model.named_parameters():
             if n in held_elsewhere:  # a slice of the generation weights
                 storage = _storage(p)

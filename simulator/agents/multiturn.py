@@ -1,0 +1,121 @@
+"""The price of a multi-turn rollout: conversations of several model turns with tool calls between them.
+
+What it costs (runtime/agents/conversation.py is what runs): each model turn is a `generate` call over
+the batch of conversations ready at that moment, re-prefilling each one's whole context (the native
+engine keeps no cache between calls; an engine with prefix caching re-prefills only the new turn:
+`prefix_cache`), then decoding the turn's tokens; each tool call takes its latency on one of
+`tool_workers` threads. In lockstep (`overlap` False) every turn waits for all of the previous turn's
+tools; with overlap the engine decodes whichever conversations are ready while the others wait on tools.
+
+The inputs are distributions, as measured: turns per conversation, generated tokens per turn (overall
+or per turn index), tokens a
+tool turn appends, tool latency (a probe on the user's tools: runtime/agents/probe.py) and the cost of
+one `generate` call as a linear model of its work (`DecodeCost`, fitted to timed calls). The iteration's
+rollout seconds are the mean of an event simulation of that policy over `draws` random draws.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
+
+
+class DecodeCost(BaseModel):
+    """Seconds of one generate call over `rows` conversations: fixed + per_step·steps +
+    per_row_step·rows·steps + per_prefill_token·(tokens re-prefilled)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fixed: NonNegativeFloat = 0.0
+    per_step: NonNegativeFloat = 0.0
+    per_row_step: NonNegativeFloat = 0.0
+    per_prefill_token: NonNegativeFloat = 0.0
+
+    def seconds(self, rows: int, steps: int, prefill_tokens: int) -> float:
+        return self.fixed + self.per_step * steps + self.per_row_step * rows * steps + \
+            self.per_prefill_token * prefill_tokens
+
+
+class MultiTurnWorkload(BaseModel):
+    """Distributions as lists of observed values (drawn uniformly): turns per conversation, tokens per
+    model turn, tokens per tool turn, tool seconds per call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversations: PositiveInt
+    prompt_tokens: PositiveInt
+    turns: list[PositiveInt] = Field(min_length=1)
+    turn_tokens: list[PositiveInt] = Field(min_length=1)
+    tool_turn_tokens: list[PositiveInt] = Field(min_length=1)
+    tool_seconds: list[NonNegativeFloat] = Field(min_length=1)
+    # per turn index (the k-th list for the k-th model turn, the last for later ones): a model's first
+    # turn (a tool call) and its last (an answer) differ in length; None: `turn_tokens` for every turn
+    turn_tokens_by_turn: list[list[PositiveInt]] | None = None
+    tool_workers: PositiveInt = 4
+    overlap: bool = True
+    prefix_cache: bool = False
+
+
+@dataclass
+class _Conv:
+    turns: int
+    context: int
+    done_turns: int = 0
+    new_context: int = 0  # tokens since the last prefill (what a prefix cache would re-prefill)
+
+
+def _turn_lengths(w: MultiTurnWorkload, turn: int) -> list[int]:
+    if not w.turn_tokens_by_turn:
+        return w.turn_tokens
+    return w.turn_tokens_by_turn[min(turn, len(w.turn_tokens_by_turn) - 1)]
+
+
+def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> float:
+    """Seconds of one multi-turn rollout under the runner's policy, for one random draw."""
+    rng = random.Random(seed)
+    convs = [_Conv(rng.choice(w.turns), w.prompt_tokens, new_context=w.prompt_tokens) for _ in range(w.conversations)]
+    now = 0.0
+    ready = set(range(len(convs)))
+    tools: list[tuple[float, int]] = []  # (finish time, conversation): running tool calls
+    queue: list[int] = []  # waiting for a tool worker
+    workers_free = w.tool_workers
+
+    def start_tools(t: float):
+        nonlocal workers_free
+        while queue and workers_free:
+            workers_free -= 1
+            heapq.heappush(tools, (t + rng.choice(w.tool_seconds), queue.pop(0)))
+
+    while ready or tools or queue:
+        if ready and (w.overlap or not (tools or queue)):
+            batch = sorted(ready)
+            ready.clear()
+            gen = {i: rng.choice(_turn_lengths(w, convs[i].done_turns)) for i in batch}
+            prefill = sum(convs[i].new_context if w.prefix_cache else convs[i].context for i in batch)
+            now += cost.seconds(len(batch), max(gen.values()), prefill)
+            for i in batch:
+                c = convs[i]
+                c.context += gen[i]
+                c.new_context = gen[i]
+                c.done_turns += 1
+                if c.done_turns < c.turns:
+                    queue.append(i)
+            start_tools(now)
+            continue
+        t, i = heapq.heappop(tools)
+        now = max(now, t)
+        workers_free += 1
+        extra = rng.choice(w.tool_turn_tokens)
+        convs[i].context += extra
+        convs[i].new_context += extra
+        ready.add(i)
+        start_tools(now)
+    return now
+
+
+def price_rollout(w: MultiTurnWorkload, cost: DecodeCost, draws: int = 20, seed: int = 0) -> float:
+    """Mean seconds of a multi-turn rollout over `draws` draws of its distributions."""
+    return sum(simulate_rollout(w, cost, seed + k) for k in range(draws)) / draws

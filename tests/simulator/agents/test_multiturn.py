@@ -1,0 +1,52 @@
+"""The multi-turn rollout price (simulator/agents/multiturn.py) against hand computations of the runner's
+policy: lockstep waits for every tool before the next turn, overlap decodes a conversation as soon as
+its tool returns, a prefix cache re-prefills only the new tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.simulator.agents.multiturn import (
+    DecodeCost,
+    MultiTurnWorkload,
+    price_rollout,
+    simulate_rollout,
+)
+
+COST = DecodeCost(fixed=0.1, per_step=0.01, per_row_step=0.0, per_prefill_token=0.001)
+
+
+def workload(**kw) -> MultiTurnWorkload:
+    base = dict(conversations=2, prompt_tokens=20, turns=[2], turn_tokens=[10], tool_turn_tokens=[5],
+                tool_seconds=[1.0], tool_workers=2, overlap=False)
+    return MultiTurnWorkload(**(base | kw))
+
+
+def test_lockstep_by_hand():
+    # decode 1: 0.1 + 10·0.01 + 40·0.001 = 0.24; tools 1.0 in parallel; decode 2: 0.2 + 2·35·0.001 = 0.27
+    assert simulate_rollout(workload(), COST) == pytest.approx(0.24 + 1.0 + 0.27)
+
+
+def test_overlap_with_one_tool_worker_by_hand():
+    # tools run one after the other (0.24→1.24, 1.24→2.24); each conversation decodes when its tool returns
+    assert simulate_rollout(workload(tool_workers=1, overlap=True), COST) == pytest.approx(2.24 + 0.235)
+    assert simulate_rollout(workload(tool_workers=1, overlap=False), COST) == pytest.approx(2.24 + 0.27)
+
+
+def test_prefix_cache_reprefills_only_new_tokens():
+    # decode 2 re-prefills 10 generated + 5 appended tokens per conversation instead of 35
+    assert simulate_rollout(workload(prefix_cache=True), COST) == pytest.approx(0.24 + 1.0 + 0.2 + 0.03)
+
+
+def test_turn_lengths_by_turn_index():
+    # turn 1 decodes 10 tokens, turn 2 only 2: decode 2 is 0.1 + 2·0.01 + 2·(20 + 10 + 5)·0.001 = 0.19
+    w = workload(turn_tokens=[99], turn_tokens_by_turn=[[10], [2]])
+    assert simulate_rollout(w, COST) == pytest.approx(0.24 + 1.0 + 0.19)
+
+
+def test_single_turn_has_no_tool_time_and_price_is_a_mean():
+    assert simulate_rollout(workload(turns=[1]), COST) == pytest.approx(0.24)
+    w = workload(tool_seconds=[0.0, 2.0], turns=[1, 3])
+    draws = [simulate_rollout(w, COST, seed=k) for k in range(5)]
+    assert price_rollout(w, COST, draws=5) == pytest.approx(sum(draws) / 5)
+    assert len(set(draws)) > 1
