@@ -54,7 +54,7 @@ def memory_bytes() -> float:
 
 
 # ---- the measurements (run inside the process group) ------------------------------------------
-def _best(fn, repeats: int) -> float:
+def _median(fn, repeats: int) -> float:
     """Median seconds of `fn` over `repeats` (after one warm-up)."""
     fn()
     times = []
@@ -67,6 +67,21 @@ def _best(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _best(fn, repeats: int) -> float:
+    """Least seconds of `fn` over `repeats` (after one warm-up): what the device does when nothing else
+    runs on its core for those milliseconds. A median over a few milliseconds catches whatever else the
+    machine did then (the calling process starting Ray, a logger thread) and read 2x slow from run to run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def probe_rank(rank: int, world: int, repeats: int) -> dict:
     dev = local_device()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -74,11 +89,11 @@ def probe_rank(rank: int, world: int, repeats: int) -> dict:
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     # every rank computes at once: what each virtual device gets when they all work
     dist.barrier()
-    mm = _best(lambda: torch.mm(a, b), repeats)
+    mm = _best(lambda: torch.mm(a, b), 4 * repeats)
     src = torch.ones(COPY_BYTES // 4, device=dev)
     dst = torch.empty_like(src)
     dist.barrier()
-    cp = _best(lambda: dst.copy_(src), repeats)
+    cp = _best(lambda: dst.copy_(src), 4 * repeats)
     small, large = torch.ones(SMALL // 4, device=dev), torch.ones(LARGE // 4, device=dev)
 
     def allreduce(t):
@@ -87,9 +102,9 @@ def probe_rank(rank: int, world: int, repeats: int) -> dict:
             dist.all_reduce(t)
         return run
 
-    lat_barrier = _best(dist.barrier, repeats)
-    lat = max(_best(allreduce(small), repeats) - lat_barrier, 1e-7)
-    big = max(_best(allreduce(large), repeats) - lat_barrier, 1e-7)
+    lat_barrier = _median(dist.barrier, repeats)
+    lat = max(_median(allreduce(small), repeats) - lat_barrier, 1e-7)
+    big = max(_median(allreduce(large), repeats) - lat_barrier, 1e-7)
     return {"matmul_n": n, "matmul_s": mm, "copy_s": cp, "allreduce_small_s": lat, "allreduce_large_s": big,
             "elem_bytes": src.element_size()}
 
@@ -142,7 +157,7 @@ def quick_matmul_flops(repeats: int = 5) -> float:
     try:
         n = MATMUL_N
         a, b = torch.randn(n, n), torch.randn(n, n)
-        return 2.0 * n ** 3 / _best(lambda: torch.mm(a, b), repeats)
+        return 2.0 * n ** 3 / _best(lambda: torch.mm(a, b), 4 * repeats)
     finally:
         torch.set_num_threads(threads)
 
