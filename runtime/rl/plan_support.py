@@ -60,8 +60,8 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
                          "the generate layout pp=1")
     lora_roles = [r for r, rp in plan.roles.items() if rp.lora is not None]
     if lora_roles and importlib.util.find_spec("peft") is None:  # torch-free: the spec, not the import
-        raise HflowError(f"role '{lora_roles[0]}' trains LoRA adapters, which need peft: pip install -e '.[lora]' "
-                         "(or drop lora)")
+        raise HflowError(f"role '{lora_roles[0]}' trains LoRA adapters, which need peft: pip install -e "
+                         "'.[runtime]' (peft comes with it), or drop lora")
     if separate and actor.lora is not None:
         raise HflowError("a LoRA actor generates on its training devices on this runtime (the native engine merges "
                          "the adapters there, vLLM takes them through its LoRA API); drop the actor's generate_group "

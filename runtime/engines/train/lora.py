@@ -45,7 +45,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, seed: int = 0) -> nn.Module:
     try:
         from peft import inject_adapter_in_model
     except ImportError:
-        raise HflowError("LoRA needs peft: pip install -e '.[lora]'") from None
+        raise HflowError("LoRA needs peft: pip install -e '.[runtime]' (peft comes with it)") from None
 
     cfg = peft_lora_config(lora, model.config.family)
     with torch.random.fork_rng(devices=[]):
