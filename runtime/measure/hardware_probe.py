@@ -54,8 +54,8 @@ def memory_bytes() -> float:
 
 
 # ---- the measurements (run inside the process group) ------------------------------------------
-def _median(fn, repeats: int) -> float:
-    """Median seconds of `fn` over `repeats` (after one warm-up)."""
+def _times(fn, repeats: int) -> list[float]:
+    """Seconds of `fn` over `repeats` calls (after one warm-up)."""
     fn()
     times = []
     for _ in range(repeats):
@@ -64,22 +64,18 @@ def _median(fn, repeats: int) -> float:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def _median(fn, repeats: int) -> float:
+    return statistics.median(_times(fn, repeats))
 
 
 def _best(fn, repeats: int) -> float:
-    """Least seconds of `fn` over `repeats` (after one warm-up): what the device does when nothing else
-    runs on its core for those milliseconds. A median over a few milliseconds catches whatever else the
-    machine did then (the calling process starting Ray, a logger thread) and read 2x slow from run to run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    """The least seconds: what the device does when nothing else runs on its core for those milliseconds.
+    A median over a few milliseconds catches whatever else the machine did then (the calling process
+    starting up, a logger thread) and read 2x slow from run to run."""
+    return min(_times(fn, repeats))
 
 
 def probe_rank(rank: int, world: int, repeats: int) -> dict:
