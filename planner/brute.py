@@ -84,8 +84,7 @@ def all_plans(req: SearchRequest, cost_model, rollout: Rollout = Rollout(), offl
     extra = ((ROLLOUT,),) if rollout.separate else ()
     roles = req.roles + ((ROLLOUT,) if rollout.separate else ())
     for placement in (p + extra for p in set_partitions(req.roles)):
-        graph, gaps, moves = ref.placement_graph(placement, ref.lanes(placement))
-        lane_of = graph.graph.get("lane_of") or ref.lanes(placement)
+        graph, lane_of, gaps, moves = ref.placement_graph(placement, ref.lanes(placement))
         big_lanes = ref.pipeline_lanes(lane_of)
         for counts in allocations([1] * len(placement), req.cluster):
             share = ref.node_share(counts)

@@ -135,9 +135,7 @@ class Planner:
 
     # ---- one allocation ---------------------------------------------------------------------------
     def price_allocation(self, placement: Placement, counts: tuple[int, ...], lane_of: dict, top: _TopK) -> None:
-        graph, gaps, moves = self.placement_graph(placement, lane_of)
-        if moves:
-            lane_of = graph.graph["lane_of"]
+        graph, lane_of, gaps, moves = self.placement_graph(placement, lane_of)
         fronts = []
         for members, n in zip(placement, counts, strict=False):
             f = self.sets.front(members, n)
@@ -170,19 +168,18 @@ class Planner:
                             self.offload))
 
     def placement_graph(self, placement: Placement, lane_of: dict) -> tuple:
-        """(graph, controller gaps, [(onload/offload node, role)]) one placement is priced on: the search's
-        graph, or with offload a copy with the moves of its colocated models (the lanes depend on the
-        placement), its lanes in graph.graph["lane_of"]."""
+        """(graph, lanes, controller gaps, [(onload/offload node, role)]) one placement is priced on, its
+        lanes `lane_of`: the search's graph, or with offload a copy with the moves of its colocated models
+        (which depend on the placement's lanes) and those lanes extended to them."""
         if not self.offload:
-            return self.graph, self.gaps, []
+            return self.graph, lane_of, self.gaps, []
         hit = self._offload_graphs.get(placement)
         if hit is None:
             graph, lanes = self.graph.copy(), dict(lane_of)
             add_offload_ops(graph, lanes, set(self.roles))
-            graph.graph["lane_of"] = lanes
             moves = [(x, a["role"]) for x, a in graph.nodes(data=True) if a["op"] in OFFLOAD_OPS]
             overheads = getattr(self.cm, "overheads", None)
-            hit = self._offload_graphs[placement] = (graph, call_gaps(graph, overheads), moves)
+            hit = self._offload_graphs[placement] = (graph, lanes, call_gaps(graph, overheads), moves)
         return hit
 
     def pipeline_lanes(self, lane_of: dict) -> dict | None:
