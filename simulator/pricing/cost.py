@@ -307,10 +307,10 @@ class CostModel(Collectives):
         return {"memory": memory, "compute": compute, "tp_comm": tp_comm, "pp_comm": pp_comm, "latency": latency,
                 "overhead": self.params.decode_step_overhead, "step_seconds": max(memory, compute) + fixed}
 
-    def decode_waves(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
-                     free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int, int]:
-        """(sequences per replica, waves, balanced batch): the largest batch the KV cache holds (at most
-        `batch_cap`, a static engine's batch per call), in as few waves as that allows."""
+    def decode_slots(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
+                     free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int]:
+        """(sequences per replica, sequences decoded at once): the largest batch the KV cache holds, at most
+        `batch_cap` (a static engine's batch per call). Default free memory: usable minus the generation weights."""
         if free_bytes_per_device is None:
             free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
         batch = decode_batch(model, gen, workload, free_bytes_per_device, self.params, sequences)
@@ -319,8 +319,12 @@ class CostModel(Collectives):
             raise InfeasibleError(
                 f"generation of {model.name} with {gen}: one sequence's KV cache needs {need / GiB:.2f} GiB per "
                 f"device but only {max(free_bytes_per_device, 0) / GiB:.2f} GiB is free; raise tp·pp or free memory")
-        batch = min(batch, batch_cap or batch)
-        per_replica = -(-sequences // gen.dp)
+        return -(-sequences // gen.dp), min(batch, batch_cap or batch)
+
+    def decode_waves(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
+                     free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int, int]:
+        """(sequences per replica, waves, balanced batch): decode_slots' batch, in as few waves as it allows."""
+        per_replica, batch = self.decode_slots(model, gen, workload, sequences, free_bytes_per_device, batch_cap)
         waves = -(-per_replica // batch)
         return per_replica, waves, -(-per_replica // waves)  # balance the waves
 
@@ -333,11 +337,11 @@ class CostModel(Collectives):
         per call (vocabulary/mechanics.py). gather_every_step: the weights stay ZeRO-3 shards over gen.dp and
         every pass (the prefill and each decode step) all-gathers them layer by layer (HF generate under ZeRO-3)."""
         seqs = workload.sequences if sequences is None else sequences
-        _, pm, attn, kv_tok = _shape(model, "lm")
-        per_replica, waves, batch = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         if workload.response_lengths is not None:
             return self._generate_lengths(model, gen, workload, seqs, free_bytes_per_device, batch_cap,
                                           gather_every_step)
+        _, pm, attn, kv_tok = _shape(model, "lm")
+        per_replica, waves, batch = self.decode_waves(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         P, R = workload.prompt_len, workload.response_len
         pre = self.prefill(model, gen, batch, P)
         a_m, b_m, a_c, b_c, tp_comm, pp_comm, latency = self._decode_terms(model, gen, batch)
@@ -367,10 +371,7 @@ class CostModel(Collectives):
         """The slowest replica's decode of a workload with response_lengths (pricing/decode_schedule.py):
         continuous batching over as many slots as the KV cache holds at the mean context, or a static
         engine's batches of `batch_cap`, each until its longest response ends."""
-        per_replica, _, _ = self.decode_waves(model, gen, workload, sequences, free_bytes_per_device, batch_cap)
-        if free_bytes_per_device is None:
-            free_bytes_per_device = self.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
-        slots = batch_cap or decode_batch(model, gen, workload, free_bytes_per_device, self.params, sequences)
+        per_replica, slots = self.decode_slots(model, gen, workload, sequences, free_bytes_per_device, batch_cap)
         lengths = slowest_replica_lengths(workload.response_lengths, sequences, gen.dp)
         return replica_decode(lengths, min(slots, per_replica), batch_cap is None)
 
