@@ -28,3 +28,18 @@ def nll_loss(outputs, micro):
     mask = micro["attention_mask"][:, 1:].float()
     nll = -(outputs["log_probs"][:, 1:] * mask).sum() / mask.sum()
     return nll, {"entropy": float((outputs["entropy"].detach()[:, 1:] * mask).sum() / mask.sum())}
+
+
+def engine_errors(cases) -> list[str]:
+    """The one-line errors FsdpEngine gives for each (ParallelConfig, tiny_model overrides) case that it
+    refuses (run inside each rank of a process group)."""
+    from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
+    from hybridflow.simulator.errors import HflowError
+
+    messages = []
+    for cfg, over in cases:
+        try:
+            FsdpEngine(tiny_model(**over), cfg)
+        except HflowError as e:
+            messages.append(str(e))
+    return messages

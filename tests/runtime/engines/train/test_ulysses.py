@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_util import run_distributed
-from engine_util import nll_loss, tiny_model, token_batch
+from engine_util import engine_errors, nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
@@ -14,7 +14,6 @@ from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.protocols import get_protocol
 from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine, OptimConfig
 from hybridflow.runtime.engines.train.fsdp.ulysses import sp_group_ranks
-from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.lora import LoraConfig
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 
@@ -160,15 +159,9 @@ def test_sp_groups_are_consecutive_dp_ranks_at_stride_tp():
 
 
 def _bad(rank, world):
-    messages = []
-    for cfg, over in ((ParallelConfig(dp=4, sp=4), {"num_attention_heads": 2, "num_key_value_heads": 2}),
-                      (ParallelConfig(dp=4, sp=4), {"num_attention_heads": 12, "num_key_value_heads": 3,
-                                                    "head_dim": 8})):
-        try:
-            FsdpEngine(tiny_model(**over), cfg)
-        except HflowError as e:
-            messages.append(str(e))
-    return messages
+    return engine_errors(((ParallelConfig(dp=4, sp=4), {"num_attention_heads": 2, "num_key_value_heads": 2}),
+                          (ParallelConfig(dp=4, sp=4), {"num_attention_heads": 12, "num_key_value_heads": 3,
+                                                        "head_dim": 8})))
 
 
 def test_sp_not_dividing_heads_is_one_line():
