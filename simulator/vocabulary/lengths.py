@@ -23,6 +23,20 @@ RECORDED_QUANTILES = {"min": 0.0, "p10": 0.1, "p25": 0.25, "p50": 0.5, "p75": 0.
 MAX_ENTROPY_SHARES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999, 0.9999, 0.99999)
 
 
+def _linear_moment(xs, ys, k: int) -> float:
+    """E[L^k] of the quantile function through the knots (xs: shares, ys: lengths), linear between them
+    (exact per linear piece)."""
+    total = 0.0
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
+        if x1 == x0:
+            continue
+        if y1 == y0:
+            total += (x1 - x0) * y0**k
+        else:  # ∫ y^k du with y linear in u
+            total += (x1 - x0) * (y1 ** (k + 1) - y0 ** (k + 1)) / ((k + 1) * (y1 - y0))
+    return total
+
+
 class LengthDistribution(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -111,9 +125,7 @@ class LengthDistribution(BaseModel):
         shares = (0.0, *MAX_ENTROPY_SHARES, 1.0)
 
         def kept_mean(lam: float) -> float:  # the mean of the quantiles kept, read linearly between them
-            ys = [quantile(lam, u) for u in shares]
-            return sum((u1 - u0) * (y0 + y1) / 2 for u0, u1, y0, y1 in zip(shares, shares[1:], ys, ys[1:],
-                                                                            strict=False))
+            return _linear_moment(shares, [quantile(lam, u) for u in shares], 1)
 
         bound = 700.0 / span  # keeps exp() finite
         if not kept_mean(bound) < mean < kept_mean(-bound):
@@ -157,26 +169,13 @@ class LengthDistribution(BaseModel):
         out[-1] = self.longest
         return out
 
-    def _moment(self, k: int) -> float:
-        """E[L^k] of the piecewise-linear quantile function (exact per linear piece)."""
-        xs, ys = self._knots
-        total = 0.0
-        for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
-            if x1 == x0:
-                continue
-            if y1 == y0:
-                total += (x1 - x0) * y0**k
-            else:  # ∫ y^k du with y linear in u
-                total += (x1 - x0) * (y1 ** (k + 1) - y0 ** (k + 1)) / ((k + 1) * (y1 - y0))
-        return total
-
     @cached_property
     def mean(self) -> float:
-        return self._moment(1)
+        return _linear_moment(*self._knots, 1)
 
     @cached_property
     def mean_square(self) -> float:
-        return self._moment(2)
+        return _linear_moment(*self._knots, 2)
 
     def describe(self) -> str:
         qs = sorted(self.quantiles)
