@@ -191,8 +191,7 @@ def lengths_arg(text: str):
                 raise ValueError("give mean with max only (mean=930,max=4000), or quantiles")
             return LengthDistribution(mean=float(pairs["mean"]), max=int(pairs["max"]))
         quantiles = {}
-        for item in text.split(","):
-            key, _, value = item.strip().partition("=")
+        for key, value in pairs.items():
             key = key.strip().lower()
             share = {"min": 0.0, "max": 1.0}.get(key)
             if share is None:
