@@ -51,10 +51,11 @@ def add_parser(subparsers) -> None:
 
 
 def _check(args) -> None:
-    """The inputs, before torch is imported."""
-    folder = Path(args.actor)
-    if not (folder / "config.json").is_file():
-        raise HflowError(f"{args.actor}: not a Hugging Face model folder (no config.json); give the actor's folder")
+    """The inputs, before torch is imported: the actor folder as `run` checks a policy's (weights, shapes,
+    tokenizer), the prompt file, the output file."""
+    from hybridflow.runtime.models.folder_check import check_model_folder
+
+    check_model_folder(args.actor, "actor")
     if not Path(args.prompts).exists():
         raise HflowError(f"--prompts {args.prompts}: no such file or folder")
     out = Path(args.out)

@@ -41,7 +41,7 @@ def test_lengths_are_measured_written_and_planned_for(folder, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["nofolder", "--prompts", "p.jsonl", "--out", "l.yaml"], "not a Hugging Face model folder"),
+    (["nofolder", "--prompts", "p.jsonl", "--out", "l.yaml"], "no such folder; pass a Hugging Face model folder"),
     (["FOLDER", "--prompts", "missing.jsonl", "--out", "l.yaml"], "no such file"),
     (["FOLDER", "--prompts", "P", "--out", "l.txt"], "ending in .yaml or .json"),
 ])
