@@ -4,19 +4,23 @@
 - ds-chat: DeepSpeed-Chat. Every model on every device, ZeRO-3 (pp=tp=1, dp=N). With its Hybrid Engine
   (the default) the actor gathers the whole model into inference kernels (reshard "ds-chat"; tensor-parallel
   over `inference_tp` devices) and generates each PPO mini-batch's prompts on its own, switching once per
-  mini-batch. Without it (`hybrid_engine: false`, as OpenRLHF's benchmark ran it) HF generate runs under
-  ZeRO-3, gathering every layer at every decode step, `generation_batch` sequences per device at a time.
+  mini-batch. Without it (`hybrid_engine: false`, as OpenRLHF's benchmark ran it) HF generate runs on the
+  actor's training layout, `generation_batch` sequences per device at a time: under ZeRO-3 gathering every layer
+  at every decode step, under ZeRO-2 (`actor_zero_stage: 2`, that benchmark's) on a whole local replica. Either
+  generation loop (over the Hybrid Engine's containers, or HF's eager one) is priced with its CPU's time per
+  layer (simulator/pricing/baseline_mechanics.py).
 - openrlhf: OpenRLHF v0.2 on Ray. Every model on devices of its own (ZeRO-3, activation checkpointing) and
   vLLM engines on others, handed `generation_batch` prompts per call (micro_rollout_batch_size) by each
   actor rank; the actor's weights are gathered and broadcast one tensor at a time. Without vLLM
-  (`vllm: false`) the actor generates with HF generate under ZeRO-3 on its own devices. OpenRLHF leaves the
-  split to the user: `split` where a source states it, else devices in proportion to each group's work.
-- openrlhf-colocated: OpenRLHF's DeepSpeed trainer without Ray: every model on every device (ZeRO-3) and HF
-  generate under ZeRO-3 — DS-Chat's layout without its Hybrid Engine.
+  (`vllm: false`) the actor generates with HF generate (eager, FlashAttention-2) on its own devices, under
+  `actor_zero_stage`. OpenRLHF leaves the split to the user: `split` where a source states it, else devices in
+  proportion to each group's work.
+- openrlhf-colocated: OpenRLHF's DeepSpeed trainer without Ray: every model on every device and HF generate
+  (FlashAttention-2) under `actor_zero_stage` — DS-Chat's layout without its Hybrid Engine.
 - nemo-aligner: actor and reference on one half of the cluster, critic and reward (and cost) on the other,
   Megatron 3D parallel; generation in the training layout (no resharding), `generation_batch`
-  (rollout_micro_batch_size) sequences per data-parallel rank at a time. Its configs come from the same
-  search restricted to that placement.
+  (rollout_micro_batch_size) sequences per data-parallel rank at a time, in Megatron's eager loop. Its configs
+  come from the same search restricted to that placement, re-priced on these mechanics.
 - hybridflow-v: our best placement and allocation with the vanilla reshard grouping (Table 2): the whole
   model gathered per t·p replica; its configs searched again under that reshard.
 
@@ -26,6 +30,7 @@ A baseline that cannot fit reports why instead of a number.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveInt
 
@@ -55,15 +60,15 @@ class SystemSettings(BaseModel):
     split: dict[str, PositiveInt] | None = None  # openrlhf: devices per role (and "rollout" for vLLM)
     generation_batch: PositiveInt | None = None  # sequences per replica per generate call (None: the system's default)
     optimizer_offload: bool = False  # ZeRO-Offload of the trained models' Adam states
+    # ds-chat --actor_zero_stage / openrlhf --zero_stage: at 2 the actor's weights stay whole on every device, so
+    # HF generate runs on a local replica (no gather); at 3 it gathers every layer at every decode step
+    actor_zero_stage: Literal[2, 3] = 3
 
 
 # Each system's own generation batch where it has one: OpenRLHF's benchmark's micro_rollout_batch_size (16,
 # benchmark/README.md), NeMo-Aligner v0.2.0's rollout_micro_batch_size (8, gpt_ppo_actor.yaml), DS-Chat's
 # per-device generation batch when generating under ZeRO-3 (8, OpenRLHF's benchmark of it).
 DEFAULT_GENERATION_BATCH = {"openrlhf": 16, "nemo-aligner": 8, "ds-chat": 8}
-# NeMo-Aligner v0.2's Megatron generation loop against the TensorRT-LLM engine that replaced it (its
-# Accelerated-RLHF.md, v0.3.0.trtllm: "a 6.96x speedup"; simulator/vocabulary/mechanics.py).
-NEMO_ALIGNER_DECODE_SLOWDOWN = 6.96
 NEMO_LAYOUTS = 16  # the search's leading layouts re-priced on NeMo-Aligner's mechanics
 
 
@@ -127,10 +132,29 @@ def _plan(req: SearchRequest, groups, roles, reshard: str, notes: str, mechanics
                 mechanics=mechanics, optimizer_offload=settings.optimizer_offload)
 
 
-def _zero3_generate(system: str, settings: SystemSettings) -> Mechanics:
-    """HF generate under ZeRO-3: a static batch per device, every layer gathered at every step."""
+def _hf_generate(system: str, settings: SystemSettings) -> Mechanics:
+    """HF generate on the actor's training devices: a static batch per device; under ZeRO-3 every layer gathered
+    at every step, under ZeRO-2 a whole local replica. Its eager loop's price is set once the plan exists
+    (`_eager_loop`)."""
     batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["ds-chat"]
-    return Mechanics(system=system, batching="static", generation_batch=batch, gather_every_step=True)
+    return Mechanics(system=system, batching="static", generation_batch=batch,
+                     gather_every_step=settings.actor_zero_stage == 3)
+
+
+def _eager_loop_or_plan(plan: Plan, cost_model, loop: str = "hf-eager") -> Plan:
+    """_eager_loop, or `plan` as it is where it cannot be priced (price_plan then says why)."""
+    try:
+        return _eager_loop(plan, cost_model, loop)
+    except HflowError:
+        return plan
+
+
+def _eager_loop(plan: Plan, cost_model, loop: str = "hf-eager") -> Plan:
+    """`plan` with its generation priced as HF generate's loop runs it (simulator/pricing/baseline_mechanics.py)."""
+    from hybridflow.simulator.pricing.baseline_mechanics import hf_generate_slowdown
+
+    slowdown = hf_generate_slowdown(cost_model, plan, loop)
+    return plan.model_copy(update={"mechanics": plan.mechanics.model_copy(update={"decode_slowdown": slowdown})})
 
 
 # ---- DeepSpeed-Chat (and OpenRLHF's colocated DeepSpeed trainer) ----------------------------------
@@ -156,9 +180,14 @@ def ds_chat(req: SearchRequest, cost_model, settings: SystemSettings = SystemSet
                          generate_per_minibatch=True)
         reshard, what = "ds-chat", f"Hybrid Engine (inference tp {tp}), one generation per mini-batch"
     else:
-        gen, mech, reshard, what = gen_layout, _zero3_generate(system, settings), "ds-chat", "HF generate under ZeRO-3"
+        gen, mech, reshard = gen_layout, _hf_generate(system, settings), "ds-chat"
+        what = f"HF generate under ZeRO-{settings.actor_zero_stage}"
     roles = _role_plans(req, {r: "all" for r in req.roles}, {r: zero3 for r in req.roles}, gen=gen)
     plan = _plan(req, [group], roles, reshard, f"baseline: {name} (all colocated, ZeRO-3, {what})", mech, settings)
+    # HF generate's loop, over the Hybrid Engine's fused containers or over the eager HF model (DS-Chat's own
+    # attention; OpenRLHF's DeepSpeed trainer loads FlashAttention-2, its scripts' --flash_attn)
+    loop = "hybrid-engine" if mech.generate_per_minibatch else "hf-eager-fa2" if system == "openrlhf" else "hf-eager"
+    plan = _eager_loop_or_plan(plan, cost_model, loop)
     return price_plan(name, plan, cost_model)
 
 
@@ -259,11 +288,13 @@ def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSe
         roles = _role_plans(req, {r: r for r in req.roles}, train, gen=gen, gen_group="rollout")
         reshard, what = "broadcast", "vLLM rollout, per-tensor broadcast"
     else:
-        mech = _zero3_generate("openrlhf", settings.model_copy(update={"generation_batch": batch}))
+        mech = _hf_generate("openrlhf", settings.model_copy(update={"generation_batch": batch}))
         roles = _role_plans(req, {r: r for r in req.roles}, train, gen=train["actor"].generation_layout())
-        reshard, what = "ds-chat", "HF generate under ZeRO-3"
+        reshard, what = "ds-chat", f"HF generate under ZeRO-{settings.actor_zero_stage}"
     plan = _plan(req, groups, roles, reshard, f"baseline: OpenRLHF (separate devices per model, {what})", mech,
                  settings)
+    if not settings.vllm:  # OpenRLHF loads its models with FlashAttention-2 (its scripts' --flash_attn)
+        plan = _eager_loop_or_plan(plan, cost_model, "hf-eager-fa2")
     return price_plan("openrlhf", plan, cost_model)
 
 
@@ -299,14 +330,13 @@ def nemo_aligner(req: SearchRequest, cost_model, settings: SystemSettings = Syst
                                                f"{' | '.join(map(str, counts))} devices: no parallel configs fit "
                                                f"the memory with generation in the training partitions")
     batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["nemo-aligner"]
-    mech = Mechanics(system="nemo-aligner", batching="static", generation_batch=batch,
-                     decode_slowdown=NEMO_ALIGNER_DECODE_SLOWDOWN)
+    mech = Mechanics(system="nemo-aligner", batching="static", generation_batch=batch)
     priced = []
     for s in top:
         plan = scored_to_plan(megatron, s, notes="baseline: NeMo-Aligner (actor+ref | critic+reward, generation in "
                                                  "the training layout)")
         plan = plan.model_copy(update={"mechanics": mech, "optimizer_offload": settings.optimizer_offload})
-        priced.append(price_plan("nemo-aligner", plan, cost_model))
+        priced.append(price_plan("nemo-aligner", _eager_loop_or_plan(plan, cost_model, "megatron"), cost_model))
     fitting = [b for b in priced if b.fits]
     return min(fitting, key=lambda b: b.seconds) if fitting else priced[0]
 

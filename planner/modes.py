@@ -60,6 +60,9 @@ def staleness_of(mode: str, max_staleness: int) -> int:
 def search_modes(req, cost_model, modes: Sequence[str], max_staleness: int,
                  progress: Callable[[int, int], None] | None = None) -> dict[str, ModeResult]:
     """Each mode's search, in the order given (modes must be valid: check_modes)."""
+    from hybridflow.simulator.agents.planning import agent_cost_model
+
+    cost_model = agent_cost_model(cost_model, req.agent, req.cluster)
     out = {}
     for mode in modes:
         planners, results = [], []

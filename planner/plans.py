@@ -5,7 +5,8 @@ from __future__ import annotations
 from hybridflow.planner.placement import assign_devices
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Scored
-from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
+from hybridflow.simulator.pricing.cost import rollout_knobs
+from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan, default_micro_batch_tokens
 from hybridflow.simulator.vocabulary.roles import ROLLOUT
 
 
@@ -24,12 +25,16 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
         gen = (rollout.generate if rollout else cand.generate) if role == "actor" else None
         roles[role] = RolePlan(model=req.models[role], group=set_of[role], train=cand.train, generate=gen,
                                generate_group=set_of[ROLLOUT] if rollout and role == "actor" else None,
-                               path=req.paths.get(role), lora=req.lora_of(role))
+                               path=req.paths.get(role), lora=req.lora_of(role),
+                               micro_batch_tokens=default_micro_batch_tokens(req.workload, cand.train))
     mode = s.rollout
-    return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
+    plan = Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
                 reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
                 mode=mode.mode, max_staleness=max(mode.staleness, 1), offload=s.offload,
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
+    # the rollout engine's memory share and batch, as priced (vLLM takes them; the native engine sizes its own)
+    actor = plan.roles["actor"].model_copy(update=rollout_knobs(plan))
+    return plan.model_copy(update={"roles": {**plan.roles, "actor": actor}})
 
 
 def _cfg(c) -> dict:
@@ -45,6 +50,8 @@ def plan_summary(plan: Plan, iteration_seconds: float) -> dict:
         entry = {"train": _cfg(rp.train)}
         if role == "actor":
             entry["generate"] = _cfg(plan.generation_config())
+        if rp.micro_batch_tokens is not None:
+            entry["micro_batch_tokens"] = rp.micro_batch_tokens
         if rp.lora is not None:
             entry["lora"] = {"rank": rp.lora.rank, "alpha": rp.lora.lora_alpha,
                              "target_modules": list(rp.lora.targets(rp.model))}

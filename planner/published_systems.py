@@ -32,17 +32,24 @@ from hybridflow.planner.search import Planner
 from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 from hybridflow.simulator.calibration.published import PaperStudySetup, SystemRunSetup
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.efficiency import engine_params
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import DeviceGroup, Plan, RolePlan
-from hybridflow.simulator.vocabulary.timeline import WEIGHT_SYNC_OPS, Timeline
+from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, UPDATE_OPS, WEIGHT_SYNC_OPS, Timeline
 from hybridflow.simulator.vocabulary.workload import Workload
 
 # The experience phase: generation and the forward passes that score it (OpenRLHF's "Generation" column).
 EXPERIENCE_OPS = ("generate", "generate_baseline", "actor_logprob", "ref_logprob", "values", "reward", "cost")
 RULE_REWARD = "hybridflow.runtime.tasks.math:reward"  # a rule-based reward: priced on the driver
 BASELINE_FNS = {"ds-chat": ds_chat, "openrlhf": openrlhf, "nemo-aligner": nemo_aligner}
+VLLM_BASELINES = ("openrlhf",)  # the baselines of the paper's grid that generate with vLLM (the others: own loops)
+
+
+def _engine(vllm_version: str | None) -> dict:
+    """The cost model's updates for a run that generates with vLLM `vllm_version` (None: no vLLM, or unstated)."""
+    return engine_params("vllm", vllm_version)
 
 
 def _model(ref) -> ModelSpec:
@@ -118,7 +125,8 @@ def _largest_batch(s: SystemRunSetup, fn, settings: SystemSettings) -> Baseline:
     per_device = max(1, req.workload.prompts // n)
     while True:
         w = req.workload.model_copy(update={"prompts": per_device * n, "micro_batch_size": per_device})
-        b = fn(req.model_copy(update={"workload": w}), default_cost_model(req.cluster), settings)
+        b = fn(req.model_copy(update={"workload": w}), default_cost_model(req.cluster, **_engine(s.vllm_version)),
+               settings)
         if b.fits or per_device == 1:
             return b
         per_device //= 2
@@ -127,7 +135,7 @@ def _largest_batch(s: SystemRunSetup, fn, settings: SystemSettings) -> Baseline:
 def run_plan(s: SystemRunSetup) -> tuple[Plan, object]:
     """The plan `s` describes, and the cost model pricing it (the fitted defaults of its hardware)."""
     req = _request(s)
-    cm = default_cost_model(req.cluster)
+    cm = default_cost_model(req.cluster, **_engine(s.vllm_version))
     if s.system == "nemo-rl":
         return nemo_rl_plan(req, s.settings), cm
     if s.system == "hybridflow":
@@ -146,16 +154,28 @@ def run_plan(s: SystemRunSetup) -> tuple[Plan, object]:
     return b.plan, cm
 
 
+def deepspeed_chat_timers(tl: Timeline) -> tuple[float, float]:
+    """(generation, training) as DS-Chat step 3's main.py times them: its generate calls, its training loop
+    (the optimizer steps); the scoring forwards between them are timed by neither (SystemRunSetup.timer)."""
+    ops = tl.op_seconds()
+    return (sum(ops.get(op, 0.0) for op in GENERATE_OPS), sum(ops.get(op, 0.0) for op in UPDATE_OPS))
+
+
 def price_run(s: SystemRunSetup) -> float:
     plan, cm = run_plan(s)
     tl = _simulate(plan, cm)
-    it = tl.iteration_seconds()
+    if s.timer == "deepspeed-chat":
+        gen, train = deepspeed_chat_timers(tl)
+        it = gen + train
+    else:
+        it = tl.iteration_seconds()
+        gen = experience_seconds(tl) if s.metric in ("generation_seconds", "training_seconds") else 0.0
+        train = it - gen
     if s.metric == "iteration_seconds":
         return it
     if s.metric == "run_seconds":
         return it * (s.samples / plan.workload.prompts if s.samples else s.iterations)
-    gen = experience_seconds(tl)
-    return gen if s.metric == "generation_seconds" else it - gen
+    return gen if s.metric == "generation_seconds" else train
 
 
 # ---- the paper's grid -----------------------------------------------------------------------------
@@ -171,18 +191,19 @@ def _cell_request(hardware: str, model: str, n: int, algorithm: str, workload: W
 
 
 @cache
-def _hybridflow(hardware: str, model: str, n: int, algorithm: str, workload: Workload) -> Timeline | None:
+def _hybridflow(hardware: str, model: str, n: int, algorithm: str, workload: Workload,
+                vllm_version: str | None = None) -> Timeline | None:
     req = _cell_request(hardware, model, n, algorithm, workload)
-    cm = default_cost_model(req.cluster)
+    cm = default_cost_model(req.cluster, **_engine(vllm_version))
     best = Planner(req, cm).run().best
     return _simulate(scored_to_plan(req, best), cm) if best else None
 
 
 @cache
-def _baseline(name: str, hardware: str, model: str, n: int, algorithm: str, workload: Workload
-              ) -> tuple[Baseline, Timeline | None]:
+def _baseline(name: str, hardware: str, model: str, n: int, algorithm: str, workload: Workload,
+              vllm_version: str | None = None) -> tuple[Baseline, Timeline | None]:
     req = _cell_request(hardware, model, n, algorithm, workload)
-    cm = default_cost_model(req.cluster)
+    cm = default_cost_model(req.cluster, **_engine(vllm_version if name in VLLM_BASELINES else None))
     if name == "nemo-aligner" and "critic" not in req.models:  # v0.2 trains PPO's actor-critic only (§8.1: no ReMax)
         return Baseline(name, reason="NeMo-Aligner v0.2 runs actor-critic PPO only"), None
     b = BASELINE_FNS[name](req, cm)
@@ -210,7 +231,7 @@ def _generation_tp(s: PaperStudySetup) -> float:
 
     (model, (n,)), = s.grid.items()
     req = _cell_request(s.hardware, model, n, s.algorithms[0], Workload(**s.workload))
-    cm = default_cost_model(req.cluster)
+    cm = default_cost_model(req.cluster, **_engine(s.vllm_version))
     group = DeviceGroup(name="all", devices=_devices(req.cluster)[:n])
     train = s.train.model_copy(update={"dp": n // (s.train.tp * s.train.pp)})
 
@@ -232,7 +253,7 @@ def _colocate_gain(s: PaperStudySetup) -> float:
     gains = []
     for algorithm, model, n, w in _cells(s):
         req = _cell_request(s.hardware, model, n, algorithm, w, s.critic_model)
-        planner = Planner(req, default_cost_model(req.cluster))
+        planner = Planner(req, default_cost_model(req.cluster, **_engine(s.vllm_version)))
         roles = req.roles
         colocate = planner.best_placement((roles,))
         others = [planner.best_placement(tuple((r,) for r in roles)),
@@ -249,7 +270,8 @@ def _strong_scaling(s: PaperStudySetup) -> float:
     for algorithm in s.algorithms:
         for model, counts in s.grid.items():
             w = Workload(**s.workload)
-            fits = [(n, tl) for n in counts if (tl := _hybridflow(s.hardware, model, n, algorithm, w)) is not None]
+            fits = [(n, tl) for n in counts
+                    if (tl := _hybridflow(s.hardware, model, n, algorithm, w, s.vllm_version)) is not None]
             if len(fits) >= 2:
                 (n0, t0), (n1, t1) = fits[0], fits[-1]
                 effs.append((t0.iteration_seconds() / t1.iteration_seconds()) / (n1 / n0))
@@ -265,9 +287,9 @@ def price_study(s: PaperStudySetup) -> float:
         return _strong_scaling(s)
     values = []
     for algorithm, model, n, w in _cells(s):
-        ours = _hybridflow(s.hardware, model, n, algorithm, w)
+        ours = _hybridflow(s.hardware, model, n, algorithm, w, s.vllm_version)
         for name in s.baselines:
-            b, tl = _baseline(name, s.hardware, model, n, algorithm, w)
+            b, tl = _baseline(name, s.hardware, model, n, algorithm, w, s.vllm_version)
             if ours is None or tl is None:
                 continue
             if s.study == "speedup":

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from hybridflow.simulator.agents.planning import AgentWorkload
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.lora import LoraConfig
@@ -37,6 +38,8 @@ class SearchRequest(BaseModel):
     # colocated models' states moved to host memory while another model of their set runs (Plan.offload):
     # "auto" plans with it only when nothing fits without it, "never" not at all, "always" only with it
     offload: Literal["auto", "never", "always"] = "auto"
+    # rollouts are conversations with tool calls (`--agent-workload`): generation priced multi-turn
+    agent: AgentWorkload | None = None
 
     @model_validator(mode="after")
     def _roles(self):

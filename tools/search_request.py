@@ -66,7 +66,26 @@ def request_from_args(args):
                          reward_function=args.reward_function, cost_function=args.cost_function,
                          max_pp=args.max_pp, max_gen_pp=args.max_gen_pp, max_sp=args.max_sp, top_k=args.top,
                          backends=args.backends,
-                         offload=args.offload, lora=LoraConfig(rank=lora) if lora else None)
+                         offload=args.offload, lora=LoraConfig(rank=lora) if lora else None,
+                         agent=agent_workload_arg(getattr(args, "agent_workload", None)))
+
+
+def agent_workload_arg(path: str | None):
+    """`--agent-workload FILE` read as an AgentWorkload (None without one); what is wrong, one line."""
+    if not path:
+        return None
+    from pydantic import ValidationError
+
+    from hybridflow.simulator.agents.planning import AgentWorkload
+    from hybridflow.simulator.io import read_mapping
+
+    if not Path(path).is_file():
+        raise HflowError(f"--agent-workload {path}: no such file; give a YAML/JSON of turns, tool_seconds, …")
+    try:
+        return AgentWorkload.model_validate(read_mapping(path))
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise HflowError(f"--agent-workload {path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
 def run_search(req, cm=None):

@@ -47,6 +47,7 @@ class Conversation:
     tokens: list[int] = field(default_factory=list)  # everything after the prompt
     generated: list[int] = field(default_factory=list)  # 1 where the model sampled the token
     logprobs: list[float] = field(default_factory=list)  # the sampler's log-prob there, 0 elsewhere
+    turn_starts: list[int] = field(default_factory=list)  # index in `tokens` of each model turn's first token
     turn_ends: list[int] = field(default_factory=list)  # index in `tokens` of each model turn's last token
     turn_rewards: list[float] = field(default_factory=list)
     tool_calls: int = 0
@@ -65,6 +66,7 @@ class Conversation:
         return float(sum(self.turn_rewards))
 
     def add_model_turn(self, ids: list[int], logprobs: list[float], text: str) -> None:
+        self.turn_starts.append(len(self.tokens))
         self.tokens += ids
         self.generated += [1] * len(ids)
         self.logprobs += logprobs
@@ -214,10 +216,11 @@ class ConversationRunner:
         return True
 
 
-def conversation_batch(convs: list[Conversation], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """The trainer's batch fields of finished conversations (see the module's docstring)."""
+def conversation_batch(convs: list[Conversation], pad_id: int = 0, width: int | None = None) -> dict[str, torch.Tensor]:
+    """The trainer's batch fields of finished conversations (see the module's docstring); `width`: the
+    responses' columns (default: the longest conversation's), so that rollouts concatenate."""
     prompt_ids, prompt_mask = left_pad([c.prompt_ids for c in convs], pad_id)
-    r = max(max(len(c.tokens) for c in convs), 1)
+    r = max(max(len(c.tokens) for c in convs), width or 1)
     b = len(convs)
     responses = torch.full((b, r), pad_id, dtype=torch.long)
     real = torch.zeros(b, r, dtype=torch.long)

@@ -53,6 +53,11 @@ class GuessNumber(Environment):
 BUILTIN_ENVIRONMENTS = {"guess-number": GuessNumber}
 
 
+def no_reward(prompt, response: str, **_) -> float:
+    """The reward function of a run whose environment gives every reward (its per-turn rewards are added)."""
+    return 0.0
+
+
 def load_environment(spec: str) -> type[Environment]:
     """The environment class of `guess-number`, `module:Class` or `file.py:Class` (one line if not one)."""
     if spec.lower() in BUILTIN_ENVIRONMENTS:

@@ -128,6 +128,48 @@ def join(parts: list[Any], pad: int = 0) -> Any:
     return whole[: _length(whole) - pad] if pad else whole
 
 
+# ---- balancing: equal shares of rows holding about equal tokens ------------------------------------
+def balanced_partition(weights: list[int], parts: int, max_swaps: int = 1000) -> list[list[int]]:
+    """`weights` (a row's tokens, say) cut into `parts` parts of equal count (parts must divide them) with about
+    equal sums: largest first, each to the lightest part that has room (ties: the lower part), then pairwise
+    swaps between the heaviest and the lightest part while a swap narrows their gap (verl's sequence-length
+    balancing does this with Karmarkar-Karp). Deterministic; each part's indices in ascending order."""
+    n = len(weights)
+    if parts < 1 or n % parts:
+        raise HflowError(f"cannot cut {n} rows into {parts} equal parts; pad the batch to a multiple of {parts}")
+    size = n // parts
+    members: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(n), key=lambda i: (-weights[i], i)):
+        p = min((p for p in range(parts) if len(members[p]) < size), key=lambda p: (loads[p], p))
+        members[p].append(i)
+        loads[p] += weights[i]
+    for _ in range(max_swaps):
+        heavy = max(range(parts), key=lambda p: (loads[p], -p))
+        light = min(range(parts), key=lambda p: (loads[p], p))
+        gap = loads[heavy] - loads[light]
+        best = None  # the swap leaving the smallest gap between the two, if smaller than now
+        for a in members[heavy]:
+            for b in members[light]:
+                moved = weights[a] - weights[b]
+                if 0 < moved < gap and (best is None or abs(gap - 2 * moved) < best[0]):
+                    best = (abs(gap - 2 * moved), a, b, moved)
+        if best is None or best[0] >= gap:
+            break
+        _, a, b, moved = best
+        members[heavy][members[heavy].index(a)] = b
+        members[light][members[light].index(b)] = a
+        loads[heavy] -= moved
+        loads[light] += moved
+    return [sorted(m) for m in members]
+
+
+def load_spread(weights: list[int], partition: list[list[int]]) -> float:
+    """(most − least loaded part) / most loaded part: 0 for a perfect balance."""
+    loads = [sum(weights[i] for i in part) for part in partition]
+    return (max(loads) - min(loads)) / max(max(loads), 1)
+
+
 # ---- the built-in protocols ------------------------------------------------------------------------
 def _one_to_all_split(value, parallel):
     return [value] * parallel.world_size, {}

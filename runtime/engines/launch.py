@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import socket
 import time
 import traceback
 
@@ -36,12 +35,6 @@ MEGATRON_PRELOAD = ["hybridflow.runtime.engines.train.megatron.preload", "hybrid
 PRELOAD = ENGINE_PRELOAD + (MEGATRON_PRELOAD if _installed("megatron.core") else [])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _PROGRESS: list = [None]  # the queue rank 0 reports progress on (set in _child)
 
 
@@ -57,13 +50,14 @@ def _child(rank, world_size, port, fn, args, queue):
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)  # one core's worth per virtual device, as the Ray workers run
     try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size)
         out = fn(rank, world_size, *args)
-        # Nobody leaves before everyone is done: rank 0 hosts the store and its gloo pairs, and a
-        # rank still setting up a group (new_group) when it exits fails with "Broken pipe".
+        # Nobody leaves before everyone is done: a rank still setting up a group (new_group) with
+        # one that has exited fails with "Broken pipe".
         dist.barrier()
         # Plain bytes: tensors sent through a torch queue live in shared memory owned by the sender,
         # which is gone by the time the parent reads them.
@@ -93,7 +87,10 @@ def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
     queue = ctx.SimpleQueue()
-    port = _free_port()
+    # The parent holds the rendezvous on a port the kernel picked and never let go of: a port found
+    # free and handed to rank 0 to bind later can be taken meanwhile (EADDRINUSE).
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=daemon)
              for r in range(world_size)]
     for p in procs:
@@ -123,6 +120,7 @@ def run_local(fn, world_size: int, *args, timeout: float = 240.0, preload: list[
         p.join(timeout=1 if errors or len(results) < world_size else 30)
         if p.is_alive():
             p.kill()
+    del store
     if errors:
         raise RuntimeError("distributed run failed on " + "\n".join(errors))
     if len(results) < world_size:

@@ -16,6 +16,7 @@ from hybridflow.runtime.agents.tools import Tool
 from hybridflow.runtime.engines.rollout.generation import SamplingParams, left_pad
 from hybridflow.runtime.sandbox import SandboxLimits
 from hybridflow.simulator.agents.multiturn import DecodeCost
+from hybridflow.simulator.agents.planning import AgentWorkload
 
 
 def tool_latency(tool: Tool, arguments: list[dict], limits: SandboxLimits) -> list[float]:
@@ -74,3 +75,13 @@ def observed_distributions(convs) -> dict[str, list]:
             start = end + 1
     return {"turns": turns, "turn_tokens": turn_tokens, "tool_turn_tokens": tool_turn_tokens or [1],
             "turn_tokens_by_turn": by_turn}
+
+
+def agent_workload(convs, tool_seconds: list[float], settings) -> AgentWorkload:
+    """What `hflow-plan search --agent-workload FILE` reads (write it with `.model_dump_json()`): the
+    distributions finished conversations showed, the tools' latencies (tool_latency) and the run config's
+    `agent` settings (tool_workers, overlap)."""
+    d = observed_distributions(convs)
+    return AgentWorkload(turns=d["turns"], tool_seconds=tool_seconds or [0.0], turn_tokens=d["turn_tokens"],
+                         turn_tokens_by_turn=d["turn_tokens_by_turn"], tool_turn_tokens=d["tool_turn_tokens"],
+                         tool_workers=settings.tool_workers, overlap=settings.overlap)

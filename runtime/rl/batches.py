@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.controller.protocols import balanced_partition
 from hybridflow.runtime.tasks.reward_pool import ScoringPool
 from hybridflow.runtime.tasks.rewards import score_responses
 from hybridflow.runtime.tasks.tokenizer import Tokenizer
@@ -28,22 +29,19 @@ FULL_FIELDS = ("input_ids", "attention_mask", "position_ids")  # left-padded pro
 
 
 def dp_balanced_order(attention_mask: torch.Tensor, dp: int, group: int = 1) -> torch.Tensor | None:
-    """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same mix of
-    sequence lengths: the rows sorted by length are dealt out snake-wise (verl's balance_batch idea).
-    The ranks then hold equal token counts and, with the engine's length buckets, micro-batches of
-    equal widths, so they reach FSDP's collectives together. `group`: consecutive rows that share a
-    prompt (samples per prompt) are dealt out together, by their total length, so a rank's engine
+    """A row order that gives each of `dp` contiguous shards (DP_COMPUTE's split) the same number of rows
+    holding about the same tokens (controller/protocols.py balanced_partition; verl's balance_batch idea).
+    The ranks then reach FSDP's collectives together. `group`: consecutive rows that share a prompt
+    (samples per prompt) go to a rank together, balanced by their total length, so a rank's engine
     computes each prompt once (engines/train/fsdp/shared_prompts.py); where the groups do not split evenly over
-    the ranks, rows are dealt one by one. None when there is nothing to balance."""
+    the ranks, rows are balanced one by one. None when there is nothing to balance."""
     n = attention_mask.shape[0]
     if dp < 2 or n % dp:
         return None
     group = group if group > 1 and n % (group * dp) == 0 else 1
     units = n // group
-    ranked = torch.sort(attention_mask.long().sum(-1).view(units, group).sum(-1), stable=True).indices
-    j = torch.arange(units)
-    rank = torch.where((j // dp) % 2 == 0, j % dp, dp - 1 - j % dp)  # 0 1 1 0 0 1 … for dp = 2
-    dealt = ranked[torch.sort(rank, stable=True).indices]
+    tokens = attention_mask.long().sum(-1).view(units, group).sum(-1).tolist()
+    dealt = torch.tensor([u for part in balanced_partition(tokens, dp) for u in part])
     return (dealt[:, None] * group + torch.arange(group)).flatten()
 
 

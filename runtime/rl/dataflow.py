@@ -11,6 +11,11 @@ driver (group "driver"). Where the rollouts run and when they are generated is t
 (rl/modes/, chosen by Plan.mode, driving rl/rollout.py's RolloutDevices).
 Algorithm-specific steps are the entry's hooks (Safe-RLHF's λ, DAPO's group filter), called here.
 
+With an `agent` section a rollout is conversations (docs/agents.md; rl/rollout.py runs them): every op
+reads `response_mask`, which marks only the tokens the model generated; a rule-based reward reads each
+conversation's last model turn (agents/trainer_rollout.final_turns); an environment's per-turn rewards
+(`token_rewards`) join the reward stream's score and land on their turns' last tokens.
+
 With one PPO epoch of one mini-batch and no KL in the reward, `actor_logprob` is skipped: the
 actor's update takes its own log-probs, detached, as the old ones and reports the KL statistic
 (the simulator's dataflow applies the same rule, simulator/dataflow.needs_old_logprob_pass).
@@ -25,6 +30,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridflow.runtime.agents.trainer_rollout import (
+    ConversationRollout,
+    conversation_stats,
+    final_turns,
+    is_conversation_batch,
+)
 from hybridflow.runtime.algorithms.advantages import get_advantage_estimator, overlong_penalty
 from hybridflow.runtime.algorithms.functional import masked, masked_mean
 from hybridflow.runtime.algorithms.losses import KLController, kl_penalty, scores_to_token_rewards
@@ -42,6 +53,7 @@ from hybridflow.runtime.rl.batches import (
     rule_scores,
 )
 from hybridflow.runtime.rl.modes import MODES
+from hybridflow.runtime.rl.partial_rollouts import PartialRollouts
 from hybridflow.runtime.rl.recorder import OpRecorder
 from hybridflow.runtime.rl.rollout import RolloutDevices
 from hybridflow.runtime.rl.run_config import RunConfig
@@ -78,8 +90,15 @@ class Dataflow:
         self.state = self.algo.hooks.driver_state(config)  # e.g. Safe-RLHF's Lagrange multiplier
         self.kl = KLController(config.kl)
         self.old_logprob_pass = needs_old_logprob_pass(plan.workload, plan.reference_roles(), config.kl_in_reward)
-        self.rollout = RolloutDevices(plan, groups, self.recorder)
-        self.mode = MODES[plan.mode](self.rollout, plan.workload, prompts, plan.staleness)
+        conversations = None
+        if config.agent.enabled:  # the actor's HF tokenizer with its chat template (checked by check_runnable)
+            conversations = ConversationRollout(config.agent, tokenizer.hf, tokenizer.eos_ids, tokenizer.pad_id,
+                                                config.seed)
+        self.rollout = RolloutDevices(plan, groups, self.recorder, conversations)
+        budget = config.async_mode.partial_rollout_tokens  # async only (check_runnable)
+        extra = {"partial": PartialRollouts(budget, plan.workload.response_len, tokenizer.eos_ids,
+                                            tokenizer.pad_id)} if budget and plan.mode == "async" else {}
+        self.mode = MODES[plan.mode](self.rollout, plan.workload, prompts, plan.staleness, **extra)
         self.start_iteration(0)
 
     def start_iteration(self, iteration: int) -> None:
@@ -125,8 +144,9 @@ class Dataflow:
 
     def _call_balanced(self, op: str, role: str, method: str, batch: Batch) -> Pending:
         """`_call` with the rows spread evenly over the role's dp ranks; results come back in batch order."""
-        order = dp_balanced_order(batch["attention_mask"], self.plan.roles[role].train.dp,
-                                  self.plan.workload.samples_per_prompt)
+        rp = self.plan.roles[role]  # a packing role shares no prompts: its rows balance one by one
+        order = dp_balanced_order(batch["attention_mask"], rp.train.dp,
+                                  1 if rp.micro_batch_tokens else self.plan.workload.samples_per_prompt)
         if order is None:
             return self._call(op, role, method, batch)
         self.recorder.log(op, role)
@@ -136,13 +156,17 @@ class Dataflow:
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         """Responses for the prompts, as the execution mode makes them (rl/modes/). greedy (ReMax's
         baseline): one response per prompt, not per sample."""
-        return cut_at_stops(self.mode.generate(batch, greedy, sample_round), self.tok, self.config.sampling.stop)
+        out = cut_at_stops(self.mode.generate(batch, greedy, sample_round), self.tok, self.config.sampling.stop)
+        if is_conversation_batch(out) and not greedy and not sample_round:
+            self.stats.update(conversation_stats(out))
+        return out
 
     # ---- scores -------------------------------------------------------------------------------
     def _rule_scores(self, batch: Batch, stream: str) -> torch.Tensor:
         with self._on_driver(stream, stream):
             ref, fn = getattr(self.plan, f"{stream}_function"), self.functions[stream]
-            scores = rule_scores(fn, batch, self.tok, f"{stream} function '{ref}'")
+            read = final_turns(batch) if is_conversation_batch(batch) else batch  # a conversation: its answer
+            scores = rule_scores(fn, read, self.tok, f"{stream} function '{ref}'")
             if isinstance(fn, ScoringPool) and fn.config.timeout_s:
                 self.stats[f"{stream}/timeouts"] = self.stats.get(f"{stream}/timeouts", 0.0) + fn.timeouts
             return scores
@@ -158,6 +182,8 @@ class Dataflow:
             if not self.has(s):
                 batch[f"{s}_scores"] = self._rule_scores(batch, s)
         batch = self.gather(batch, *pending)
+        if "token_rewards" in batch:  # an environment's rewards, per turn: part of the reward
+            batch["reward_scores"] = batch["reward_scores"].float() + batch["token_rewards"].sum(-1)
         for s in models:
             check_finite_scores(batch[f"{s}_scores"], f"{s} model {self.plan.roles[s].path}", list(batch["prompt"]),
                                 **batch_origin(batch))
@@ -255,8 +281,12 @@ class Dataflow:
                 kl = masked(kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], cfg.kl.estimator), mask)
             estimator = get_advantage_estimator(cfg.advantage.estimator)
             advantages = {}
+            env = batch["token_rewards"] if "token_rewards" in batch else None  # an environment's, on their turns
             for s in self.algo.scores:
-                rewards = scores_to_token_rewards(scores[s], mask)
+                if s == "reward" and env is not None:
+                    rewards = scores_to_token_rewards(scores[s] - env.sum(-1), mask) + env
+                else:
+                    rewards = scores_to_token_rewards(scores[s], mask)
                 if kl is not None:
                     rewards = rewards - hooks.kl_shares.get(s, 0.0) * self.kl.value * kl
                 critic = CRITIC_OF[s]

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import importlib.util
 
+from hybridflow.runtime.agents.checks import check_agent_plan
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import record_dataflow
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.vocabulary.execution import colocation_problem, moe_tp_problem
+from hybridflow.simulator.vocabulary.execution import (
+    colocation_problem,
+    context_parallel_problem,
+    moe_tp_problem,
+)
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
@@ -20,9 +25,9 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     """One-line HflowError for a plan (with these RL settings) the runtime cannot execute as written."""
     if config.kl.coef > 0 and "coef" in config.kl.model_fields_set and "ref" not in plan.reference_roles():
         raise HflowError(f"kl coef {config.kl.coef} needs a 'ref' model in the plan; add one or set kl.coef to 0")
-    if config.agent.enabled:
-        raise HflowError("agent.tools / agent.environment (multi-turn rollouts, docs/agents.md) are not wired into "
-                         "`run` yet; train on conversations with examples/agents/calculator_grpo.py for now")
+    if config.agent.enabled:  # conversations (docs/agents.md): tools import, schemas parse, the template shows tools
+        check_agent_plan(config.agent, plan, config.sampling.stop)
+    check_partial_rollouts(plan, config)
     if not plan.mechanics.is_default:
         raise HflowError(f"this plan is priced with another system's engines ({plan.mechanics.describe()}): "
                          "`compare` writes such plans to show a baseline; run a plan from `hflow-plan search`")
@@ -30,6 +35,9 @@ def check_runnable(plan: Plan, config: RunConfig) -> None:
     if priced_only:
         raise HflowError(f"role '{priced_only[0]}' trains on backend 'deepspeed', which the simulator prices for the "
                          "systems it is compared with but this runtime does not run: use fsdp or megatron")
+    for role, rp in plan.roles.items():
+        if (bad := context_parallel_problem(rp.train)) is not None:
+            raise HflowError(f"role '{role}': {bad}")
     split = [r for r, rp in plan.roles.items() if rp.train.sp > 1 and rp.train.pp > 1]
     if split:  # the FSDP engine runs Ulysses (engines/train/fsdp/ulysses.py), not inside its pipeline schedule
         raise HflowError(f"role '{split[0]}' trains with sequence parallelism sp={plan.roles[split[0]].train.sp} and "
@@ -118,3 +126,32 @@ def role_weights(plan: Plan, role: str, example_reward: str = "hybridflow.runtim
     if role in ("critic", "cost_critic", "ref") and plan.roles["actor"].model == rp.model:
         return role_weights(plan, "actor")
     return None
+
+
+def check_partial_rollouts(plan: Plan, config: RunConfig) -> None:
+    """async_mode.partial_rollout_tokens (rl/partial_rollouts.py): the async mode, the native engine, one-call
+    rollouts (no agent), a budget below the response length."""
+    budget = config.async_mode.partial_rollout_tokens
+    if budget is None:
+        return
+    if plan.mode != "async":
+        raise HflowError(f"async_mode.partial_rollout_tokens continues responses across rounds of the async mode; the "
+                         f"plan's mode is '{plan.mode}': use --mode async or drop partial_rollout_tokens")
+    if budget >= plan.workload.response_len:
+        raise HflowError(f"async_mode.partial_rollout_tokens {budget} is not below the response length "
+                         f"{plan.workload.response_len}, so no response would be paused: set it below "
+                         f"{plan.workload.response_len} or drop it")
+    n, k = plan.workload.response_len, plan.staleness
+    if -(-n // budget) > k:
+        fix = f"set partial_rollout_tokens to at least {-(-n // k)} or raise max_staleness" if k > 1 else \
+            "raise max_staleness to 2 or more"
+        raise HflowError(f"a response of response_len {n} tokens takes {-(-n // budget)} rounds of "
+                         f"async_mode.partial_rollout_tokens {budget}, one per iteration while the trainers are the "
+                         f"slower side, so its first tokens would be more than max_staleness {k} updates old: {fix}")
+    if config.agent.enabled:
+        raise HflowError("async_mode.partial_rollout_tokens pauses single-call responses; an agent run's turns are "
+                         "calls of their own: drop partial_rollout_tokens for an agent run")
+    if plan.roles["actor"].rollout != "native":
+        raise HflowError(f"partial rollouts continue a response from its prefix on the native engine (the actor's "
+                         f"rollout is '{plan.roles['actor'].rollout}'): use --rollout native or drop "
+                         "async_mode.partial_rollout_tokens")

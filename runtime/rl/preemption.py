@@ -4,7 +4,9 @@ checkpoint, and ends with exit code 143 (PreemptedError), all within `cluster.pr
 The handler only notes the time and arms an alarm at the end of the grace; the trainer's loop looks
 at the note after each step (`pending`). If the alarm fires first, whatever the driver waits on then
 (the step, the save) is abandoned by raising PreemptedError from the handler: the last complete
-checkpoint stands, and a save cut short has no manifest, so no resume takes it.
+checkpoint stands, and a save cut short has no manifest, so no resume takes it. The handler may fire
+inside library code that wraps what it raises (Ray's deserialisation does), so it also notes that the
+grace ran out (`expired`) and the trainer raises `abandoned()` for whatever reached it.
 
 `ray.init` installs its own SIGTERM handler (`sys.exit(15)`, printed as Ray's signal dump), so the
 trainer installs this one after Ray is up. Only the main thread can install handlers; elsewhere
@@ -24,6 +26,7 @@ class Preemption:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.since: float | None = None  # monotonic time SIGTERM came
+        self.expired = False  # the grace ran out and the alarm abandoned what the driver was doing
         self.where = "before the first iteration"  # what the driver was doing, for the line
         self._previous = None  # the handler before ours, back once the trainer shuts down
 
@@ -41,9 +44,13 @@ class Preemption:
         signal.setitimer(signal.ITIMER_REAL, self.grace_s)
 
     def _on_deadline(self, signum, frame) -> None:
-        raise PreemptedError(f"preempted (SIGTERM): the grace of {self.grace_s:g} s ran out {self.where}, which was "
-                             "abandoned; the last complete checkpoint stands (continue with --resume); "
-                             "--preempt-grace S gives more time")
+        self.expired = True
+        raise self.abandoned()
+
+    def abandoned(self) -> PreemptedError:
+        return PreemptedError(f"preempted (SIGTERM): the grace of {self.grace_s:g} s ran out {self.where}, which was "
+                              "abandoned; the last complete checkpoint stands (continue with --resume); "
+                              "--preempt-grace S gives more time")
 
     @property
     def pending(self) -> bool:

@@ -12,14 +12,25 @@ Two places (the plan's `generate_group`), one interface for the execution modes 
   `weight_sync/bytes` is the sum over the rollout ranks.
 
 A rollout is split into one prompt shard per generation replica; each replica's tp rank 0 is read.
+
+With an `agent` section (docs/agents.md) a rollout is conversations (agents/trainer_rollout.py): the
+loop runs on the driver, in a thread of its own per rollout in flight, so an asynchronous mode's
+rollout runs on while the driver trains; each model turn is one `generate` call on the group (each
+call's sampling round its own: the rollout's round · TURN_CALLS + the call's index) and tools run on
+the driver's thread pool while the next call decodes the conversations that are not waiting. Calls of
+rollouts in flight together go one at a time (a lock), so every rank of the group serves them in the
+same order. The rollout's `generate` op spans its first call's start to its last call's end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 
+from hybridflow.runtime.agents.trainer_rollout import ConversationRollout, TurnOutput
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.calls import CallFuture, get_all
 from hybridflow.runtime.controller.protocols import join, shard
@@ -35,13 +46,45 @@ from hybridflow.runtime.workers.rollout import RolloutWorker
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.roles import ROLLOUT
 
+TURN_CALLS = 100_000  # generate calls one conversation rollout may make (its calls' sampling rounds)
+
 
 @dataclass
 class PendingRollout:
     batch: Batch  # the prompts
-    future: CallFuture
+    future: CallFuture | Future  # a Future: conversations, run on a driver thread (-> (batch, call outputs))
     pad: int  # rows padded to split the prompts evenly over the replicas
     iteration: int  # its ops' iteration in the Timeline: the launching one, until a mode sets the one it serves
+
+
+@dataclass
+class GroupGenerate:
+    """`generate(ids, mask, params, generator)` for the conversation loop: one `generate` call on the rollout's
+    group per model turn (the workers sample with their own settings and seeds; params and generator are
+    not sent)."""
+
+    devices: RolloutDevices
+    iteration: int
+    greedy: bool
+    sample_round: int
+    behaviour: bool  # the workers return the sampler's log-probs (rollout devices)
+    calls: int = 0
+    outputs: list = field(default_factory=list)  # the replicas' outputs of every call (their timings)
+    versions: set[int] = field(default_factory=set)  # the policy versions that answered
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, params=None, generator=None) -> TurnOutput:
+        d = self.devices
+        with d.call_lock:
+            pending = d.submit(Batch({"prompt_ids": ids, "prompt_mask": mask}), self.iteration, self.greedy,
+                               self.sample_round * TURN_CALLS + self.calls)
+            outs = d.replica_outputs(pending.future.get(d.group.call_timeout))
+        self.calls += 1
+        self.outputs += outs
+        out = join(outs, pending.pad)
+        if "policy_version" in out:
+            self.versions.update(out["policy_version"].tolist())
+        logprobs = out["behaviour_log_probs"] if self.behaviour else torch.zeros(out["responses"].shape)
+        return TurnOutput(out["responses"], out["response_mask"], logprobs)
 
 
 def start_rollout_group(plan: Plan, pool: ResourcePool, model_path: str, rollout: RolloutSettings, seed: int,
@@ -76,14 +119,17 @@ class WeightSync:
 class RolloutDevices:
     """The group that generates the actor's rollouts, as the plan places it."""
 
-    def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], recorder: OpRecorder):
-        self.plan, self.recorder = plan, recorder
+    def __init__(self, plan: Plan, groups: dict[str, WorkerGroup], recorder: OpRecorder,
+                 conversations: ConversationRollout | None = None):
+        self.plan, self.recorder, self.conversations = plan, recorder, conversations
         separate = plan.roles["actor"].generate_group is not None
         self.role = ROLLOUT if separate else "actor"
         self.group = groups[self.role]
         self.sync = WeightSync(groups["actor"], self.group) if separate else None
         self.synced_version = -1  # the actor updates the rollout weights have seen (-1: not yet synced)
         self._ranks: list[tuple[int, int]] | None = None  # (replica, tp rank) of each rank
+        self.call_lock = threading.Lock()  # conversation rollouts' calls, one at a time
+        self._threads: ThreadPoolExecutor | None = None  # where conversation rollouts run
 
     def sync_weights(self, version: int, stats: dict[str, float]) -> None:
         """The weights after `version` actor updates onto the rollout devices (no-op when there already,
@@ -97,23 +143,54 @@ class RolloutDevices:
         stats["weight_sync/bytes"] = float(sum(t["weight_sync"][2] for t in got))
         self.synced_version = version
 
+    @property
+    def replicas(self) -> int:
+        if self._ranks is None:
+            self._ranks = self.group.call(self.role, "generation_ranks")
+        return 1 + max(rep for rep, _ in self._ranks)
+
+    def submit(self, batch: Batch, iteration: int, greedy: bool, sample_round: int) -> PendingRollout:
+        """One `generate` call on the group: the prompts sharded over the replicas."""
+        shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), self.replicas)
+        future = self.group.call_async(self.role, "generate", [shards[rep] for rep, _ in self._ranks],
+                                       iteration=iteration, greedy=greedy, sample_round=sample_round)
+        return PendingRollout(batch, future, pad, iteration)
+
+    def replica_outputs(self, outs: list) -> list:
+        """Each replica's output (its tp rank 0's), in replica order."""
+        return [outs[r] for _, r in sorted((rep, r) for r, (rep, tp) in enumerate(self._ranks) if tp == 0)]
+
     def launch(self, batch: Batch, iteration: int, greedy: bool = False, sample_round: int = 0) -> PendingRollout:
         """A rollout on its way (`collect` waits for it). greedy (ReMax's baseline): one response per
         prompt, not per sample (its consecutive copies)."""
         if greedy:
             batch = batch[torch.arange(0, len(batch), self.plan.workload.samples_per_prompt)]
-        if self._ranks is None:
-            self._ranks = self.group.call(self.role, "generation_ranks")
-        replicas = 1 + max(rep for rep, _ in self._ranks)
-        shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), replicas)
         self.recorder.log("generate_baseline" if greedy else "generate", "actor")
-        future = self.group.call_async(self.role, "generate", [shards[rep] for rep, _ in self._ranks],
-                                       iteration=iteration, greedy=greedy, sample_round=sample_round)
-        return PendingRollout(batch, future, pad, iteration)
+        if self.conversations is None:
+            return self.submit(batch, iteration, greedy, sample_round)
+        generate = GroupGenerate(self, iteration, greedy, sample_round, behaviour=self.sync is not None)
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(thread_name_prefix="hflow-conversations")
+
+        def converse():
+            out = self.conversations.run(batch, generate, iteration * TURN_CALLS + sample_round,
+                                         lambda: generate.versions)
+            return out, generate.outputs
+
+        return PendingRollout(batch, self._threads.submit(converse), 0, iteration)
 
     def collect(self, pending: PendingRollout) -> Batch:
         """The prompts with their responses; the ops span from the first replica's start to the last one's end."""
-        outs = pending.future.get(self.group.call_timeout)
-        readers = [r for _, r in sorted((rep, r) for r, (rep, tp) in enumerate(self._ranks) if tp == 0)]
-        self.recorder.record_outputs("actor", self.group.name, [outs[r] for r in readers], pending.iteration)
-        return pending.batch.union(join([outs[r] for r in readers], pending.pad))
+        if isinstance(pending.future, Future):  # conversations: the batch is theirs (prompts rendered with tools)
+            batch, outputs = pending.future.result()
+            self.recorder.record_outputs("actor", self.group.name, outputs, pending.iteration)
+            return batch
+        outs = self.replica_outputs(pending.future.get(self.group.call_timeout))
+        self.recorder.record_outputs("actor", self.group.name, outs, pending.iteration)
+        return pending.batch.union(join(outs, pending.pad))
+
+    def close(self) -> None:
+        """No new conversation rollouts; those in flight end with their calls (the groups' shutdown)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None

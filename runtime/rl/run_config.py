@@ -19,6 +19,7 @@ what to train on and how:
     logging:    {sample_log_every: 10, sample_log_count: 3}                  # sampled responses shown
     lora:       {actor: null, critic: null}   # {rank, alpha, dropout, target_modules}: over the plan's `lora`
     agent:      {tools: [], environment: null, max_turns: 4, max_tokens: 256, ...}   # multi-turn rollouts
+    async_mode: {partial_rollout_tokens: null}   # async mode: tokens per response per round (partial rollouts)
     loss, kl, advantage, shaping, lagrange, value_loss                       # the algorithm's settings
 
 Run-level defaults suit the tiny model on the built-in `sort` task. A section given in part keeps the
@@ -178,6 +179,16 @@ class LoraSection(BaseModel):
     critic: LoraConfig | None = None  # every critic (critic, cost_critic)
 
 
+class AsyncModeConfig(BaseModel):
+    """Settings of the `async` execution mode (runtime/rl/modes/streaming.py)."""
+
+    model_config = _SECTION
+
+    # partial rollouts (rl/partial_rollouts.py): each round generates at most this many new tokens per response,
+    # an unfinished response is continued in a later round; None: off (every response generated in one call)
+    partial_rollout_tokens: PositiveInt | None = None
+
+
 class LoggingConfig(BaseModel):
     model_config = _SECTION
 
@@ -235,6 +246,7 @@ class RunConfig(RLSettings):
     scoring: ScoringConfig = ScoringConfig()
     lora: LoraSection = LoraSection()
     agent: AgentSettings = AgentSettings()  # multi-turn tool / environment rollouts (docs/agents.md)
+    async_mode: AsyncModeConfig = AsyncModeConfig()  # the `async` mode's own settings (partial rollouts)
 
     @classmethod
     def load(cls, path) -> RunConfig:

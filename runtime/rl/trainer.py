@@ -40,6 +40,7 @@ from pathlib import Path
 import ray
 import torch
 
+from hybridflow.runtime.agents.trainer_rollout import conversation_texts, is_conversation_batch
 from hybridflow.runtime.algorithms.advantages import get_advantage_estimator
 from hybridflow.runtime.algorithms.functional import masked_mean
 from hybridflow.runtime.algorithms.losses import get_policy_loss
@@ -175,14 +176,20 @@ class Trainer:
 
     def _rollout_settings(self, on_trainer: bool) -> RolloutSettings:
         s, w, actor = self.config.sampling, self.plan.workload, self.plan.roles["actor"]
-        sampling = SamplingParams(max_new_tokens=w.response_len, temperature=s.temperature, top_p=s.top_p,
+        agent = self.config.agent  # conversations: a `generate` call is one model turn (agents/trainer_rollout.py)
+        partial = self.config.async_mode.partial_rollout_tokens  # async partial rollouts: a round's tokens per call
+        calls = agent.turn_tokens if agent.enabled else partial if partial and not on_trainer else w.response_len
+        sampling = SamplingParams(max_new_tokens=calls,
+                                  temperature=s.temperature, top_p=s.top_p,
                                   top_k=s.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id)
         return RolloutSettings(backend=actor.rollout, generation=self.plan.generation_config() if on_trainer else None,
-                               reshard=self.plan.reshard, sampling=sampling, prompt_len=w.prompt_len)
+                               reshard=self.plan.reshard, sampling=sampling, prompt_len=w.prompt_len,
+                               memory_fraction=actor.rollout_memory_fraction,
+                               max_concurrent_sequences=actor.max_concurrent_sequences)
 
     def _role_spec(self, role: str) -> RoleSpec:
         cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
-        common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed)
+        common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed, micro_batch_tokens=rp.micro_batch_tokens)
 
         def update(optim) -> UpdateSettings:
             return UpdateSettings(optim=optim, epochs=w.ppo_epochs, mini_batches=w.mini_batches)
@@ -271,7 +278,8 @@ class Trainer:
         """A few of the iteration's samples (spread over the batch): prompt, response and scores."""
         n, k = len(batch), self.config.logging.sample_log_count
         idx = sorted({i * n // k for i in range(min(k, n))})
-        texts = self.tok.decode_responses(batch["responses"][idx], batch["response_mask"][idx])
+        texts = (conversation_texts(batch[idx], self.tok) if is_conversation_batch(batch)  # the tool turns too
+                 else self.tok.decode_responses(batch["responses"][idx], batch["response_mask"][idx]))
         out = []
         for i, text in zip(idx, texts, strict=True):
             prompt = batch["prompt"][i]
@@ -299,7 +307,11 @@ class Trainer:
         # The policy's reward is that of its rollout on fresh prompts, before any filter (dynamic sampling).
         rewards = (df.rollout_scores if df.rollout_scores is not None else batch["reward_scores"]).float()
         mask = batch["response_mask"]
-        tokens = int(batch["attention_mask"].sum())
+        tokens = int(batch["attention_mask"].sum())  # the tokens really processed: throughput's numerator
+        processed = self.timeline.meta.setdefault("tokens_processed", {})  # by iteration (str: JSON keys)
+        processed[str(self.iteration)] = tokens
+        steady = [processed[str(i)] for i in self.timeline.steady_iterations() if str(i) in processed]
+        self.timeline.tokens_per_iteration = round(sum(steady) / len(steady)) if steady else tokens
         ops: dict[str, float] = {}
         for e in events:
             ops[e.op] = ops.get(e.op, 0.0) + e.seconds
@@ -309,7 +321,7 @@ class Trainer:
                "response_lengths": response_length_quantiles(mask),
                "advantage_mean": masked_mean(batch["advantages"], mask).item(),
                **df.stats, **metrics, "tokens": tokens, "seconds": seconds, "wall_seconds": wall,
-               "tokens_per_second": throughput(self.plan.workload.tokens_per_iteration, seconds), "op_seconds": ops}
+               "tokens_per_second": throughput(tokens, seconds), "op_seconds": ops}
         if "cost_scores" in batch:
             out["cost_mean"] = batch["cost_scores"].float().mean().item()
         every = self.config.logging.sample_log_every
@@ -375,8 +387,10 @@ class Trainer:
                         on_iteration(m)
                 self.flush_metrics()  # the run's end: lines past the last checkpoint too
                 return [done[i] for i in sorted(done)]
-            except RESTARTABLE as e:
-                if restarts >= limit:
+            except BaseException as e:
+                if self.preemption.expired and not isinstance(e, PreemptedError):
+                    raise self.preemption.abandoned() from e  # the alarm's error, wrapped by what it cut into
+                if not isinstance(e, RESTARTABLE) or restarts >= limit:
                     raise
                 restarts += 1
                 self.stop_workers()
@@ -393,6 +407,8 @@ class Trainer:
         """After SIGTERM, at the end of a step: save this iteration if it is not saved and the grace left
         allows a save as long as the last one took, then end the run (PreemptedError, exit 143)."""
         p, ck = self.preemption, self.checkpoints
+        if p.expired:  # the alarm fired inside code that swallowed its error: nothing more is done
+            raise p.abandoned()
         if not self.checkpoint_dir:
             kept = "no --checkpoint-dir: nothing is kept"
         elif ck.saved_iteration == self.iteration and self.iteration > 0:
@@ -448,6 +464,8 @@ class Trainer:
         self.sampler = PromptSampler(len(self.dataset), self.plan.workload.prompts, self.config.seed)
 
     def _end_groups(self) -> None:
+        if self.df is not None:
+            self.df.rollout.close()  # no new conversation rollouts (those in flight end with the groups)
         for group in {id(g): g for g in self.groups.values()}.values():
             group.shutdown()
             group.pool.remove()

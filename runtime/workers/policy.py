@@ -62,13 +62,14 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
     def __init__(self, model_path: str, *, seed: int = 0, micro_batch_size: int | None = None,
                  temperature: float = 1.0, update: UpdateSettings | None = None,
                  objective: PolicyObjective | None = None, rollout: RolloutSettings | None = None,
-                 lora: LoraConfig | None = None):
+                 lora: LoraConfig | None = None, micro_batch_tokens: int | None = None):
         """update: how the actor steps (None: the reference, never trained); objective: its loss;
         rollout: how it generates on its own devices (None: on separate rollout devices,
         workers/rollout.py, or not at all). temperature: the sampling temperature; every log-prob
         (old, reference, training) is taken from logits / temperature, the distribution the
         responses were drawn from (greedy, 0: at 1). lora: train adapters on the frozen model (seeded by
-        `seed`); its base, adapters off, is then the reference (`compute_ref_log_prob`)."""
+        `seed`); its base, adapters off, is then the reference (`compute_ref_log_prob`). micro_batch_tokens:
+        sequence packing's token budget (the plan's, RolePlan.micro_batch_tokens)."""
         super().__init__()
         torch.manual_seed(seed)
         if update is not None and objective is None:
@@ -77,7 +78,8 @@ class PolicyWorker(EngineState, PhaseTiming, WeightSource, Worker):
         self.update_settings, self.objective = update, objective
         self.engine = build_train_engine(load_causal_lm(model_path), self.parallel,
                                          optim=update.optim if update else None, micro_batch_size=micro_batch_size,
-                                         temperature=temperature or 1.0, lora=lora, lora_seed=seed)
+                                         temperature=temperature or 1.0, lora=lora, lora_seed=seed,
+                                         micro_batch_tokens=micro_batch_tokens)
         self.micro_batch_size = micro_batch_size
         self.sampling = rollout.sampling if rollout else None
         self.rollout: RolloutEngine | None = None

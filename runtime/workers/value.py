@@ -33,15 +33,15 @@ from hybridflow.simulator.vocabulary.lora import LoraConfig
 class ValueWorker(EngineState, PhaseTiming, Worker):
     def __init__(self, model_path: str, *, seed: int = 0, micro_batch_size: int | None = None,
                  update: UpdateSettings | None = None, value_loss: ValueLossSettings | None = None,
-                 lora: LoraConfig | None = None):
+                 lora: LoraConfig | None = None, micro_batch_tokens: int | None = None):
         """update: how a critic steps (None: a reward or cost model, never trained); value_loss: the
-        critic's objective."""
+        critic's objective; micro_batch_tokens: sequence packing's token budget (the plan's)."""
         super().__init__()
         torch.manual_seed(seed)
         self.model_path = model_path
         self.engine = build_train_engine(load_score_model(model_path), self.parallel,
                                          optim=update.optim if update else None, micro_batch_size=micro_batch_size,
-                                         lora=lora, lora_seed=seed)
+                                         lora=lora, lora_seed=seed, micro_batch_tokens=micro_batch_tokens)
         self.micro_batch_size = micro_batch_size
         self.update_settings, self.value_loss = update, value_loss or ValueLossSettings()
 

@@ -9,7 +9,7 @@ tools; with overlap the engine decodes whichever conversations are ready while t
 
 The inputs are distributions, as measured: turns per conversation, generated tokens per turn (overall
 or per turn index), tokens a
-tool turn appends, tool latency (a probe on the user's tools: runtime/agents/probe.py) and the cost of
+tool turn appends, tool latency (a probe on the user's tools: runtime/measure/agent_probe.py) and the cost of
 one `generate` call as a linear model of its work (`DecodeCost`, fitted to timed calls). The iteration's
 rollout seconds are the mean of an event simulation of that policy over `draws` random draws.
 """
@@ -54,6 +54,8 @@ class MultiTurnWorkload(BaseModel):
     # per turn index (the k-th list for the k-th model turn, the last for later ones): a model's first
     # turn (a tool call) and its last (an answer) differ in length; None: `turn_tokens` for every turn
     turn_tokens_by_turn: list[list[PositiveInt]] | None = None
+    # a conversation's last turn (its answer, no call), when it differs from the turns that call a tool
+    final_turn_tokens: list[PositiveInt] | None = None
     tool_workers: PositiveInt = 4
     overlap: bool = True
     prefix_cache: bool = False
@@ -67,14 +69,17 @@ class _Conv:
     new_context: int = 0  # tokens since the last prefill (what a prefix cache would re-prefill)
 
 
-def _turn_lengths(w: MultiTurnWorkload, turn: int) -> list[int]:
+def _turn_lengths(w: MultiTurnWorkload, turn: int, last: bool = False) -> list[int]:
+    if last and w.final_turn_tokens:
+        return w.final_turn_tokens
     if not w.turn_tokens_by_turn:
         return w.turn_tokens
     return w.turn_tokens_by_turn[min(turn, len(w.turn_tokens_by_turn) - 1)]
 
 
 def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> float:
-    """Seconds of one multi-turn rollout under the runner's policy, for one random draw."""
+    """Seconds of one multi-turn rollout under the runner's policy, for one random draw. `cost`: anything
+    with DecodeCost's `seconds(rows, steps, prefill_tokens)` (planning.py prices a turn with a cost model)."""
     rng = random.Random(seed)
     convs = [_Conv(rng.choice(w.turns), w.prompt_tokens, new_context=w.prompt_tokens) for _ in range(w.conversations)]
     now = 0.0
@@ -93,7 +98,8 @@ def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> f
         if ready and (w.overlap or not (tools or queue)):
             batch = sorted(ready)
             ready.clear()
-            gen = {i: rng.choice(_turn_lengths(w, convs[i].done_turns)) for i in batch}
+            gen = {i: rng.choice(_turn_lengths(w, convs[i].done_turns, convs[i].done_turns + 1 == convs[i].turns))
+                   for i in batch}
             prefill = sum(convs[i].new_context if w.prefix_cache else convs[i].context for i in batch)
             now += cost.seconds(len(batch), max(gen.values()), prefill)
             for i in batch:
@@ -105,13 +111,20 @@ def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> f
                     queue.append(i)
             start_tools(now)
             continue
-        t, i = heapq.heappop(tools)
-        now = max(now, t)
-        workers_free += 1
-        extra = rng.choice(w.tool_turn_tokens)
-        convs[i].context += extra
-        convs[i].new_context += extra
-        ready.add(i)
+        # the runner wakes on the first tool done: with the engine idle (overlap) that one conversation alone
+        # is decoded next (the others of its wave land a moment later, during that call); tools done while
+        # the engine was busy are all ready together
+        idle = w.overlap and tools[0][0] > now
+        now = max(now, tools[0][0])
+        while tools and tools[0][0] <= now:
+            _, i = heapq.heappop(tools)
+            workers_free += 1
+            extra = rng.choice(w.tool_turn_tokens)
+            convs[i].context += extra
+            convs[i].new_context += extra
+            ready.add(i)
+            if idle:
+                break
         start_tools(now)
     return now
 

@@ -6,7 +6,8 @@ its fitted fractions apply to each of them over their own datasheet figures. The
 point corrections: the share of peak a layer's matmuls reach and how it falls with few rows and thin
 tensor-parallel shards, attention's slower kernels, the share of HBM bandwidth a decode step streams, the
 fixed cost per layer of a decode step (kernel launches, thin kernels) and its extra under tensor
-parallelism, a serving engine's per-sequence bookkeeping, how a collective's latency grows with its group,
+parallelism, a serving engine's per-sequence bookkeeping (and the un-overlapped host work of vLLM before
+0.6), how a collective's latency grows with its group,
 the links' achieved bandwidth and how much of FSDP's traffic hides under compute. scipy's least_squares
 moves them (log-space, soft-L1 on log(predicted/measured), each kind of point weighted equally), from the
 same start every time: the fit is deterministic.
@@ -66,11 +67,12 @@ SHARED = (
     Term("overheads", "decode_layer_seconds", 1e-7, 2e-4),
     Term("overheads", "tp_decode_layer_seconds", 1e-7, 2e-4),
     Term("overheads", "decode_sequence_seconds", 1e-8, 2e-4),
+    Term("overheads", "host_sequence_seconds", 1e-7, 2e-3),
     Term("overheads", "weight_tensor_seconds", 1e-5, 5e-2),
 )
 # Where each term starts (the analytic model's own defaults, and small overheads).
 _START = {"overheads.decode_layer_seconds": 1e-5, "overheads.tp_decode_layer_seconds": 1e-5,
-          "overheads.decode_sequence_seconds": 1e-6,
+          "overheads.decode_sequence_seconds": 1e-6, "overheads.host_sequence_seconds": 1e-5,
           "overheads.weight_tensor_seconds": 1e-3, "params.collective_latency_growth": 0.1}
 
 
@@ -232,9 +234,13 @@ def stored_terms() -> dict[str, GpuTerms]:
     return {f: GpuTerms.model_validate(v["terms"]) for f, v in doc["families"].items()}
 
 
-def default_cost_model(cluster: ClusterSpec) -> CostModel:
+def default_cost_model(cluster: ClusterSpec, **param_updates) -> CostModel:
     """The cost model a plan on `cluster` is priced with unless a profile says otherwise: on a GPU family with a
-    shipped fit, its fitted terms over the device's datasheet; elsewhere the analytic defaults."""
+    shipped fit, its fitted terms over the device's datasheet; elsewhere the analytic defaults. `param_updates`:
+    EfficiencyParams a run states (its generation engine's, efficiency.engine_params)."""
     family = family_of(cluster.hardware.name)
     terms = stored_terms().get(family) if family else None
-    return terms.cost_model(cluster) if terms else CostModel(cluster)
+    if terms:
+        return terms.cost_model(cluster, **param_updates)
+    return CostModel(cluster, EfficiencyParams.for_hardware(cluster.hardware, **param_updates) if param_updates
+                     else None)

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import dp_ranks
-from hybridflow.simulator.pricing.cost import CostModel, OpCost, micro_batches
+from hybridflow.simulator.pricing.cost import CostModel, micro_batches
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.op_cost import OpCost
 from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
@@ -54,6 +56,11 @@ class EngineOverheads(BaseModel):
     decode_sequence_seconds: float = Field(0.0, ge=0, description="per sequence per generation pass: the serving "
                                            "engine's scheduling, sampling and bookkeeping of each sequence in "
                                            "the batch")
+    host_sequence_seconds: float = Field(0.0, ge=0, description="per sequence per generation pass of an engine "
+                                         "that does not overlap its host work with the GPU step (vLLM before 0.6: "
+                                         "EfficiencyParams.generation_host_overlap False): its scheduler, block "
+                                         "manager, sampler and detokenizer walk every sequence in Python between "
+                                         "steps while the GPU idles")
     tp_layer_seconds: float = Field(0.0, ge=0, description="extra per layer per forward pass when tp > 1 (forward "
                                     "ops and a training step's forward half): DTensor dispatch and the "
                                     "synchronisation of the layer's two all-reduces")
@@ -194,12 +201,23 @@ class ProfiledCostModel(CostModel):
         cost = super().generate(model, gen, workload, sequences, free_bytes_per_device, batch_cap, gather_every_step)
         seqs = workload.sequences if sequences is None else sequences
         # the slowest replica's prefills and decode steps, and the response tokens it generates
-        passes, tokens = self.decode_counts(model, gen, workload, seqs, free_bytes_per_device, batch_cap)
+        passes, tokens = generation.decode_counts(self, model, gen, workload, seqs, free_bytes_per_device, batch_cap)
         # generation replicas hold whole (tp-sharded) weights: no FSDP hooks however large dp is
         o = self.overheads
         per_layer = o.decode_layer_seconds + (o.tp_decode_layer_seconds if gen.tp > 1 else 0.0)
         extra = passes * model.layers * per_layer + tokens * o.decode_sequence_seconds
-        return self._with(cost, extra + o.call_seconds)
+        cost = self._with(cost, extra + o.call_seconds)
+        if self.params.generation_host_overlap:
+            return cost
+        return self._with(cost, tokens * o.host_sequence_seconds, part="host")
+
+    def host_seconds_per_step(self, batch: int) -> float:
+        """The step's fixed overhead and the engine's per-sequence work in one decode step of `batch` sequences
+        (the bookkeeping every engine pays, and the host work an engine that does not overlap it runs between
+        steps)."""
+        o = self.overheads
+        host = 0.0 if self.params.generation_host_overlap else o.host_sequence_seconds
+        return super().host_seconds_per_step(batch) + batch * (o.decode_sequence_seconds + host)
 
     def reshard(self, model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
                 per_tensor: bool = False, lora=None) -> OpCost:

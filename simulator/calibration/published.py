@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams, engine_params
+from hybridflow.simulator.pricing.generation import prefill
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -93,6 +94,9 @@ class GenerateSetup(_Setup):
 
     op: Literal["generate"]
     engine: Literal["vllm", "tensorrt-llm", "sglang"]
+    # the engine's release as the source states it (vLLM: required; before 0.6 its host work is not overlapped,
+    # efficiency.engine_params)
+    engine_version: str | None = None
     model: str | dict
     tp: PositiveInt = 1
     batch: PositiveInt | None = None  # None: as many as the engine's batch limit and the KV cache hold
@@ -102,8 +106,19 @@ class GenerateSetup(_Setup):
     max_num_seqs: PositiveInt | None = None  # the engine's batch limit where the source sets it
     memory_fraction: float | None = Field(None, gt=0, le=1)  # the engine's share of device memory
     metric: Literal["output_tokens_per_s", "output_tokens_per_s_per_gpu", "request_seconds", "ttft_seconds",
-                    "tpot_seconds", "batching_gain"]
+                    "tpot_seconds", "batching_gain", "host_seconds_per_step"]
     gain_batch: PositiveInt | None = None  # batching_gain: throughput at gain_batch over throughput at batch
+
+    @field_validator("engine_version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        if v is not None and not all(p.isdigit() for p in v.split(".")[:2]):
+            raise ValueError(f"engine_version {v!r}: give the release as digits, e.g. 0.3.1")
+        return v
+
+    def model_post_init(self, _) -> None:
+        if self.engine == "vllm" and self.engine_version is None:
+            raise ValueError("a vLLM setup names its engine_version (the release the source ran)")
 
 
 class TrainSetup(_Setup):
@@ -155,11 +170,17 @@ class SystemRunSetup(_Setup):
     models: dict[str, str | dict]
     workload: dict
     settings: dict = Field(default_factory=dict)  # the system's own knobs (planner/published_systems.py reads them)
+    vllm_version: str | None = None  # the vLLM it generated with (None: no vLLM); efficiency.engine_params
     iterations: float = Field(1.0, gt=0)
     # a whole run over `samples` prompts, in iterations of the workload's prompts — or, with the setting
     # `largest_batch`, of the largest batch per device that fits (at most the workload's), as DS-Chat's
     # benchmark ran ("the largest training batch size that does not result in an out-of-memory error")
     samples: PositiveInt | None = None
+    # what the system's own timers span: `system` — generation with its scoring forwards, then training, the
+    # iteration from first op to last; `deepspeed-chat` — DS-Chat step 3's main.py: its generate() calls alone
+    # (the last call's time × generation_batches) and its training loop, summed as the iteration ("we did not
+    # include, e.g., rw forward time etc"): the scoring forwards are in neither
+    timer: Literal["system", "deepspeed-chat"] = "system"
     metric: Literal["iteration_seconds", "generation_seconds", "training_seconds", "run_seconds"]
 
 
@@ -179,6 +200,8 @@ class PaperStudySetup(_Setup):
     critic_model: str | None = None  # colocate_gain: the critic and reward's model (the actor's is the grid's)
     generation_tp: tuple[PositiveInt, PositiveInt] | None = None  # generation_tp_reduction: t_g, against t_g
     train: ParallelConfig | None = None  # generation_tp_reduction: every model's training layout
+    # the vLLM HybridFlow and OpenRLHF generated with in the paper (DS-Chat and NeMo-Aligner have their own loops)
+    vllm_version: str | None = None
     metric: Literal["ratio", "percent"]
 
 
@@ -235,6 +258,7 @@ def price_generate(s: GenerateSetup, model_for: ModelFor) -> float:
     gen = ParallelConfig(tp=s.tp)
     engine = {k: v for k, v in (("max_decode_batch", s.max_num_seqs), ("usable_memory_fraction", s.memory_fraction))
               if v is not None}
+    engine.update(engine_params(s.engine, s.engine_version))
 
     def run(batch: int | None):
         updates, free = dict(engine), None
@@ -244,9 +268,12 @@ def price_generate(s: GenerateSetup, model_for: ModelFor) -> float:
         w = Workload(prompts=s.requests, prompt_len=s.prompt_len, response_len=s.response_len)
         return c, c.generate(model, gen, w, sequences=s.requests, free_bytes_per_device=free)
 
+    if s.metric == "host_seconds_per_step":
+        c = model_for(s.cluster(), **engine)
+        return c.host_seconds_per_step(s.batch)
     if s.metric == "ttft_seconds":
         c = model_for(s.cluster())
-        return sum(c.prefill(model, gen, s.batch or 1, s.prompt_len).values())
+        return sum(prefill(c, model, gen, s.batch or 1, s.prompt_len).values())
     c, cost = run(s.batch)
     if s.metric == "output_tokens_per_s":
         return s.requests * s.response_len / cost.seconds
@@ -255,7 +282,7 @@ def price_generate(s: GenerateSetup, model_for: ModelFor) -> float:
     if s.metric == "request_seconds":
         return cost.seconds * s.batch / s.requests if s.batch else cost.seconds
     if s.metric == "tpot_seconds":
-        first = sum(c.prefill(model, gen, s.batch or 1, s.prompt_len).values())
+        first = sum(prefill(c, model, gen, s.batch or 1, s.prompt_len).values())
         return (cost.seconds - first) / max(s.response_len - 1, 1)
     # batching_gain
     _, other = run(s.gain_batch)

@@ -95,6 +95,13 @@ class EfficiencyParams(BaseModel):
         description="fixed seconds per decode step beyond weight/KV traffic and collectives: scheduling, "
                     "sampling, kernel launches (vLLM with CUDA graphs; fitted together with hbm_efficiency "
                     "to the batch-1 measurement above).")
+    generation_host_overlap: bool = Field(
+        True,
+        description="whether the generation engine overlaps its per-sequence host work (scheduling, block tables, "
+                    "the sampler's and detokenizer's per-sequence Python) with the GPU's decode step: vLLM >= 0.6 "
+                    "does (multi-step scheduling, asynchronous output processing), as do the C++ runtimes; vLLM "
+                    "before 0.6 ran it between steps, the GPU idle (EngineOverheads.host_sequence_seconds prices "
+                    "it; engine_params says which engine does which).")
     max_decode_batch: PositiveInt = Field(
         256, description="most sequences decoded at once per replica: vLLM's default max_num_seqs for the "
                          "LLM class (256 on A100 and devices under 70 GB; 1024 on H100/H200, see for_hardware).")
@@ -132,6 +139,16 @@ class EfficiencyParams(BaseModel):
     def usable_bytes(self, hbm_bytes: float) -> float:
         """What a device offers the models after fragmentation and the fixed reservation."""
         return hbm_bytes * self.usable_memory_fraction - self.reserved_bytes
+
+
+def engine_params(engine: str, version: str | None) -> dict[str, bool]:
+    """EfficiencyParams updates for a generation engine and its version: vLLM before 0.6 runs its host work
+    between decode steps (vLLM's v0.6.0 release added multi-step scheduling and asynchronous output
+    processing to hide it); every other engine, and a vLLM whose version is not stated, is priced as overlapping."""
+    if engine != "vllm" or not version:
+        return {}
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return {"generation_host_overlap": False} if (major, minor) < (0, 6) else {}
 
 
 DEFAULT_PARAMS = EfficiencyParams()

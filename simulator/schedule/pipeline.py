@@ -28,12 +28,18 @@ trained waits for them.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Hashable
 
 import networkx as nx
 
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.schedule.dataflow import Lanes, forget_order
+from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+from hybridflow.simulator.vocabulary.workload import Workload
+
+SEGMENT_SAMPLES = 1024  # responses drawn (deterministically) to price partial rollouts' segments
 
 
 def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
@@ -92,3 +98,23 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
         big.remove_node(n)
         del big_lanes[n]
     forget_order(big)
+
+
+def partial_rollout_workload(workload: Workload, budget: int) -> Workload:
+    """What one steady round of the async mode's generation decodes with partial rollouts of `budget` tokens
+    (runtime/rl/partial_rollouts.py), per trained batch: each response is cut into segments of at most
+    `budget` tokens, one generated per round, so a batch's responses take S·E[segments] segment generations
+    (the continued ones' and the new ones', in one call) — the same tokens, but none longer than the
+    budget: the tail a few long responses decode at a small batch ends at the budget. A segment's prompt is
+    its prompt plus the tokens before it (a continued one prefills them again): the mean of those."""
+    dist = workload.response_lengths or LengthDistribution.fixed(workload.response_len)
+    lengths = dist.sample(SEGMENT_SAMPLES)
+    segments = [(start, min(budget, n - start)) for n in lengths for start in range(0, n, budget)]
+    per_response = len(segments) / len(lengths)
+    counts = Counter(length for _, length in segments)
+    hist = {"lengths": sorted(counts), "counts": [counts[k] for k in sorted(counts)]}
+    return Workload.model_validate({
+        **workload.model_dump(exclude={"response_lengths", "response_len"}),
+        "prompts": math.ceil(workload.prompts * per_response - 1e-9),
+        "prompt_len": workload.prompt_len + round(sum(s for s, _ in segments) / len(segments)),
+        "response_len": max(counts), "response_lengths": {"histogram": hist}})

@@ -31,7 +31,12 @@ from hybridflow.simulator.schedule.dataflow import (
     unroll,
 )
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share, reprice
-from hybridflow.simulator.schedule.pipeline import copies_needed, pipeline, priced_iterations
+from hybridflow.simulator.schedule.pipeline import (
+    copies_needed,
+    partial_rollout_workload,
+    pipeline,
+    priced_iterations,
+)
 from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, Event, Timeline
@@ -145,8 +150,10 @@ def plan_dataflow(plan: Plan, kl_in_reward: bool | None = None) -> tuple[nx.DiGr
     return graph, lane_of
 
 
-def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None) -> dict[Hashable, object]:
-    """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once)."""
+def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None, partial_rollout_tokens: int | None = None
+                   ) -> dict[Hashable, object]:
+    """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once);
+    `partial_rollout_tokens`: the async mode's rollout as partial rollouts' rounds (pipeline.partial_rollout_workload)."""
     from hybridflow.simulator.calibration.gpu_fit import default_cost_model
     from hybridflow.simulator.pricing.cost import (
         price_op,  # the cost model prices; this module only schedules
@@ -158,7 +165,11 @@ def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None) -> dict[Hasha
     for n, a in graph.nodes(data=True):
         key = (a["op"], a["role"], bool(a.get("baseline")), bool(a.get("resampled")))
         if key not in cache:
-            cache[key] = price_op(cm, plan, a["op"], a["role"], baseline=key[2], resampled=key[3])
+            priced = plan
+            if partial_rollout_tokens and plan.mode == "async" and key[:2] == ("generate", "actor") and not key[2]:
+                priced = plan.model_copy(update={"workload": partial_rollout_workload(plan.workload,
+                                                                                      partial_rollout_tokens)})
+            cache[key] = price_op(cm, priced, a["op"], a["role"], baseline=key[2], resampled=key[3])
         out[n] = cache[key]
     return out
 
@@ -205,13 +216,14 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
     return {n: pair for n, a in graph.nodes(data=True) if not a["driver"] and a["op"] != "generate"}
 
 
-def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_reward: bool | None = None
-             ) -> Timeline:
+def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_reward: bool | None = None,
+             partial_rollout_tokens: int | None = None) -> Timeline:
     """The simulated Timeline of `iterations` iterations of `plan` (source="simulated"; None: one, or a
     pipelined plan's pipeline.priced_iterations); a pipelined mode (pipeline.py) adds a warm-up iteration
-    before them."""
+    before them. `partial_rollout_tokens`: an async run's partial-rollout budget (the run config's
+    async_mode.partial_rollout_tokens)."""
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
-    costs = price_dataflow(plan, graph, cost_model)
+    costs = price_dataflow(plan, graph, cost_model, partial_rollout_tokens)
     pipelined = plan.mode != "sync"
     if iterations is None:
         iterations = priced_iterations(plan.staleness) if pipelined else 1

@@ -83,3 +83,12 @@ def moe_tp_problem(model: ModelSpec, cfg: ParallelConfig) -> str | None:
     return (f"it trains MoE model {model.name} on Megatron at tp={cfg.tp} ({cfg.label()}); megatron-core trains a MoE "
             "layer at tp > 1 only with sequence parallelism, which this runtime's Megatron engine does not set: use "
             "tp=1 (pp and ep split the model instead) or backend fsdp")
+
+
+def context_parallel_problem(cfg: ParallelConfig) -> str | None:
+    """One line when `cfg` splits sequences on Megatron (context parallelism): priced, not run here."""
+    if cfg.backend != "megatron" or cfg.sp == 1:
+        return None
+    return (f"{cfg.label()} splits sequences over sp={cfg.sp} ranks on Megatron (context parallelism, ring attention), "
+            "which the simulator prices but this runtime does not run: megatron-core's context parallelism needs "
+            "Transformer Engine's attention on CUDA; train with backend fsdp (Ulysses sp) or sp 1")

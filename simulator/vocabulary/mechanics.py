@@ -12,18 +12,19 @@ compares with (§8, and each system's own docs) differ in documented ways, each 
   generated batch: BenckmarkSetting.md), so an iteration of m mini-batches switches and generates m times,
   each time a 1/m share of the prompts (`generate_per_minibatch`).
   Without the Hybrid Engine (OpenRLHF's benchmark ran DS-Chat so: "not work well with ZeRO-3") HF
-  `generate` runs under ZeRO-3, whose every forward step all-gathers each layer's shards again
-  (`gather_every_step`).
+  `generate` runs on the actor's training layout: under ZeRO-3 every forward step all-gathers each layer's
+  shards again (`gather_every_step`); under ZeRO-2 (that benchmark's `--actor_zero_stage 2`) each device
+  holds the whole model. HF's generation loop (either engine) is slower than a serving engine's:
+  `decode_slowdown`, priced from the loop's documented costs by simulator/pricing/baseline_mechanics.py.
 - OpenRLHF v0.2 (its README; `_broadcast_to_vllm`): ZeRO-3 training on devices of its own, vLLM on others,
   and a weight sync that gathers and broadcasts the actor *one tensor at a time*, each with a Ray call to
   every engine (`weight_sync: per-tensor`). Each actor rank hands vLLM `micro_rollout_batch_size` prompts
   per call and scores them before the next (its benchmark's "Generation micro_batch_size"): a static batch.
 - NeMo-Aligner v0.2 (HybridFlow §8.2): generates in its training layout (the plan's generation config
   equals its training config, pipeline stages included) with a static batch of `rollout_micro_batch_size`
-  per data-parallel rank, on Megatron's own generation loop, which its authors measured 6.96× slower than
-  the TensorRT-LLM engine they replaced it with (NeMo-Aligner v0.3.0.trtllm, Accelerated-RLHF.md:
-  "generation ... taking up as much as 90% of total train time if not optimized ... a 6.96x speedup with
-  our TRT-LLM integration"): `decode_slowdown` prices the loop against a serving engine's fitted terms.
+  per data-parallel rank, on Megatron's own eager generation loop (its authors later replaced it with
+  TensorRT-LLM, "a 6.96x speedup": NeMo-Aligner v0.3.0.trtllm, Accelerated-RLHF.md): `decode_slowdown`, the
+  loop's price over a serving engine's (simulator/pricing/baseline_mechanics.py).
 
 Optimizer offload (ZeRO-Offload; DS-Chat's `--offload`, OpenRLHF's `--adam_offload`) is a plan option of
 its own (Plan.optimizer_offload), priced for any system; this runtime does not run it yet (check_runnable).

@@ -35,16 +35,18 @@ class ParallelConfig(BaseModel):
     # engines/train/megatron/engine.py: its distributed optimizer, 1F1B pipeline). Generation configs leave it.
     backend: PricedBackend = "fsdp"
     ep: PositiveInt = 1  # expert-parallel size (megatron only); not a factor of world_size
-    sp: PositiveInt = 1  # Ulysses sequence-parallel size: dp ranks per sequence (fsdp only); not a factor of world_size
+    # dp ranks per sequence, not a factor of world_size: Ulysses sequence parallelism on fsdp, context
+    # parallelism (ring attention) on megatron (priced; this runtime does not run it: execution.py)
+    sp: PositiveInt = 1
 
     @model_validator(mode="after")
     def _experts_on_megatron(self):
         if self.ep > 1 and self.backend != "megatron":
             raise ValueError(f"ep={self.ep}: expert parallelism runs on the megatron backend (FSDP keeps every "
                              "expert on each rank); set backend: megatron or ep: 1")
-        if self.sp > 1 and self.backend != "fsdp":
-            raise ValueError(f"sp={self.sp}: Ulysses sequence parallelism is priced for the fsdp backend; set "
-                             "backend: fsdp or sp: 1")
+        if self.sp > 1 and self.backend == "deepspeed":
+            raise ValueError(f"sp={self.sp}: sequence parallelism is priced for the fsdp (Ulysses) and megatron "
+                             "(context parallelism) backends; set one of them or sp: 1")
         if self.dp % self.sp:
             raise ValueError(f"sp={self.sp} must divide dp={self.dp} (each sequence is split over sp of the dp ranks)")
         return self
@@ -75,7 +77,7 @@ class ParallelConfig(BaseModel):
         out = []
         if model.heads % self.tp or model.kv_heads % self.tp:
             out.append(f"tp={self.tp} must divide heads={model.heads} and kv_heads={model.kv_heads}")
-        elif self.sp > 1 and (model.heads % (self.tp * self.sp)
+        elif self.sp > 1 and self.backend == "fsdp" and (model.heads % (self.tp * self.sp)
                               or (model.kv_heads % (self.tp * self.sp) and (self.tp * self.sp) % model.kv_heads)):
             out.append(f"sp·tp={self.sp * self.tp} must divide heads={model.heads} (and divide or be a multiple of "
                        f"kv_heads={model.kv_heads}): Ulysses gives each rank whole heads")

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, describe_validation_error
@@ -50,6 +58,26 @@ def known_algorithm(name: str) -> str:
 
 
 AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
+
+
+def default_micro_batch_tokens(workload: Workload, train: ParallelConfig) -> int | None:
+    """A role's sequence-packing budget for a workload of response_lengths: the padded micro-batch's tokens
+    (micro_batch_size · seq_len), as the simulator prices packed passes (pricing/cost.py micro_batches);
+    None for fixed lengths or where the engine does not pack (megatron, pipeline stages)."""
+    if workload.response_lengths is None or train.backend != "fsdp" or train.pp > 1:
+        return None
+    return workload.micro_batch_size * workload.seq_len
+
+
+def token_budget_problem(role: str, rp, workload: Workload) -> None:
+    """ValueError (one line) for a token budget the role cannot run: below the longest sequence, or on an
+    engine that does not pack."""
+    if rp.micro_batch_tokens < workload.seq_len:
+        raise ValueError(f"role '{role}': micro_batch_tokens {rp.micro_batch_tokens} is below the longest sequence "
+                         f"(prompt_len + response_len = {workload.seq_len}); raise it to at least {workload.seq_len}")
+    if rp.train.backend != "fsdp" or rp.train.pp > 1:
+        raise ValueError(f"role '{role}': sequence packing (micro_batch_tokens) runs on the fsdp backend with "
+                         f"pp=1, not {rp.train}; drop micro_batch_tokens or train with backend fsdp, pp 1")
 
 
 def lora_problem(role: str, rp) -> None:
@@ -98,6 +126,16 @@ class RolePlan(BaseModel):
     path: str | None = None  # HF-format weights the runtime loads; None: build from `model`
     rollout: RolloutBackend = "native"  # actor only: the generation engine (a run config may override it)
     lora: LoraConfig | None = None  # trained roles: train LoRA adapters on the frozen model (vocabulary/lora.py)
+    # Sequence packing: the real tokens per micro-batch of the role's forward/backward passes, sequences packed
+    # back to back (engines/train/fsdp/packed.py); None: micro_batch_size padded rows. The search sets it for a
+    # workload with response_lengths (default_micro_batch_tokens).
+    micro_batch_tokens: PositiveInt | None = None
+    # The rollout engine's knobs (actor only), as the search priced generation: its share of device memory and
+    # the most sequences it decodes at once (vLLM's gpu_memory_utilization, max_num_seqs; the search sets them
+    # from the memory model, cost.rollout_knobs); None: the engine's defaults. The native engine decodes each
+    # batch whole and ignores them (a run config may switch the plan to vllm).
+    rollout_memory_fraction: float | None = Field(None, gt=0, le=1)
+    max_concurrent_sequences: PositiveInt | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -167,10 +205,13 @@ class Plan(BaseModel):
             if rp.generate is not None and rp.generate.backend != "fsdp":
                 raise ValueError(f"role '{role}': backend is a training setting; set train.backend, not "
                                  "generate.backend")
-            if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native"):
+            knobs = [k for k in ("rollout_memory_fraction", "max_concurrent_sequences") if getattr(rp, k) is not None]
+            if role != "actor" and (rp.generate or rp.generate_group or rp.rollout != "native" or knobs):
                 raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
             if rp.lora is not None:
                 lora_problem(role, rp)
+            if rp.micro_batch_tokens is not None:
+                token_budget_problem(role, rp, self.workload)
         if actor is not None and actor.lora is not None and "ref" in self.roles:
             raise ValueError("a LoRA actor's reference is its own base model with the adapters off: drop the "
                              "'ref' role (its log-probs come from the actor's weights)")

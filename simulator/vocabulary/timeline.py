@@ -38,9 +38,10 @@ OFFLOAD_OPS = ("offload", "onload")  # a model's states moved to host memory and
 
 
 def throughput(tokens_per_iteration: int, seconds: float) -> float:
-    """THE throughput figure (the HybridFlow paper's): tokens per iteration — prompts × samples per
-    prompt × (prompt length + response length), padding included, as planned — per second of an
-    iteration. The live progress bar, the tables, the PNG title and --json all use this."""
+    """THE throughput figure (the HybridFlow paper's): tokens per iteration — the tokens really processed:
+    a plan's prompts × samples per prompt × (prompt length + mean response length) (Workload), a run's
+    real prompt and response tokens; with fixed lengths the paper's (prompt + response length) — per
+    second of an iteration. The live progress bar, the tables, the PNG title and --json all use this."""
     return tokens_per_iteration / seconds if seconds > 0 else 0.0
 
 

@@ -5,7 +5,6 @@ import math
 import pytest
 
 from hybridflow.planner.baselines import (
-    NEMO_ALIGNER_DECODE_SLOWDOWN,
     SystemSettings,
     ds_chat,
     hybridflow_v,
@@ -16,6 +15,8 @@ from hybridflow.planner.baselines import (
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import Planner
 from hybridflow.simulator import ClusterSpec, Workload, hardware_preset, model_preset
+from hybridflow.simulator.pricing.baseline_mechanics import hf_generate_slowdown
+from hybridflow.simulator.pricing.cost import price_op
 from hybridflow.simulator.pricing.memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 
@@ -113,7 +114,10 @@ def test_nemo_aligner_halves_and_no_reshard(searched):
     assert (g.tp, g.pp, g.dp) == (t.tp, t.pp, t.dp) and t.backend == "megatron"
     mech = b.plan.mechanics
     assert mech.batching == "static" and mech.generation_batch == 8
-    assert mech.decode_slowdown == NEMO_ALIGNER_DECODE_SLOWDOWN
+    # Megatron's eager loop, priced on the plan itself (simulator/pricing/baseline_mechanics.py)
+    serving = b.plan.model_copy(update={"mechanics": mech.model_copy(update={"decode_slowdown": 1.0})})
+    assert mech.decode_slowdown == pytest.approx(hf_generate_slowdown(planner.cm, serving, "megatron"))
+    assert mech.decode_slowdown > 1.0
     assert [len(g.devices) for g in b.plan.groups] == [8, 8]
     assert b.seconds >= res.best.seconds * (1 - 1e-12)
 
@@ -144,3 +148,29 @@ def test_grpo_nemo_has_reward_on_the_other_half():
     b = nemo_aligner(req, planner.cm)
     _priced_like_simulate(b, planner.cm)
     assert sorted(map(sorted, b.plan.placement())) == [["actor", "ref"], ["reward"]]
+
+
+def test_ds_chat_with_a_zero2_actor_generates_on_local_replicas_in_the_eager_loop(searched):
+    """DS-Chat as OpenRLHF's benchmark ran it (--actor_zero_stage 2, no Hybrid Engine): no gather at any step; the
+    generate op is the serving engine's price times the eager loop's slowdown, which is above 1."""
+    req, planner, _ = searched
+    b = ds_chat(req, planner.cm, SystemSettings(hybrid_engine=False, actor_zero_stage=2, generation_batch=8))
+    _priced_like_simulate(b, planner.cm)
+    mech = b.plan.mechanics
+    assert not mech.gather_every_step and mech.generation_batch == 8
+    serving = b.plan.model_copy(update={"mechanics": mech.model_copy(update={"decode_slowdown": 1.0})})
+    assert mech.decode_slowdown == pytest.approx(hf_generate_slowdown(planner.cm, serving, "hf-eager"))
+    assert mech.decode_slowdown > 1.0
+    got = price_op(planner.cm, b.plan, "generate", "actor").seconds
+    assert got == pytest.approx(mech.decode_slowdown * price_op(planner.cm, serving, "generate", "actor").seconds)
+    zero3 = ds_chat(req, planner.cm, SystemSettings(hybrid_engine=False, actor_zero_stage=3, generation_batch=8))
+    assert zero3.plan.mechanics.gather_every_step and zero3.seconds > b.seconds  # ZeRO-3 also gathers every step
+
+
+def test_ds_chat_hybrid_engine_loop_is_priced_with_its_own_layer_cost(searched):
+    req, planner, _ = searched
+    b = ds_chat(req, planner.cm)
+    mech = b.plan.mechanics
+    assert mech.generate_per_minibatch
+    serving = b.plan.model_copy(update={"mechanics": mech.model_copy(update={"decode_slowdown": 1.0})})
+    assert mech.decode_slowdown == pytest.approx(hf_generate_slowdown(planner.cm, serving, "hybrid-engine"))

@@ -1,15 +1,20 @@
-"""Multi-turn rollouts with a slow tool, measured and priced: lockstep vs overlap (docs/agents.md).
+"""Multi-turn rollouts with a slow tool through the Ray trainer, sync vs async, measured and priced
+(docs/agents.md).
 
-    python -m hybridflow.tools.bench.agent_overlap [--sleep 0.5] [--conversations 16] [--repeats 3]
+    python -m hybridflow.tools.bench.agent_overlap [--sleep 0.5] [--iterations 5] [--rounds 2] [--model FOLDER] [--json]
 
-Builds (once, cached in --out) the tiny tool-calling model warmed up to call the calculator, gives it a
-calculator that sleeps --sleep seconds per call (in the rollout's process, on --tool-workers threads),
-and runs the same conversations in lockstep and with overlap (the engine decoding ready conversations
-while others wait on the tool), interleaved --repeats times; the medians are the measured seconds. The
-simulator's price (simulator/agents/multiturn.py) takes the distributions those runs showed (turns,
-tokens per turn, tokens per tool turn), the tool's latency from a probe, and a DecodeCost fitted to timed
-generate calls on this machine (runtime/measure/agent_probe.py). Prints one line per mode and the
-speed-up of overlap, measured and predicted.
+Builds (once, cached in --out) the tiny tool-calling model warmed up to call the calculator (or takes
+--model), gives it a calculator that sleeps --sleep seconds per call (in the driver's process, on
+`tool_workers` threads), asks the planner (agent-aware: simulator/agents/planning.py) for its best
+`sync` and `async` plans of GRPO on this machine's two devices, and runs each for --iterations
+iterations of the real trainer (`hflow-plan run`'s Trainer: Ray, the native engine, conversations), the
+two modes in turn for --rounds rounds in one Ray session (training of --ppo-epochs x --mini-batches steps,
+long enough for a rollout to hide behind). Measured: the median over rounds of the steady iteration of
+each run's Timeline (the first iteration left out), as `run` reports it. Predicted: the simulator's
+iteration of the same plan on the profile, its rollout priced multi-turn on what that mode's
+conversations showed (turns, tokens per turn, tool seconds: tools/reports/agent_prediction.py) — `run`'s
+own prediction — and on both modes' conversations together, which the predicted speed-up of async over
+sync compares (the same task: what differs between the modes' conversations is sampling).
 """
 
 from __future__ import annotations
@@ -29,89 +34,138 @@ def calculator(expression: str):
     except Exception as e:
         return f"error: {{e}}"
 '''
+REWARD = "hybridflow.runtime.agents.word_problems:answer_reward"
+
+
+def plans(folder: Path, agent, profile: str, batch: int, samples: int, epochs: int, mini_batches: int,
+          micro: int) -> dict:
+    """The planner's best sync and async (staleness 1) plans for the tool model on this machine's 2 devices."""
+    from hybridflow.planner.modes import search_modes
+    from hybridflow.planner.plans import scored_to_plan
+    from hybridflow.planner.request import SearchRequest
+    from hybridflow.simulator.calibration.fit import calibrate_file
+    from hybridflow.simulator.vocabulary.model import ModelSpec
+    from hybridflow.simulator.vocabulary.workload import Workload
+
+    cal = calibrate_file(profile)
+    cluster = cal.cluster(nodes=1, devices_per_node=2)
+    workload = Workload(prompts=batch, prompt_len=64, response_len=64, samples_per_prompt=samples,
+                        ppo_epochs=epochs, mini_batches=mini_batches, micro_batch_size=micro)
+    req = SearchRequest(algorithm="grpo", models={"actor": ModelSpec.from_hf_config(folder)},
+                        paths={"actor": str(folder)}, cluster=cluster, workload=workload, reward_function=REWARD,
+                        agent=agent)
+    results = search_modes(req, cal.cost_model(cluster), ["sync", "async"], max_staleness=1)
+    return {mode: scored_to_plan(req, r.result.top[0]).model_copy(update={"profile": profile})
+            for mode, r in results.items()}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sleep", type=float, default=0.5)
-    ap.add_argument("--conversations", type=int, default=16)
-    ap.add_argument("--tool-workers", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4, help="prompts per iteration (4 conversations each)")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per mode, alternating (the median is measured)")
+    ap.add_argument("--tool-workers", type=int, default=8)
+    # training long enough for a rollout to hide behind (the point of the async modes)
+    ap.add_argument("--ppo-epochs", type=int, default=4)
+    ap.add_argument("--mini-batches", type=int, default=4)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--profile", default="cpu-2core")
+    ap.add_argument("--model", type=Path, help="a tool model folder (default: built and warmed up in --out)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/hflow-agent-bench"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
     import torch
-    from transformers import AutoTokenizer
 
-    from hybridflow.runtime.agents.chat_format import ChatFormat
-    from hybridflow.runtime.agents.conversation import ConversationRunner
-    from hybridflow.runtime.agents.loading import load_tools
     from hybridflow.runtime.agents.settings import AgentSettings
     from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
     from hybridflow.runtime.agents.word_problems import word_problems
-    from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams
-    from hybridflow.runtime.measure.agent_probe import fit_decode_cost, observed_distributions, tool_latency
-    from hybridflow.runtime.models.hf_format import load_pretrained
-    from hybridflow.runtime.tasks.model_tokenizer import generation_ids
-    from hybridflow.simulator.agents.multiturn import MultiTurnWorkload, price_rollout
+    from hybridflow.runtime.controller.resource_pool import init_ray
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
+    from hybridflow.simulator.agents.planning import AgentWorkload
+    from hybridflow.tools.reports.agent_prediction import agent_workload_from_metrics, multi_turn_prediction
+    from hybridflow.tools.reports.comparison import Comparison
 
     torch.set_num_threads(1)
-    folder = args.out / "model"
+    args.out.mkdir(parents=True, exist_ok=True)
+    folder = args.model or args.out / "model"
     if not (folder / "model.safetensors").is_file():
         build_tool_model(folder, seed=0)
-        warm_up(folder, steps=300, tool_share=1.0, seed=0)
+        warm_up(folder, steps=120, tool_share=1.0, seed=0, batch=8, problems=150)  # the call format
     tool_file = args.out / "sleepy_calculator.py"
     tool_file.write_text(SLEEPY.format(sleep=args.sleep))
-    hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    eos = generation_ids(folder)[0]
-    engine = GenerationEngine(load_pretrained(folder))
-    sampling = SamplingParams(temperature=1.0, eos_token_id=eos, pad_token_id=hf.pad_token_id)
-    rows = word_problems(args.conversations, seed=11)
-    measured: dict[bool, list[float]] = {False: [], True: []}
-    convs_seen = []
-    runners = {}
-    for overlap in (False, True):
-        settings = AgentSettings(tools=(f"{tool_file}:calculator@inprocess",), max_turns=3, max_tokens=96,
-                                 turn_tokens=40, tool_workers=args.tool_workers, overlap=overlap)
-        tools = load_tools(settings.tools)
-        chat = ChatFormat(hf, [t.schema for t in tools.values()], eos)
-        runners[overlap] = (ConversationRunner(engine.generate, chat, settings, tools, pad_id=hf.pad_token_id), tools)
-    runners[False][0].run(rows[:4], sampling, torch.Generator().manual_seed(0))  # warm the kernels
-    for r in range(args.repeats):
-        for overlap in ((False, True) if r % 2 == 0 else (True, False)):
-            runner = runners[overlap][0]
-            convs = runner.run(rows, sampling, torch.Generator().manual_seed(r))
-            measured[overlap].append(runner.stats["wall_s"])
-            convs_seen += convs
-    dist = observed_distributions(convs_seen)
-    calc = runners[False][1]["calculator"]
-    latency = tool_latency(calc, [{"expression": r["expression"]} for r in rows[:4]], runners[False][0].settings.sandbox)
-    cost = fit_decode_cost(engine.generate, vocab=len(hf), pad_id=hf.pad_token_id)
-    prompt = round(statistics.mean(len(c.prompt_ids) for c in convs_seen))
-    out = {"decode_cost": cost.model_dump(),
-           "distributions": {k: statistics.mean(v) for k, v in dist.items() if k != "turn_tokens_by_turn"},
-           "tool_seconds": statistics.mean(latency), "modes": {}}
-    for overlap in (False, True):
-        w = MultiTurnWorkload(conversations=args.conversations, prompt_tokens=prompt, turns=dist["turns"],
-                              turn_tokens=dist["turn_tokens"], turn_tokens_by_turn=dist["turn_tokens_by_turn"],
-                              tool_turn_tokens=dist["tool_turn_tokens"],
-                              tool_seconds=latency, tool_workers=args.tool_workers, overlap=overlap)
-        pred, meas = price_rollout(w, cost), statistics.median(measured[overlap])
-        out["modes"]["overlap" if overlap else "lockstep"] = {
-            "measured_s": meas, "measured_all": measured[overlap], "predicted_s": pred, "error": (pred - meas) / meas}
-    m, p = out["modes"], out["modes"]
-    out["speedup_measured"] = m["lockstep"]["measured_s"] / m["overlap"]["measured_s"]
-    out["speedup_predicted"] = p["lockstep"]["predicted_s"] / p["overlap"]["predicted_s"]
+    prompts = args.out / "problems.jsonl"
+    prompts.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer")}) + "\n"
+                               for r in word_problems(256, seed=7)))
+    settings = AgentSettings(tools=(f"{tool_file}:calculator@inprocess",), max_turns=3, max_tokens=64, turn_tokens=24,
+                             tool_workers=args.tool_workers)
+    # the planner's view before any run: up to max_turns turns, the tool's sleep per call
+    guess = AgentWorkload(turns=[1, 2, 3], tool_seconds=[args.sleep], turn_tokens=[24], tool_turn_tokens=[16],
+                          tool_workers=args.tool_workers)
+    chosen = plans(folder, guess, args.profile, args.batch, 4, args.ppo_epochs, args.mini_batches, args.micro_batch)
+    cfg = RunConfig(seed=0, data={"prompts_file": str(prompts)}, agent=settings.model_dump())
+    from hybridflow.runtime.measure.profile_check import check_speed
+    from hybridflow.simulator.calibration.profile import resolve_profile
+    from hybridflow.tools.reports.run import SPEED_CHECK_MAX_SECONDS
+
+    # the machine's speed now vs the profile's (the quick check `run` makes; sim_accuracy.py's method): the
+    # predictions are on the profile, a drift of the shared machine shows here, not in the model
+    speed = check_speed(resolve_profile(args.profile), max_seconds=SPEED_CHECK_MAX_SECONDS).index
+    init_ray(num_cpus=8)
+    out = {"sleep_s": args.sleep, "tool_workers": args.tool_workers, "conversations": 4 * args.batch,
+           "speed_vs_profile": speed, "modes": {}}
+    runs: dict[str, list] = {mode: [] for mode in chosen}
+    for r in range(args.rounds):  # sync and async in turn, each round in the other order: load falls on both
+        for mode in (list(chosen) if r % 2 == 0 else list(chosen)[::-1]):
+            with Trainer(chosen[mode], cfg) as trainer:
+                metrics = [trainer.step() for _ in range(args.iterations)]
+                runs[mode].append((metrics, trainer.timeline))
+    # both modes priced on the conversations of every run (the same task: what differs between the runs'
+    # turns and tool calls is sampling, not the mode)
+    agent = agent_workload_from_metrics([m for rs in runs.values() for ms, _ in rs for m in ms[1:]], settings,
+                                        skip_first=False)
+    out["workload"] = agent.model_dump()
+    for mode, plan in chosen.items():
+        # as `run` predicts it: priced on this mode's own conversations; and on both modes' (the speed-up)
+        own = agent_workload_from_metrics([m for ms, _ in runs[mode] for m in ms[1:]], settings, skip_first=False)
+        predicted = multi_turn_prediction(plan, args.profile, cfg, [], own)
+        pooled = multi_turn_prediction(plan, args.profile, cfg, [], agent)
+        cs = [Comparison.from_timelines(predicted, timeline) for _, timeline in runs[mode]]
+        measured = statistics.median(c.measured_iteration for c in cs)
+        gen = predicted.op_seconds().get("generate", 0.0) if predicted else 0.0
+        out["modes"][mode] = {
+            "rollout_devices": len(plan.group(plan.roles["actor"].generate_group).devices)
+            if plan.roles["actor"].generate_group else 0,
+            "measured_s": measured, "measured_rounds": [c.measured_iteration for c in cs],
+            "predicted_s": cs[0].predicted_iteration, "error": (cs[0].predicted_iteration - measured) / measured,
+            "predicted_pooled_s": pooled.iteration_seconds(),
+            "generate_measured_s": statistics.median(c.measured_ops.get("generate", 0.0) for c in cs),
+            "generate_predicted_s": gen,
+            "turns_mean": statistics.mean(m["agent/turns_mean"] for ms, _ in runs[mode] for m in ms[1:] or ms)}
+    m = out["modes"]
+    out["speedup_measured"] = m["sync"]["measured_s"] / m["async"]["measured_s"]
+    out["speedup_predicted"] = m["sync"]["predicted_pooled_s"] / m["async"]["predicted_pooled_s"]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"tool {args.sleep:g} s per call on {args.tool_workers} workers, {args.conversations} conversations; "
-          f"turns {out['distributions']['turns']:.2f}, tokens per turn {out['distributions']['turn_tokens']:.1f}")
-    for name, v in out["modes"].items():
-        print(f"{name:9s} measured {v['measured_s']:.2f} s (runs {', '.join(f'{x:.2f}' for x in v['measured_all'])})"
-              f"  predicted {v['predicted_s']:.2f} s  error {100 * v['error']:+.1f} %")
-    print(f"overlap speed-up: measured {out['speedup_measured']:.2f}x, predicted {out['speedup_predicted']:.2f}x")
+    print(f"tool {args.sleep:g} s per call on {args.tool_workers} workers, {out['conversations']} conversations per "
+          f"iteration, {args.ppo_epochs} epochs x {args.mini_batches} mini-batches, {args.iterations} iterations per "
+          f"mode and round, {args.rounds} rounds (profile {args.profile}); priced with turns "
+          f"{', '.join(f'{k}: {100 * agent.turns.count(k) // len(agent.turns)}%' for k in sorted(set(agent.turns)))} of conversations, "
+          f"{statistics.median(agent.turn_tokens):g} tokens per calling "
+          f"turn, {statistics.median(agent.final_turn_tokens or [0]):g} per answer, {max(agent.tool_seconds):.2f} s of tool in "
+          f"{sum(s > 0 for s in agent.tool_seconds)}/{len(agent.tool_seconds)} tool turns")
+    for name, v in m.items():
+        print(f"{name:6s} (rollout devices {v['rollout_devices']}): iteration measured {v['measured_s']:.2f} s "
+              f"(rounds {', '.join(f'{x:.2f}' for x in v['measured_rounds'])}), "
+              f"predicted {v['predicted_s']:.2f} s ({100 * v['error']:+.1f} %); generate measured "
+              f"{v['generate_measured_s']:.2f} s, predicted {v['generate_predicted_s']:.2f} s; "
+              f"turns {v['turns_mean']:.2f}; on both modes' conversations predicted {v['predicted_pooled_s']:.2f} s")
+    print(f"machine speed now vs the profile's: {speed:.2f}x its seconds (the reference jobs `run` re-times)")
+    print(f"async speed-up over sync: measured {out['speedup_measured']:.2f}x, predicted {out['speedup_predicted']:.2f}x "
+          "(on both modes' conversations)")
     return 0
 
 

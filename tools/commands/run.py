@@ -316,6 +316,10 @@ def _run(args, took_over: str | None) -> int:
     finally:
         trainer.shutdown()
         close_loggers(trainer.loggers)
+    if resolved.config.agent.enabled:  # conversations: the rollout priced multi-turn on what the run showed
+        from hybridflow.tools.reports.agent_prediction import multi_turn_prediction
+
+        predicted = multi_turn_prediction(plan, args.profile, resolved.config, metrics) or predicted
     comparison = Comparison.from_timelines(predicted, trainer.timeline, speed, speed_note)
     written = exported + write_outputs(rendered_outputs(trainer.timeline, f"{Path(args.plan).stem} (measured)",
                                                         trace=args.trace, png=args.timeline))

@@ -43,6 +43,11 @@ def add_parser(subparsers) -> None:
                     "one-step-off, async (comma-separated); the plan is the fastest within --max-staleness")
     md.add_argument("--max-staleness", type=int, default=0, metavar="K", help="the most updates a trained batch's "
                     "policy may lag (default 0: synchronous only; async is searched with bound K)")
+    ag = p.add_argument_group("multi-turn agent rollouts (docs/agents.md)")
+    ag.add_argument("--agent-workload", metavar="FILE", help="price generation as conversations with tool calls: a "
+                    "YAML/JSON of distributions (turns, tool_seconds, turn_tokens, tool_turn_tokens) and the runner's "
+                    "tool_workers, overlap (simulator/agents/planning.py AgentWorkload; runtime/measure/agent_probe.py "
+                    "writes one)")
     p.set_defaults(func=run)
 
 
@@ -66,6 +71,10 @@ def run(args) -> int:
 
         return run_modes(args)
     req, cm = request_with_profile(request_from_args(args), args.profile)
+    if req.agent is not None:
+        from hybridflow.simulator.agents.planning import agent_cost_model
+
+        cm = agent_cost_model(cm, req.agent, req.cluster)
     planner, result = run_search(req, cm)
     plans = [scored_to_plan(req, s) for s in result.top]
     best = plans[0]
@@ -119,6 +128,7 @@ def run(args) -> int:
                       "host memory and back (onload/offload below; --offload never to refuse)")
     console.print(top_plans_table([plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)]))
     console.print(ops_table(timeline, iteration=0, title="best plan: ops (simulated, iteration 0)"))
+    console.print(f"best plan's knobs (`run` uses them): {knobs_line(best)}")
     extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
     if variants is not None:
@@ -126,3 +136,16 @@ def run(args) -> int:
 
         console.print(lora_table(variants, req.cluster))
     return 0
+
+
+def knobs_line(plan) -> str:
+    """The settings the plan carries for `run`: micro-batch token budgets, the rollout engine's memory share
+    and concurrent sequences."""
+    w, actor = plan.workload, plan.roles["actor"]
+    budgets = [f"{r} {rp.micro_batch_tokens:,}" for r, rp in plan.roles.items() if rp.micro_batch_tokens is not None]
+    parts = [f"micro-batch token budget {', '.join(budgets)}" if budgets else f"micro-batch {w.micro_batch_size} rows"]
+    if actor.rollout_memory_fraction is not None:
+        parts.append(f"rollout memory fraction {actor.rollout_memory_fraction:.2f}")
+    if actor.max_concurrent_sequences is not None:
+        parts.append(f"at most {actor.max_concurrent_sequences:,} sequences decoded at once per replica")
+    return "; ".join(parts)

@@ -25,6 +25,10 @@ def run_modes(args) -> int:
     modes = args.modes or EXECUTION_MODES  # --max-staleness alone: every mode
     check_modes(modes, args.max_staleness)
     req, cm = request_with_profile(request_from_args(args), args.profile)
+    if req.agent is not None:  # the best plan's timeline priced as the search priced it
+        from hybridflow.simulator.agents.planning import agent_cost_model
+
+        cm = agent_cost_model(cm, req.agent, req.cluster)
     return _report(args, req, cm, modes)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch.distributed.device_mesh import DeviceMesh
 
 from hybridflow.runtime.engines.rollout.generation import Rollout, SamplingParams
@@ -51,6 +51,9 @@ class RolloutSettings(BaseModel):
     reshard: str = "hybridflow"  # on the trainer: the 3D-HybridEngine's reshard mode (native)
     sampling: SamplingParams = SamplingParams()
     prompt_len: PositiveInt | None = None  # the longest prompt: vLLM sizes its context to it + max_new_tokens
+    # the plan's engine knobs (RolePlan; vllm only): share of device memory, most sequences decoded at once
+    memory_fraction: float | None = Field(None, gt=0, le=1)
+    max_concurrent_sequences: PositiveInt | None = None
 
     @property
     def max_len(self) -> int | None:

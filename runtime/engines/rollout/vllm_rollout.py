@@ -101,6 +101,12 @@ def _local_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
+def engine_knobs(settings: RolloutSettings) -> dict:
+    """vLLM's arguments for the plan's engine knobs that are set (RolloutSettings)."""
+    knobs = {"gpu_memory_utilization": settings.memory_fraction, "max_num_seqs": settings.max_concurrent_sequences}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
 @ROLLOUT_ENGINES.register("vllm")
 class VllmRollout(RolloutEngine):
     """Batched generation with vLLM; the same `generate` signature and `Rollout` as GenerationEngine.
@@ -144,14 +150,15 @@ class VllmRollout(RolloutEngine):
     def on_trainer(cls, trainer: TrainEngine, model_path: str, settings: RolloutSettings, *,
                    seed: int) -> VllmRollout:
         tp = (settings.generation or trainer.parallel).tp
-        return cls(model_path, trainer, tensor_parallel_size=tp, seed=seed, max_model_len=settings.max_len)
+        return cls(model_path, trainer, tensor_parallel_size=tp, seed=seed, max_model_len=settings.max_len,
+                   **engine_knobs(settings))
 
     @classmethod
     def on_own_devices(cls, model_path: str, settings: RolloutSettings, *, mesh: DeviceMesh, device: torch.device,
                        seed: int) -> VllmRollout:
         # dummy weights: the driver syncs before any rollout
         return cls(model_path, tensor_parallel_size=mesh["tp"].size(), seed=seed, max_model_len=settings.max_len,
-                   load_format="dummy")
+                   load_format="dummy", **engine_knobs(settings))
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, workdir: str | Path, **kwargs) -> VllmRollout:

@@ -241,9 +241,10 @@ TRAIN_ENGINES = Registry("training backend", {"fsdp": "hybridflow.runtime.engine
 
 def build_train_engine(model: torch.nn.Module, parallel: ParallelConfig | None, *, optim: OptimConfig | None = None,
                        micro_batch_size: int | None = None, temperature: float = 1.0, lora=None,
-                       lora_seed: int = 0) -> TrainEngine:
+                       lora_seed: int = 0, micro_batch_tokens: int | None = None) -> TrainEngine:
     """The engine of `parallel.backend` (FSDP2 without a config) for `model`; `lora` (a LoraConfig): train
-    adapters on the frozen model (the FSDP engine only: megatron-core 0.16 has no LoRA of its own)."""
+    adapters on the frozen model (the FSDP engine only: megatron-core 0.16 has no LoRA of its own);
+    `micro_batch_tokens`: sequence packing's token budget (the FSDP engine only, fsdp/packed.py)."""
     backend = parallel.backend if parallel is not None else "fsdp"
     extra = {}
     if lora is not None:
@@ -251,6 +252,11 @@ def build_train_engine(model: torch.nn.Module, parallel: ParallelConfig | None, 
             raise HflowError(f"LoRA trains on the fsdp backend only (megatron-core 0.16 has no LoRA of its own); "
                              f"set train.backend: fsdp, not {backend}")
         extra = {"lora": lora, "lora_seed": lora_seed}
+    if micro_batch_tokens is not None:
+        if backend != "fsdp":
+            raise HflowError(f"sequence packing (micro_batch_tokens) runs on the fsdp backend, not {backend}; "
+                             "drop the token budget or set train.backend: fsdp")
+        extra["micro_batch_tokens"] = micro_batch_tokens
     return TRAIN_ENGINES.get(backend)(model, parallel, optim=optim, micro_batch_size=micro_batch_size,
                                        temperature=temperature, **extra)
 

@@ -22,6 +22,17 @@ the last ones the sampler drew, so the checkpoint rewinds the data order by them
 (`prompts_in_flight`): a resumed run draws them again and regenerates them with the checkpoint's
 weights (the policy version the checkpoint holds), training every prompt exactly once.
 
+Partial rollouts (run config `async_mode.partial_rollout_tokens`, rl/partial_rollouts.py): each refill is a
+round of at most that many new tokens per response; the paused responses of open groups are continued
+first, in the round's first chunk, and a group enters the queue once all its responses have ended. Each
+iteration first collects the whole last round (launched while the batch before trained), so a paused
+response goes on once per iteration, and more often while the trainers wait for groups; the queue hands
+out the groups with the oldest first token first. Open
+groups count as in flight (in the queue's bound and in `prompts_in_flight`); a paused response too stale
+to be trained within k is regenerated from its prompt when the round starts. The buffer is not
+checkpointed: a resume regenerates its groups, and since groups finish out of their draw order, the
+rewound data order may then train a few prompts again and skip as many (docs/rl.md).
+
 Dynamic sampling's extra rounds take the next groups from the queue like any batch (the prompts
 they draw join its end), so the prompts not yet trained stay the last ones drawn. ReMax's greedy
 baseline is refused in pipelined modes (rl/plan_support.py check_runnable).
@@ -34,6 +45,7 @@ from collections import deque
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.rl.batches import left_pad_prompts
 from hybridflow.runtime.rl.modes.base import Mode
+from hybridflow.runtime.rl.partial_rollouts import OpenGroup, PartialRollouts, partial_stats
 from hybridflow.runtime.rl.rollout import PendingRollout
 from hybridflow.simulator.errors import HflowError
 
@@ -77,8 +89,9 @@ class RolloutQueue:
 class Streaming(Mode):
     on_policy = False
 
-    def __init__(self, *args, chunk_prompts: int | None = None, **kwargs):
+    def __init__(self, *args, chunk_prompts: int | None = None, partial: PartialRollouts | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.partial = partial  # partial rollouts (rl/partial_rollouts.py); None: every response in one call
         w = self.workload
         self.group_size = w.samples_per_prompt
         self.chunk_prompts = chunk_prompts or max(1, -(-w.prompts // STREAM_CHUNKS))
@@ -91,7 +104,11 @@ class Streaming(Mode):
     def start_iteration(self, iteration: int, stats: dict[str, float]) -> None:
         super().start_iteration(iteration, stats)
         self.launched = 0
+
     def _groups_in_flight(self) -> int:
+        """Groups launched and not yet in the queue (with partial rollouts: every open group, paused or not)."""
+        if self.partial is not None:
+            return len(self.partial.open)
         return sum(len(p.batch) for p in self.in_flight) // self.group_size
 
     def prompts_in_flight(self) -> int:
@@ -106,22 +123,48 @@ class Streaming(Mode):
         return concat_groups([self.unlaunched.popleft() for _ in range(take)]) if take else None
 
     def _add_prompts(self, batch: Batch) -> None:
-        n = self.group_size
-        self.unlaunched.extend(batch[i:i + n] for i in range(0, len(batch), n))
+        self.unlaunched.extend(self._split(batch))
 
-    def refill(self) -> None:
-        """With the rollout devices idle: the newest weights, then chunks up to the queue's bound."""
+    def refill(self, trained_at: int | None = None) -> None:
+        """With the rollout devices idle: the newest weights, then chunks up to the queue's bound (with partial
+        rollouts the paused responses first, in the first chunk; `trained_at`: the earliest version a group
+        this round finishes is trained at, which decides the paused responses too stale to continue)."""
         room = self.capacity - len(self.queue) - self._groups_in_flight()
-        if self.in_flight or room <= 0:
+        paused = list(self.partial.open) if self.partial is not None else []
+        if self.in_flight or (room <= 0 and not paused):
             return
         self.rollout.sync_weights(self.version, self.stats)
-        while room > 0:
-            prompts = self._next_prompts(min(self.chunk_prompts, room))
-            if prompts is None:
+        if self.partial is not None:
+            self.partial.restart_stale(self.version if trained_at is None else trained_at, self.max_staleness)
+        while room > 0 or paused:
+            prompts = self._next_prompts(min(self.chunk_prompts, room)) if room > 0 else None
+            if prompts is None and not paused:
                 return
+            if self.partial is not None:
+                fresh = [OpenGroup.new(g) for g in self._split(prompts)] if prompts is not None else []
+                self.partial.open.extend(fresh)
+                prompts, paused = self.partial.launch(paused + fresh), []
             self.in_flight.append(self.rollout.launch(prompts, self.iteration, sample_round=self.launched))
             self.launched += 1
-            room -= len(prompts) // self.group_size
+            room -= len(fresh) if self.partial is not None else len(prompts) // self.group_size
+
+    def _split(self, batch: Batch) -> list[Batch]:
+        n = self.group_size
+        return [batch[i:i + n] for i in range(0, len(batch), n)]
+
+    def _collect_next(self) -> None:
+        """The oldest chunk's rollouts into the queue (with partial rollouts: the groups it finished)."""
+        chunk = self.in_flight.popleft()
+        chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
+        out = self.rollout.collect(chunk)
+        if self.partial is None:
+            self.queue.put(out)
+            return
+        for group in self.partial.absorb(out):
+            self.queue.put(group)
+        # the stalest groups train first (stable: generation order among equals), so a group that was
+        # continued for several rounds does not wait behind the newer ones it outlasted
+        self.queue.groups = deque(sorted(self.queue.groups, key=lambda g: int(g["policy_version"].min())))
 
     def generate(self, batch: Batch, greedy: bool = False, sample_round: int = 0) -> Batch:
         """As many groups from the queue as `batch` has prompts; `batch`'s prompts join the queue's end."""
@@ -131,6 +174,8 @@ class Streaming(Mode):
         want = len(batch) // self.group_size
         taken: list[Batch] = []
         dropped = 0
+        while self.partial is not None and self.in_flight:  # the last round, whole: its paused responses go on now
+            self._collect_next()
         while len(taken) < want:
             got, lost = self.queue.take(want - len(taken), self.version)
             taken, dropped = taken + got, dropped + lost
@@ -139,11 +184,12 @@ class Streaming(Mode):
                 if not self.in_flight:
                     raise HflowError(f"async mode: {len(taken)} of {want} prompt groups and no more prompts; give "
                                      "the dataflow a prompt source (`prompts`)")
-                chunk = self.in_flight.popleft()
-                chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
-                self.queue.put(self.rollout.collect(chunk))
-        self.refill()  # the rollout runs on while this batch trains
+                self._collect_next()
+        self.refill(trained_at=self.version + 1)  # the rollout runs on while this batch trains (for the next)
         self.stats.update({"async/queue_groups": float(len(self.queue)),
                            "async/in_flight_groups": float(self._groups_in_flight()),
                            "async/dropped_groups": self.stats.get("async/dropped_groups", 0.0) + dropped})
-        return concat_groups(taken)
+        out = concat_groups(taken)
+        if self.partial is not None:
+            self.stats.update(partial_stats(out, self.version, self.partial))
+        return out

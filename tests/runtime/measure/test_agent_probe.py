@@ -10,8 +10,14 @@ from engine_util import tiny_model
 
 from hybridflow.runtime.agents.conversation import Conversation
 from hybridflow.runtime.agents.loading import load_tool
+from hybridflow.runtime.agents.settings import AgentSettings
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine
-from hybridflow.runtime.measure.agent_probe import fit_decode_cost, observed_distributions, tool_latency
+from hybridflow.runtime.measure.agent_probe import (
+    agent_workload,
+    fit_decode_cost,
+    observed_distributions,
+    tool_latency,
+)
 from hybridflow.runtime.sandbox import SandboxLimits
 
 
@@ -24,6 +30,9 @@ def test_observed_distributions():
     b.add_model_turn([15], [0.0], "7")
     assert observed_distributions([a, b]) == {"turns": [2, 1], "turn_tokens": [3, 2, 1], "tool_turn_tokens": [2],
                                               "turn_tokens_by_turn": [[3, 1], [2]]}
+    w = agent_workload([a, b], [0.5, 0.25], AgentSettings(tools=("calculator",), tool_workers=2, overlap=False))
+    assert (w.turns, w.turn_tokens_by_turn, w.tool_seconds, w.tool_workers, w.overlap) == (
+        [2, 1], [[3, 1], [2]], [0.5, 0.25], 2, False)
 
 
 def test_tool_latency_times_real_calls(tmp_path):

@@ -50,3 +50,11 @@ def test_single_turn_has_no_tool_time_and_price_is_a_mean():
     draws = [simulate_rollout(w, COST, seed=k) for k in range(5)]
     assert price_rollout(w, COST, draws=5) == pytest.approx(sum(draws) / 5)
     assert len(set(draws)) > 1
+
+
+def test_final_turn_lengths_and_tools_done_together_decode_together():
+    # the answer turn decodes 3 tokens: decode 2 is 0.1 + 3·0.01 + 2·35·0.001 = 0.20
+    assert simulate_rollout(workload(final_turn_tokens=[3]), COST) == pytest.approx(0.24 + 1.0 + 0.20)
+    # overlap, both tools back at 1.24 with the engine idle: the runner wakes on the first and decodes it
+    # alone (0.1 + 0.1 + 35·0.001), the second lands meanwhile and is decoded next
+    assert simulate_rollout(workload(overlap=True), COST) == pytest.approx(1.24 + 2 * 0.235)

@@ -54,6 +54,26 @@ def test_what_the_simulator_cannot_express_says_why_and_has_no_setup():
     assert not wrong
 
 
+def test_a_vllm_setup_names_its_release_and_runs_on_a_vllm_name_theirs():
+    from pydantic import ValidationError
+
+    from hybridflow.simulator.calibration.published import GenerateSetup
+
+    base = dict(op="generate", hardware="a100-80g", engine="vllm", model="llama2-7b", requests=1, prompt_len=8,
+                response_len=8, metric="request_seconds")
+    with pytest.raises(ValidationError, match="engine_version"):
+        GenerateSetup(**base)
+    with pytest.raises(ValidationError, match="digits"):
+        GenerateSetup(**base, engine_version="latest")
+    assert GenerateSetup(**base, engine_version="0.3.1").engine_version == "0.3.1"
+    # every system run generating with vLLM 0.3.1 (OpenRLHF's benchmark's vLLM rows) and every paper ratio run on
+    # it (HybridFlow on Megatron-core + vLLM 0.3.1) says so
+    vllm_runs = [p for p in POINTS if p.tier == "system" and p.setup is not None
+                 and ("vllm 0.3.1" in str(p.settings.get("generation_engine"))
+                      or "+ vLLM 0.3.1" in str(p.settings.get("other")))]
+    assert vllm_runs and not [p.id for p in vllm_runs if p.setup.vllm_version != "0.3.1"]
+
+
 def test_ids_are_unique():
     ids = [p.id for p in POINTS]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})

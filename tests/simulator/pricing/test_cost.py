@@ -12,9 +12,11 @@ from hybridflow.simulator import (
     hardware_preset,
     model_preset,
 )
-from hybridflow.simulator.pricing.cost import CostModel, OpCost, _sum_of_max
+from hybridflow.simulator.pricing import generation
+from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.memory import InfeasibleError
+from hybridflow.simulator.pricing.op_cost import OpCost
 
 A100 = hardware_preset("a100-80g")
 LLAMA7 = model_preset("llama2-7b")
@@ -42,7 +44,7 @@ def parts_add_up(c: OpCost):
 
 
 def test_decode_step_is_memory_bound_for_llama2_7b_on_a100():
-    step = cm().decode_step(LLAMA7, ParallelConfig(), batch=16, context=1024)
+    step = generation.decode_step(cm(), LLAMA7, ParallelConfig(), batch=16, context=1024)
     # every matmul weight read once, plus 16 sequences' KV for 1024 tokens
     memory = (2 * MATMUL_PARAMS + 16 * 1024 * KV_PER_TOKEN) / HBM
     assert step["memory"] == pytest.approx(memory)
@@ -55,7 +57,7 @@ def test_decode_step_is_memory_bound_for_llama2_7b_on_a100():
 
 
 def test_prefill_is_compute_bound_for_llama2_7b_on_a100():
-    pre = cm().prefill(LLAMA7, ParallelConfig(), batch=8, prompt_len=1024)
+    pre = generation.prefill(cm(), LLAMA7, ParallelConfig(), batch=8, prompt_len=1024)
     tokens = 8 * 1024
     flops = 8 * 1024 * (2 * MATMUL_PARAMS + 4 * 32 * 4096 * (1024 + 1) / 2)
     eff = 0.75 * tokens / (tokens + 128) * 4096 / (4096 + 256)
@@ -69,8 +71,8 @@ def test_generate_sums_prefill_and_decode_steps():
     model = cm()
     c = model.generate(LLAMA7, ParallelConfig(), w)
     parts_add_up(c)
-    pre = model.prefill(LLAMA7, ParallelConfig(), 8, 128)
-    steps = [model.decode_step(LLAMA7, ParallelConfig(), 8, 128 + k)["step_seconds"] for k in range(1, 64)]
+    pre = generation.prefill(model, LLAMA7, ParallelConfig(), 8, 128)
+    steps = [generation.decode_step(model, LLAMA7, ParallelConfig(), 8, 128 + k)["step_seconds"] for k in range(1, 64)]
     assert c.seconds == pytest.approx(sum(pre.values()) + sum(steps))
     assert c.breakdown["memory"] > c.breakdown["compute"]  # decode dominates and is memory-bound
 
@@ -82,7 +84,7 @@ def test_sum_of_max_matches_brute_force():
         n = rng.randint(0, 40)
         f1 = [a1 + b1 * k for k in range(n)]
         f2 = [a2 + b2 * k for k in range(n)]
-        s1, s2 = _sum_of_max(a1, b1, a2, b2, n)
+        s1, s2 = generation.sum_of_max(a1, b1, a2, b2, n)
         assert s1 + s2 == pytest.approx(sum(max(x, y) for x, y in zip(f1, f2, strict=True)), abs=1e-9)
         assert s1 == pytest.approx(sum(x for x, y in zip(f1, f2, strict=True) if x >= y), abs=1e-9)
 
@@ -231,7 +233,7 @@ def test_batch1_decode_reproduces_a_published_measurement():
     # A100-40GB (1.555 TB/s) decodes ~75 tokens/s. The defaults (hbm_efficiency, decode_step_overhead)
     # were chosen to match; this pins them (within 5 %).
     a100_40 = A100.model_copy(update={"name": "a100-40g", "hbm_bandwidth": 1.555e12, "hbm_bytes": 40 * 2**30})
-    step = cm(hw=a100_40).decode_step(model_preset("llama3-8b"), ParallelConfig(), batch=1, context=1024 + 64)
+    step = generation.decode_step(cm(hw=a100_40), model_preset("llama3-8b"), ParallelConfig(), batch=1, context=1024 + 64)
     assert 1 / step["step_seconds"] == pytest.approx(75, rel=0.05)
 
 
@@ -273,14 +275,14 @@ def test_more_generation_replicas_generate_faster():
 
 def test_pipelined_generation_adds_kv_room_not_decode_speed():
     model = cm()
-    one = model.decode_step(LLAMA7, ParallelConfig(), batch=1, context=16)
-    two = model.decode_step(LLAMA7, ParallelConfig(pp=2, dp=1), batch=1, context=16)
+    one = generation.decode_step(model, LLAMA7, ParallelConfig(), batch=1, context=16)
+    two = generation.decode_step(model, LLAMA7, ParallelConfig(pp=2, dp=1), batch=1, context=16)
     # one sequence walks through both stages: every weight is still read once per token
     assert two["memory"] == pytest.approx(one["memory"])
     assert two["pp_comm"] > 0 and two["step_seconds"] > one["step_seconds"]
     # with a full pipeline each device reads only its own layers' KV cache
-    b1 = model.decode_step(LLAMA7, ParallelConfig(), batch=64, context=2048)
-    b2 = model.decode_step(LLAMA7, ParallelConfig(pp=2), batch=64, context=2048)
+    b1 = generation.decode_step(model, LLAMA7, ParallelConfig(), batch=64, context=2048)
+    b2 = generation.decode_step(model, LLAMA7, ParallelConfig(pp=2), batch=64, context=2048)
     kv = 64 * 2048 * KV_PER_TOKEN
     assert b1["memory"] - b2["memory"] == pytest.approx(kv / 2 / HBM)
 
@@ -295,9 +297,9 @@ def test_defaults_follow_vllm_batch_limits_per_device_kind():
 
 def test_long_prefills_go_in_chunks_that_fill_the_pipeline():
     model = cm()
-    one = model.prefill(LLAMA7, ParallelConfig(pp=4), batch=1, prompt_len=1024)  # one chunk: no overlap
-    many = model.prefill(LLAMA7, ParallelConfig(pp=4), batch=64, prompt_len=1024)  # 8 chunks of 8192 tokens
-    flat = model.prefill(LLAMA7, ParallelConfig(), batch=1, prompt_len=1024)
+    one = generation.prefill(model, LLAMA7, ParallelConfig(pp=4), batch=1, prompt_len=1024)  # one chunk: no overlap
+    many = generation.prefill(model, LLAMA7, ParallelConfig(pp=4), batch=64, prompt_len=1024)  # 8 chunks of 8192 tokens
+    flat = generation.prefill(model, LLAMA7, ParallelConfig(), batch=1, prompt_len=1024)
     assert one["compute"] == pytest.approx(flat["compute"])  # 4 stages in turn: no faster than 1 device
     per_seq = many["compute"] / 64
     assert per_seq < one["compute"] / 3  # the pipeline overlaps: (8 + 3)/8 of the ideal

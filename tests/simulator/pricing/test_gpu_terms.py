@@ -1,16 +1,17 @@
 """The cost-model terms the GPU fit moves (simulator/calibration/gpu_fit.py), each on hand-computed values:
 attention's slower FLOPs, the decode step's KV reads, a collective's latency growing with its group, a serving
-engine's per-sequence cost, the weight sync's per-tensor cost and tensor count, the weight broadcast through
-the sender's own NIC across nodes, and the defaults a cluster gets (the shipped fit on a GPU family, the
-analytic model elsewhere)."""
+engine's per-sequence cost and an older vLLM's un-overlapped host work, the weight sync's per-tensor cost and
+tensor count, the weight broadcast through the sender's own NIC across nodes, and the defaults a cluster gets
+(the shipped fit on a GPU family, the analytic model elsewhere)."""
 
 import pytest
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
 from hybridflow.simulator.calibration.gpu_fit import FAMILIES, default_cost_model, stored_terms
 from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.efficiency import EfficiencyParams, engine_params
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.units import GiB
@@ -53,7 +54,7 @@ def attention_split(seq_len: int, sequences: int) -> tuple[float, float]:
 def test_attention_efficiency_weights_the_prefills_attention_share(ae):
     # 4 prompts of 64 tokens: one 256-token chunk, compute-bound (the weights' read is ~2 us)
     cm = CostModel(cluster(), EfficiencyParams(attention_efficiency=ae, **ROWS))
-    parts = cm.prefill(TOY, ParallelConfig(), batch=4, prompt_len=64)
+    parts = generation.prefill(cm, TOY, ParallelConfig(), batch=4, prompt_len=64)
     matmul, attention = attention_split(64, 4)
     assert parts["compute"] == pytest.approx(matmul + attention / ae)
     assert parts["memory"] == 0.0
@@ -77,7 +78,7 @@ def test_attention_efficiency_half_doubles_the_forward_passes_attention_share_no
 def test_kv_read_efficiency_divides_the_decode_steps_kv_slope_only(kre):
     cm = CostModel(cluster(), EfficiencyParams(hbm_efficiency=0.5, kv_read_efficiency=kre))
     hbm = 1e11 * 0.5
-    at = {c: cm.decode_step(TOY, ParallelConfig(), batch=8, context=c)["memory"] for c in (0, 1000)}
+    at = {c: generation.decode_step(cm, TOY, ParallelConfig(), batch=8, context=c)["memory"] for c in (0, 1000)}
     assert at[0] == pytest.approx(2 * PM / hbm)  # the weights streamed once per step: untouched
     assert at[1000] - at[0] == pytest.approx(8 * 1000 * KV_TOKEN / (hbm * kre))
 
@@ -99,7 +100,7 @@ def test_collective_latency_grows_with_log2_of_the_group():
     assert grown.allreduce(1e6, 16, tuple(range(16)))[1] == pytest.approx(5e-5)
     assert grown.p2p(1e6, 16, (0, 8))[1] == pytest.approx(2e-5)  # a pipeline send is one hop whatever the group
     # priced ops see it: a tp=4 decode step runs two all-reduces per layer
-    step = grown.decode_step(TOY, ParallelConfig(tp=4), batch=1, context=10)
+    step = generation.decode_step(grown, TOY, ParallelConfig(tp=4), batch=1, context=10)
     assert step["latency"] == pytest.approx(2 * 2 * 1.5e-5)
 
 
@@ -121,6 +122,57 @@ def test_decode_sequence_seconds_per_sequence_per_pass_on_each_replica():
     # twice the sequences, twice the cost; the per-layer term instead counts passes (3 waves · 16 · 2 layers)
     assert overhead(20, decode_sequence_seconds=1e-3).seconds - overhead(20).seconds == pytest.approx(0.16)
     assert overhead(10, decode_layer_seconds=1e-3).seconds - base.seconds == pytest.approx(3 * 16 * 2 * 1e-3)
+
+
+# ---- host_sequence_seconds: vLLM before 0.6 ------------------------------------------------------------
+@pytest.mark.parametrize(("engine", "version", "overlap"), [
+    ("vllm", "0.3.1", False), ("vllm", "0.5.4", False), ("vllm", "0.6.0", True), ("vllm", "0.11.2", True),
+    ("vllm", None, True), ("tensorrt-llm", "0.5.0", True), ("sglang", "0.3.0", True)])
+def test_engine_params_marks_vllm_before_0_6_as_not_overlapping_its_host_work(engine, version, overlap):
+    params = EfficiencyParams(**engine_params(engine, version))
+    assert params.generation_host_overlap is overlap
+
+
+def test_host_sequence_seconds_per_sequence_per_pass_only_where_the_engine_does_not_overlap_it():
+    params = EfficiencyParams(max_decode_batch=2)  # 5 sequences per replica: 3 waves of 2, 2, 1
+    legacy = params.model_copy(update={"generation_host_overlap": False})
+    gen, w = ParallelConfig(dp=2), Workload(prompts=10, prompt_len=8, response_len=16)
+    terms = EngineOverheads(host_sequence_seconds=2e-3)
+
+    def cost(p, o=terms):
+        return ProfiledCostModel(cluster(), p, o).generate(TOY, gen, w)
+
+    # 5 sequences on the slowest replica, a prefill and 15 decode steps each: 5·16 passes · 2 ms, its own part
+    assert cost(legacy).breakdown["host"] == pytest.approx(5 * 16 * 2e-3)
+    assert cost(legacy).seconds - cost(params).seconds == pytest.approx(0.16)
+    assert "host" not in cost(params).breakdown  # an overlapping engine pays none of it
+    assert cost(params).seconds == cost(params, EngineOverheads()).seconds
+
+
+def test_host_seconds_per_step_is_the_fixed_step_cost_and_each_sequences_work():
+    params = EfficiencyParams(decode_step_overhead=1e-4)
+    o = EngineOverheads(decode_sequence_seconds=5e-5, host_sequence_seconds=4e-5)
+    assert CostModel(cluster(), params).host_seconds_per_step(200) == pytest.approx(1e-4)
+    assert ProfiledCostModel(cluster(), params, o).host_seconds_per_step(200) == pytest.approx(1e-4 + 200 * 5e-5)
+    legacy = params.model_copy(update={"generation_host_overlap": False})
+    assert ProfiledCostModel(cluster(), legacy, o).host_seconds_per_step(200) == pytest.approx(1e-4 + 200 * 9e-5)
+
+
+def test_default_cost_model_takes_a_runs_engine_params():
+    c = ClusterSpec(hardware=hardware_preset("a100-80g"), nodes=1, devices_per_node=8)
+    assert default_cost_model(c).params.generation_host_overlap is True
+    old = default_cost_model(c, **engine_params("vllm", "0.3.1"))
+    assert old.params.generation_host_overlap is False
+    assert old.overheads.host_sequence_seconds == stored_terms()["a100"].overheads["host_sequence_seconds"] > 0
+    assert CostModel(cluster()).params.generation_host_overlap is True  # the analytic defaults overlap
+
+
+def test_the_cost_models_generate_is_generation_pricing_on_it():
+    cm = CostModel(cluster(), EfficiencyParams(max_decode_batch=3))
+    w = Workload(prompts=10, prompt_len=8, response_len=16)
+    assert cm.generate(TOY, ParallelConfig(dp=2), w) == generation.generate(cm, TOY, ParallelConfig(dp=2), w, 10)
+    assert cm.generate(TOY, ParallelConfig(dp=2), w, sequences=4) == generation.generate(
+        cm, TOY, ParallelConfig(dp=2), w, 4)
 
 
 # ---- ModelSpec.num_tensors and weight_tensor_seconds ----------------------------------------------------

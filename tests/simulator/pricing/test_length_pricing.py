@@ -4,8 +4,10 @@ the step-by-step sum, fixed lengths unchanged, packed training."""
 import pytest
 
 from hybridflow.simulator import ClusterSpec, ModelSpec, ParallelConfig, Workload
-from hybridflow.simulator.pricing.cost import CostModel, _seq_flops, _shape, micro_batches
+from hybridflow.simulator.pricing import generation
+from hybridflow.simulator.pricing.cost import CostModel, micro_batches
 from hybridflow.simulator.pricing.decode_schedule import Segment, replica_decode, slowest_replica_lengths
+from hybridflow.simulator.pricing.op_cost import model_shape, seq_flops
 from hybridflow.simulator.vocabulary.hardware import hardware_preset
 from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 
@@ -34,13 +36,13 @@ def test_the_slowest_replica_is_dealt_the_top_of_every_block():
 
 def _stepwise(cm, gen, w, free):
     """The same generation priced one decode step at a time (decode_step at the batch's mean context)."""
-    d = cm.replica_decode(MODEL, gen, w, w.sequences, free)
-    pre = cm.prefill(MODEL, gen, -(-d.sequences // d.admissions), w.prompt_len)
+    d = generation.slowest_replica(cm, MODEL, gen, w, w.sequences, free)
+    pre = generation.prefill(cm, MODEL, gen, -(-d.sequences // d.admissions), w.prompt_len)
     total = d.admissions * sum(pre.values())
     for seg in d.segments:
         for j in range(seg.steps):
             context = w.prompt_len + (seg.generated + seg.batch * j) / seg.batch
-            total += cm.decode_step(MODEL, gen, seg.batch, context)["step_seconds"]
+            total += generation.decode_step(cm, MODEL, gen, seg.batch, context)["step_seconds"]
     return total
 
 
@@ -78,9 +80,9 @@ def test_the_tail_costs_more_than_the_mean_and_less_than_the_longest():
 
 def test_packed_training_counts_real_tokens_and_per_sequence_attention():
     w = Workload(prompts=64, prompt_len=128, micro_batch_size=4, response_lengths=TAIL)
-    _, pm, attn, _ = _shape(MODEL, "lm")
+    _, pm, attn, _ = model_shape(MODEL, "lm")
     lengths = LengthDistribution(**TAIL).sample(20000)
-    by_sample = sum(_seq_flops(pm, attn, 128 + n) for n in lengths) / len(lengths)
+    by_sample = sum(seq_flops(pm, attn, 128 + n) for n in lengths) / len(lengths)
     cm = CostModel(CLUSTER)
     flops = cm.forward(MODEL, "lm", ParallelConfig(dp=8), w).flops / w.sequences
     assert flops == pytest.approx(by_sample, rel=2e-3)

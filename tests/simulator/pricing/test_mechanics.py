@@ -14,6 +14,7 @@ from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Plan, Workload
 from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, kv_free_bytes, plan_memory, state_bytes
@@ -100,15 +101,15 @@ def waves_workload(prompts=20):
 ])
 def test_batch_cap_caps_the_wave_batch_and_raises_the_waves(cap, expected):
     cm = CostModel(cluster())
-    assert cm.decode_waves(TOY, ParallelConfig(dp=2), waves_workload(), 20, None, batch_cap=cap) == expected
+    assert generation.decode_waves(cm, TOY, ParallelConfig(dp=2), waves_workload(), 20, None, batch_cap=cap) == expected
 
 
 def test_batch_cap_never_raises_the_batch_over_what_the_kv_cache_holds():
     cm = CostModel(cluster())
     free = 3 * KV_SEQ_16 + 1  # room for three sequences' KV cache
-    assert cm.decode_waves(TOY, ParallelConfig(dp=2), waves_workload(), 20, free) == (10, 4, 3)
-    assert cm.decode_waves(TOY, ParallelConfig(dp=2), waves_workload(), 20, free, batch_cap=5) == (10, 4, 3)
-    assert cm.decode_waves(TOY, ParallelConfig(dp=2), waves_workload(), 20, free, batch_cap=2) == (10, 5, 2)
+    assert generation.decode_waves(cm, TOY, ParallelConfig(dp=2), waves_workload(), 20, free) == (10, 4, 3)
+    assert generation.decode_waves(cm, TOY, ParallelConfig(dp=2), waves_workload(), 20, free, batch_cap=5) == (10, 4, 3)
+    assert generation.decode_waves(cm, TOY, ParallelConfig(dp=2), waves_workload(), 20, free, batch_cap=2) == (10, 5, 2)
 
 
 def test_generate_with_a_batch_cap_pays_each_waves_passes():

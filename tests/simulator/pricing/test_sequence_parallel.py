@@ -1,4 +1,5 @@
-"""Ulysses sequence parallelism priced: the all-to-all volumes over the sequence's ranks, activations per
+"""Sequence parallelism priced: Ulysses' all-to-all volumes over the sequence's ranks, Megatron's context
+parallelism (ring attention) as K,V chunks passed round the ring under the attention, activations per
 device divided by sp, the same compute spread over the devices; the layout's rules."""
 
 import pytest
@@ -42,7 +43,7 @@ def test_the_all_to_alls_are_priced_on_the_sequence_ranks():
 
 
 @pytest.mark.parametrize("kw,msg", [({"dp": 6, "sp": 4}, "must divide dp"),
-                                    ({"dp": 4, "sp": 2, "backend": "megatron"}, "fsdp backend")])
+                                    ({"dp": 4, "sp": 2, "backend": "deepspeed"}, "fsdp \\(Ulysses\\) and megatron")])
 def test_bad_layouts_are_refused(kw, msg):
     with pytest.raises(ValidationError, match=msg):
         ParallelConfig(**kw)
@@ -54,3 +55,32 @@ def test_sp_times_tp_must_give_each_rank_whole_heads():
     ParallelConfig(tp=2, dp=4, sp=4).validate_for(MODEL)
     assert ParallelConfig(dp=8, sp=2).generation_layout() == ParallelConfig(dp=8)
     assert ParallelConfig(dp=8, sp=2).label() == "1-1-8-sp2"
+
+
+def test_context_parallelism_passes_kv_chunks_round_the_ring_under_the_attention():
+    par = ParallelConfig(dp=8, sp=8, backend="megatron")  # no head rule: ring attention splits tokens, not heads
+    par.validate_for(MODEL)
+    # each device 8192/8 tokens of its micro-batch's sequence: its K and V chunk, sent sp-1 = 7 times per layer
+    chunk = BF16 * 2 * (8192 / 8) * 4 * 128
+    sends = 7 * 4 * 16  # (sp-1) · layers · micro-batches (16 sequences, one group of 8 ranks, one per micro-batch)
+    pm, attn = MODEL.matmul_params("lm"), 4.0 * 4 * 8 * 128
+    for cluster in (CLUSTER, ClusterSpec(hardware=hardware_preset("a100-80g"), nodes=2, devices_per_node=4)):
+        cm = CostModel(cluster)
+        link = cm.link(8, sp_ranks(par))  # across the two nodes the ring's slow hop (a 25 GB/s NIC) paces it
+        fwd, upd = cm.forward(MODEL, "lm", par, LONG), cm.train(MODEL, "lm", par, LONG)
+        assert fwd.breakdown["latency"] == pytest.approx(sends * link.latency)
+        assert upd.breakdown["latency"] == pytest.approx(3 * sends * link.latency)  # K,V again and their gradients
+        # hidden under the attention (its share of the compute); only the rest is exposed
+        work = 8192 * (2.0 * pm + attn * 8193 / 2.0 / cm.params.attention_efficiency)
+        share = 1.0 - 2.0 * pm * 8192 / work
+        exposed = sends * chunk / link.bandwidth - share * fwd.breakdown["compute"]
+        assert fwd.breakdown.get("sp_comm", 0.0) == pytest.approx(max(0.0, exposed))
+    assert link.crosses_nodes and exposed > 0  # over the network the attention no longer hides it
+
+
+def test_context_parallelism_is_refused_by_the_runtime_in_one_line():
+    from hybridflow.simulator.vocabulary.execution import context_parallel_problem
+
+    line = context_parallel_problem(ParallelConfig(dp=8, sp=2, backend="megatron"))
+    assert line is not None and "\n" not in line and "backend fsdp (Ulysses sp)" in line
+    assert context_parallel_problem(ParallelConfig(dp=8, sp=2)) is None

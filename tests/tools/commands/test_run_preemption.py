@@ -1,6 +1,7 @@
 """`hflow-plan run` stopped by SIGTERM, as a job scheduler sends it: one line of ours (no Ray signal dump,
-no traceback), exit 143, a checkpoint of the last finished iteration, and `--resume` continues to the
-same metrics as a run never stopped. Real processes: the command, its local Ray cluster, its workers."""
+no traceback), exit 143, a checkpoint of the last finished iteration and its metrics lines. Real processes:
+the command, its local Ray cluster, its workers. That `--resume` then continues to the same metrics as a
+run never stopped is checked in process, at every moment a SIGTERM can come (tests/runtime/rl/test_run_faults.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,7 @@ def _rewards(metrics: Path) -> list[tuple[int, float]]:
     return [(r["iteration"], r["reward_mean"]) for r in map(json.loads, metrics.read_text().splitlines())]
 
 
-def test_sigterm_saves_says_one_line_exits_143_and_resume_matches_an_unstopped_run(tmp_path):
-    rc, _, err, straight = _run(tmp_path, "straight")
-    assert rc == 0, err
+def test_sigterm_saves_says_one_line_and_exits_143(tmp_path):
     rc, _, err, stopped = _run(tmp_path, "stopped", sigterm_after_lines=1)
     ours = [line for line in err.splitlines() if line.startswith("hflow-plan:")]
     assert rc == 143, err
@@ -47,6 +46,4 @@ def test_sigterm_saves_says_one_line_exits_143_and_resume_matches_an_unstopped_r
     assert "Traceback" not in err and "SIGTERM handler" not in err and "received signal" not in err.lower(), err
     done = int((tmp_path / "stopped-ck" / "latest").read_text().strip()[5:])
     assert 1 <= done < 3 and [i for i, _ in _rewards(stopped)] == list(range(1, done + 1))
-    rc, _, err, resumed = _run(tmp_path, "stopped", "--resume")  # --iterations 3: the total to reach
-    assert rc == 0, err
-    assert _rewards(resumed) == _rewards(straight)  # bit-identical: the same floats, every iteration
+    assert (tmp_path / "stopped-ck" / f"iter_{done:06d}" / "manifest.json").is_file()  # complete: resumable

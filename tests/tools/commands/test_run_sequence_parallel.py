@@ -13,7 +13,9 @@ from hybridflow.tools.cli import main
 @pytest.mark.parametrize("train,msg", [
     ({"dp": 8, "sp": 8}, "sp·tp=8 must divide heads=4"),  # the tiny model's 4 heads
     ({"dp": 8, "sp": 3}, "sp=3 must divide dp=8"),
-    ({"dp": 8, "sp": 2, "backend": "megatron"}, "Ulysses sequence parallelism is priced for the fsdp backend"),
+    ({"dp": 8, "sp": 2, "backend": "megatron"}, "Megatron (context parallelism, ring attention), which the simulator "
+                                                "prices but this runtime does not run"),
+    ({"dp": 8, "sp": 2, "backend": "deepspeed"}, "sequence parallelism is priced for the fsdp (Ulysses) and megatron"),
     ({"pp": 2, "dp": 4, "sp": 2}, "this runtime splits sequences with pp=1 only"),
 ])
 def test_sp_the_runtime_cannot_run_is_one_line(tmp_path, capsys, train, msg):

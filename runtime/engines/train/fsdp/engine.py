@@ -19,7 +19,9 @@ token weights however the batch is sharded and cut into micro-batches).
 
 Padding is removed before the model runs (packing.py): rows are bucketed by real length into
 micro-batches and each micro-batch is repacked to its own longest row; outputs come back in the
-caller's layout. A pass that reads only the responses (`score_width`) over rows that repeat a prompt
+caller's layout. With a token budget (`micro_batch_tokens`) the engine packs sequences instead: micro-batches
+of at most so many real tokens, each one row of sequences back to back with attention confined to each
+(fsdp/packed.py; prompts are then not shared). A pass that reads only the responses (`score_width`) over rows that repeat a prompt
 (GRPO's samples) runs each prompt once instead, with its responses packed behind it (shared_prompts.py).
 
 Token log-probs and entropy are aligned with `input_ids`: position i holds log p(input_ids[i] |
@@ -70,6 +72,7 @@ from hybridflow.runtime.engines.train.base import (
 )
 from hybridflow.runtime.engines.train.fsdp.checkpoint import FsdpCheckpoint
 from hybridflow.runtime.engines.train.fsdp.clip import clip_grad_norm_
+from hybridflow.runtime.engines.train.fsdp.packed import packed_forward, packing_core, token_micro_rows
 from hybridflow.runtime.engines.train.fsdp.pipeline import PipelineRunner, split_stage
 from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
     SharedPrompts,
@@ -86,7 +89,7 @@ from hybridflow.runtime.engines.train.logits import (
 )
 from hybridflow.runtime.engines.train.lora import adapters_disabled, apply_lora
 from hybridflow.runtime.engines.train.optim import OptimConfig
-from hybridflow.runtime.engines.train.packing import inverse_order, pack
+from hybridflow.runtime.engines.train.packing import inverse_order, pack, pack_sequences
 from hybridflow.runtime.models.lora_files import is_adapter, merged_state, plain_name
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.execution import shares_prompts
@@ -110,7 +113,7 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
     def __init__(self, model: nn.Module, parallel: ParallelConfig | None = None, *,
                  optim: OptimConfig | None = None, micro_batch_size: int | None = None,
                  mixed_precision: bool | None = None, temperature: float = 1.0, lora: LoraConfig | None = None,
-                 lora_seed: int = 0):
+                 lora_seed: int = 0, micro_batch_tokens: int | None = None):
         super().__init__(parallel, optim, micro_batch_size, temperature)
         self.decoder_config = getattr(model, "config", None)  # what the model is, whichever engine trains it
         self.lora = lora
@@ -119,7 +122,10 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
             if self.parallel.pp > 1:
                 raise HflowError(f"LoRA trains with pp=1 on this runtime (got {self.parallel}); use tp·dp")
             model = apply_lora(model, lora, lora_seed)
-        self.prompt_sharing = True  # one forward per prompt group (shared_prompts.py) where the batch allows
+        self.micro_batch_tokens = micro_batch_tokens  # sequence packing's token budget (fsdp/packed.py)
+        self.segments = packing_core(model, self.parallel, micro_batch_tokens)
+        # one forward per prompt group (shared_prompts.py) where the batch allows; packing replaces it
+        self.prompt_sharing = micro_batch_tokens is None
         self.distributed = parallel is not None and dist.is_available() and dist.is_initialized()
         self.mesh = None
         self.pipeline = None  # pipeline.PipelineRunner when pp > 1
@@ -140,7 +146,7 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
                 check_sp(model, self.parallel)
                 group = new_sp_group(self.parallel)
                 self.sequence_split = SequenceSplit(group)
-                apply_ulysses(model, group)
+                apply_ulysses(model, group, self.segments)
             model = parallelize(model, self.mesh, self.parallel, mixed_precision=mixed_precision)
         elif self.parallel.world_size > 1:
             raise HflowError(f"parallel config {self.parallel} needs an initialised torch.distributed group; "
@@ -182,7 +188,11 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
 
     def _micro_rows(self, batch: TensorDict, micro_batch_size: int | None,
                     score_width: int | None) -> list[torch.Tensor] | None:
-        """Each micro-batch's rows: prompt groups together or length buckets (shared_prompts.micro_batch_rows)."""
+        """Each micro-batch's rows: by the token budget (packed.py), else prompt groups together or length buckets
+        (shared_prompts.micro_batch_rows)."""
+        if self.micro_batch_tokens is not None:
+            return token_micro_rows(batch["input_ids"], batch.get("attention_mask", None), self.micro_batch_tokens,
+                                    self._dp_group())
         columns = batch["input_ids"].shape[1]
         width = columns - score_width if self._shares_prompts(score_width, columns) else None
         return micro_batch_rows(batch["input_ids"], batch.get("attention_mask", None),
@@ -202,6 +212,12 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         mask = micro.get("attention_mask", None)
         pos = micro.get("position_ids", None)
         mask, pos = None if mask is None else mask.to(self.device), None if pos is None else pos.to(self.device)
+        if self.segments is not None and mask is not None and (seq := pack_sequences(ids, mask, pos)) is not None:
+            if self.sequence_split is not None:
+                return self.sequence_split.forward_packed(self.model, seq, self.segments, lm=self.is_lm,
+                                                          tempered=self.tempered, entropy=entropy, clock=self.clock)
+            return packed_forward(self.model, seq, self.segments, lm=self.is_lm, tempered=self.tempered,
+                                  entropy=entropy, score_width=score_width, clock=self.clock)
         if self.sequence_split is not None:
             return self.sequence_split.forward(self.model, ids, mask, pos, lm=self.is_lm, tempered=self.tempered,
                                                entropy=entropy, score_width=score_width, clock=self.clock)
@@ -265,17 +281,11 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         batch = as_tensordict(batch)
         self.model.eval()
         rows = self._micro_rows(batch, micro_batch_size, score_width)
-        fsdp = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-        for m in fsdp:  # gather the weights once for all micro-batches, not once per micro-batch
-            m.set_reshard_after_forward(False, recurse=False)
-        try:
-            with self.clock.span("infer"):
-                parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
-                         for m in self._micro_batches(batch, micro_batch_size, rows)]
-        finally:
-            for m in fsdp:
-                m.reshard()
-                m.set_reshard_after_forward(True, recurse=False)
+        # Each layer's weights are gathered for its forward and freed after it, per micro-batch: the
+        # memory model's one gathered layer (and its prefetch), and the gathers the cost model prices.
+        with self.clock.span("infer"):
+            parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
+                     for m in self._micro_batches(batch, micro_batch_size, rows)]
         self.model.train()
         back = slice(None) if rows is None else inverse_order(torch.cat(rows))  # the caller's row order
         return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
@@ -305,13 +315,8 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         # the gradient is that of the token-mean over the whole batch, however it is sharded and cut.
         total = self._dp_mean([float(batch[token_weights].sum())])[0] if token_weights else 0.0
         sums: dict[str, float] = defaultdict(float)
-        for i, micro in enumerate(micros):
+        for micro in micros:
             weight = float(micro[token_weights].sum()) / total if total > 0 else micro.batch_size[0] / n
-            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 gradient accumulation: the weights
-                last = i == len(micros) - 1  # stay gathered until the last backward; one reduce-scatter, at the end
-                self.model.set_requires_gradient_sync(last)
-                self.model.set_reshard_after_forward(False, recurse=True)
-                self.model.set_reshard_after_backward(last, recurse=True)
             with self.clock.span("forward"):
                 result = loss_fn(self.forward(micro, entropy=entropy, score_width=score_width), micro)
             loss, stats = result if isinstance(result, tuple) else (result, {})
@@ -323,8 +328,6 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
-        if hasattr(self.model, "set_reshard_after_forward"):
-            self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
         return self._finish_step(sums)
 
     def _apply_step(self, skip: bool) -> float:

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.runtime.engines.train.logits import entropy_of, first_scored_logit, picked_log_probs
-from hybridflow.runtime.engines.train.packing import pack
+from hybridflow.runtime.engines.train.packing import SequencePack, pack
+from hybridflow.runtime.engines.train.segment_attention import SegmentAttention
 from hybridflow.runtime.models.decoder import attention_bias_mask, sdpa_attention
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -64,9 +65,10 @@ def check_sp(model: nn.Module, cfg: ParallelConfig) -> None:
         raise HflowError(f"{cfg}: sequence parallelism runs with pp=1 on this runtime; use sp·dp·tp")
 
 
-def apply_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
-    """Swap every decoder layer's attention core for the Ulysses one over `group` (in place)."""
-    core = UlyssesAttention(group)
+def apply_ulysses(model: nn.Module, group: dist.ProcessGroup, local=None) -> nn.Module:
+    """Swap every decoder layer's attention core for the Ulysses one over `group` (in place); `local`: the core
+    between the exchanges (UlyssesAttention)."""
+    core = UlyssesAttention(group, local or whole_sequence_attention)
     for layer in model.model.decoder_layers():
         layer.self_attn.core = core
     return model
@@ -124,24 +126,32 @@ def gather_sequence(x: torch.Tensor, group, dim: int = 1) -> torch.Tensor:
 # ---- attention ----------------------------------------------------------------------------------------
 
 
+def whole_sequence_attention(q, k, v, mask, window=None):
+    """Causal attention over the whole (gathered) sequence, with the layer's sliding window if any; the
+    decoder's mask, built for this rank's slice, does not apply."""
+    s = q.shape[2]
+    full = None
+    if window is not None and s > window:
+        full = attention_bias_mask(torch.ones(1, s, dtype=torch.bool, device=q.device), s, 0, window)
+    return sdpa_attention(q, k, v, full)
+
+
 class UlyssesAttention:
     """The attention core of `Attention` under sequence parallelism (see the module docstring). It ignores the
     decoder's mask: the rows it sees are packed, so attention is causal (with the layer's sliding window over
-    the whole sequence, if any)."""
+    the whole sequence, if any). `local` is the core run on the whole sequence between the exchanges (the
+    per-sequence one of segment_attention.py under sequence packing)."""
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, local=whole_sequence_attention):
         self.group, self.size = group, dist.get_world_size(group)
+        self.local = local
 
     def __call__(self, q, k, v, mask, window=None):
         sp = self.size
         if k.shape[1] % sp:  # fewer kv heads than ranks: each rank takes a copy of the one its q heads read
             k, v = (t.repeat_interleave(sp // t.shape[1], dim=1) for t in (k, v))
         q, k, v = (all_to_all(t, self.group, 1, 2) for t in (q, k, v))
-        s = q.shape[2]
-        full = None
-        if window is not None and s > window:
-            full = attention_bias_mask(torch.ones(1, s, dtype=torch.bool, device=q.device), s, 0, window)
-        return all_to_all(sdpa_attention(q, k, v, full), self.group, 2, 1)
+        return all_to_all(self.local(q, k, v, None, window), self.group, 2, 1)
 
 
 # ---- a micro-batch's forward ------------------------------------------------------------------------------
@@ -193,6 +203,37 @@ class SequenceSplit:
         def aligned(per_position: torch.Tensor) -> torch.Tensor:
             whole = F.pad(gather_sequence(per_position, self.group)[:, :width - 1], (1, 0))
             return unpack(torch.where(keep, whole, torch.zeros((), dtype=whole.dtype, device=whole.device)))
+
+        res = {"log_probs": aligned(picked_log_probs(scaled, targets))}
+        if entropy:
+            res["entropy"] = aligned(entropy_of(scaled))
+        return res
+
+    def forward_packed(self, model: nn.Module, packed: SequencePack, segments: SegmentAttention, *, lm: bool,
+                       tempered, entropy: bool, clock=None) -> dict[str, torch.Tensor]:
+        """`forward` of a micro-batch packed as one row of sequences (packing.py `SequencePack`): the row padded
+        to a multiple of sp (the padding a sequence of its own, never attended to by a real token), this rank's
+        slice run with attention confined to each sequence (`segments`, the core between the exchanges)."""
+        ids, pos = packed.input_ids, packed.position_ids
+        width = ids.shape[1]
+        n = -(-width // self.size)
+        pad = n * self.size - width
+        ids = F.pad(ids, (0, pad))
+        pos = torch.cat([pos, torch.arange(pad, device=pos.device)[None]], dim=1)
+        cu = packed.cu_seqlens + ([width + pad] if pad else [])
+        lo = self.rank * n
+        if clock is not None and clock.enabled:
+            clock.count_pass(1, n, float(max(0, min(n, width - lo))))
+        with segments.segments(cu):
+            out = model(ids[:, lo:lo + n].contiguous(), None, pos[:, lo:lo + n].contiguous())
+        if not lm:
+            return {"values": packed.unpack_tokens(gather_sequence(out.float(), self.group)[0, :width])}
+        scaled = tempered(out)
+        targets = F.pad(ids, (0, 1))[:, lo + 1:lo + n + 1]  # position p predicts the token at p + 1
+        at = packed.predictor
+
+        def aligned(per_position: torch.Tensor) -> torch.Tensor:
+            return packed.unpack_predictions(gather_sequence(per_position, self.group)[0, at], at)
 
         res = {"log_probs": aligned(picked_log_probs(scaled, targets))}
         if entropy:

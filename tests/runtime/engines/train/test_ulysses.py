@@ -167,3 +167,11 @@ def _bad(rank, world):
 def test_sp_not_dividing_heads_is_one_line():
     messages = run_distributed(_bad, 4)[0]
     assert len(messages) == 2 and all("sp·tp=4 must divide heads" in m and "\n" not in m for m in messages)
+
+
+def test_sp_with_a_mixture_of_experts():
+    """Mixtral's routed experts (each token routed on its own rank's share of the sequence; the router's
+    choice per token does not depend on where the token sits) at sp 2 of dp 4."""
+    over = dict(family="mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    _check(run_distributed(_train, 4, 1, 4, 2, True, "response_mask", over), _reference(True, "response_mask", over, 2),
+           ParallelConfig(dp=4, sp=2))

@@ -1,0 +1,102 @@
+"""What another system's generation loop costs over a serving engine's, where it is documented (vocabulary/mechanics.py).
+
+Hugging Face `generate` drives the decode loop of DeepSpeed-Chat (with its Hybrid Engine, over DeepSpeed's fused
+inference kernels; without it, over the HF model in eager PyTorch) and of OpenRLHF v0.2 without vLLM; Megatron's
+own generation loop drives NeMo-Aligner v0.2's (in its training layout, eager PyTorch, each step through the
+pipeline's stages one after another). Such a step differs from a serving engine's in documented ways, priced here
+per decode step on top of the serving engine's own step (generation.py `decode_step`):
+
+- **CPU-bound launches.** The loop issues every layer's kernels from Python, one at a time, with no CUDA graph; a
+  small decode step's GPU work finishes before the CPU has issued the next kernel, so a step costs the larger of the
+  CPU's time issuing the layers and the GPU's work. The CPU's time per layer, measured:
+  - a model in eager PyTorch (HF's; Megatron's alike): PyTorch's "Accelerating Generative AI with PyTorch II: GPT, Fast" (pytorch.org blog,
+    2023-11-30; A100-80GB, batch 1) measured an eager Llama-7B (32 layers) at 25.5 tok/s, "heavily CPU overhead
+    bound" (107 tok/s once compiled with CUDA graphs): 1/25.5 s over 32 layers.
+  - DeepSpeed-Chat's Hybrid Engine (fused inference containers, `DeepSpeedHybridEngine.generate` calling HF
+    `generate`): DeepSpeed-Chat's published step-3 log (DeepSpeedExamples, training_log_output/
+    actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log) prints "Generate time=2.54s" for OPT-1.3B (24 layers),
+    4 sequences per device, 256 new tokens — a GPU step of that size takes a few ms, so 2.54 s / 256 / 24 is the
+    CPU's time per layer.
+- **A KV cache that is concatenated.** transformers' `DynamicCache.update` (v4.36–4.38, cache_utils.py) appends
+  each step's keys and values with `torch.cat`, which reads and writes the whole cache again every step: twice
+  the cache's bytes of HBM traffic per step on top of attention's own read. With FlashAttention-2 on a left-padded
+  batch (OpenRLHF loads its models with `use_flash_attention_2`), `LlamaFlashAttention2._upad_input` (v4.38,
+  modeling_llama.py) also gathers every layer's keys and values into an unpadded copy each step: twice more. The
+  Hybrid Engine's containers and Megatron keep a preallocated cache (`max_out_tokens`, `InferenceParams`) instead.
+
+`eager_decode_step` is one step's price by part; `eager_generate_extra` the seconds a whole generate call adds
+to the serving engine's price; `hf_generate_slowdown` the plan's generate op over its serving-engine price
+(the `decode_slowdown` the baseline's Mechanics carries, so `compare`'s breakdown shows it on `generate`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from hybridflow.simulator.pricing.generation import decode_step, decode_waves
+from hybridflow.simulator.pricing.memory import kv_bytes_per_sequence, kv_free_bytes
+from hybridflow.simulator.vocabulary.model import ModelSpec
+from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+from hybridflow.simulator.vocabulary.workload import Workload
+
+# CPU seconds to issue one decoder layer of a decode step (module docstring):
+# https://pytorch.org/blog/accelerating-generative-ai-2/ "Starting Point (25.5 tok/s)": eager Llama-7B, 32 layers
+EAGER_LAYER_SECONDS = 1.0 / 25.5 / 32
+# https://github.com/microsoft/DeepSpeedExamples/blob/91863475/applications/DeepSpeed-Chat/training/step3_rlhf_finetuning/
+# training_log_output/actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log: "Generate time=2.54s", 256 tokens, 24 layers
+HYBRID_ENGINE_LAYER_SECONDS = 2.54 / 256 / 24
+Loop = Literal["hf-eager", "hf-eager-fa2", "hybrid-engine", "megatron"]
+LOOP_LAYER_SECONDS = {"hf-eager": EAGER_LAYER_SECONDS, "hf-eager-fa2": EAGER_LAYER_SECONDS,
+                      "hybrid-engine": HYBRID_ENGINE_LAYER_SECONDS, "megatron": EAGER_LAYER_SECONDS}
+# Times a step reads or writes the whole KV cache beyond attention's own read (module docstring): torch.cat's read
+# and write; with FlashAttention-2 and left padding, also the unpadding gather's read and write.
+KV_COPIES = {"hf-eager": 2, "hf-eager-fa2": 4, "hybrid-engine": 0, "megatron": 0}
+# Contexts a call's decode steps are sampled at (the step's price is piecewise linear in the context).
+CONTEXT_SAMPLES = 16
+
+
+def eager_decode_step(cm, model: ModelSpec, gen: ParallelConfig, batch: int, context: float,
+                      loop: Loop = "hf-eager") -> dict[str, float]:
+    """One decode step of a generation loop (`loop`: HF generate over the eager HF model or over the Hybrid Engine's
+    containers, or Megatron's over its stages) of `batch` sequences at `context` tokens, by part: the serving engine's step on the GPU (`gpu`), the
+    eager cache's concatenation (`kv_copy`: its bytes read and written), the CPU issuing the layers (`cpu_launch`);
+    `step_seconds` = max(cpu_launch, gpu + kv_copy)."""
+    gpu = decode_step(cm, model, gen, batch, context)["step_seconds"]
+    kv_copy = KV_COPIES[loop] * batch * kv_bytes_per_sequence(model, gen, context) / cm.hbm
+    # Megatron's loop passes each step through the pipeline's stages one after another
+    cpu = (model.layers if loop == "megatron" else model.layers / gen.pp) * LOOP_LAYER_SECONDS[loop]
+    return {"gpu": gpu, "kv_copy": kv_copy, "cpu_launch": cpu, "step_seconds": max(cpu, gpu + kv_copy)}
+
+
+def eager_generate_extra(cm, model: ModelSpec, gen: ParallelConfig, workload: Workload, calls: int,
+                         batch: int, loop: Loop = "hf-eager") -> float:
+    """Seconds that `calls` generate calls of `batch` sequences each add over the serving engine's decode
+    steps: per step max(cpu_launch − gpu, kv_copy), summed over the response's steps (sampled contexts)."""
+    P, R = workload.prompt_len, max(1, round(workload.mean_response_len))
+    steps = R - 1
+    if steps <= 0:
+        return 0.0
+    n = min(CONTEXT_SAMPLES, steps)
+    total = 0.0
+    for i in range(n):  # midpoints of n equal spans of the steps 1 … R-1
+        k = 1 + (i + 0.5) * steps / n
+        s = eager_decode_step(cm, model, gen, batch, P + k, loop)
+        total += max(s["cpu_launch"] - s["gpu"], s["kv_copy"]) * steps / n
+    return calls * total
+
+
+def hf_generate_slowdown(cm, plan, loop: Loop = "hf-eager") -> float:
+    """The plan's generate op, run by the system's generation loop, over its price on a serving engine (module docstring):
+    1 + the calls' extra seconds / the serving-engine price. The plan's mechanics give the static batch and calls."""
+    from hybridflow.simulator.pricing.cost import price_op
+
+    base = price_op(cm, plan, "generate", "actor").seconds
+    if base <= 0:
+        return 1.0
+    w, mech, gen = plan.workload, plan.mechanics, plan.generation_config()
+    calls_per_op = w.mini_batches if mech.generate_per_minibatch else 1
+    seqs = -(-w.sequences // calls_per_op)
+    _, waves, batch = decode_waves(cm, plan.roles["actor"].model, gen, w, seqs, kv_free_bytes(plan, cm.params),
+                                   mech.generation_batch)
+    extra = eager_generate_extra(cm, plan.roles["actor"].model, gen, w, waves * calls_per_op, batch, loop)
+    return 1.0 + extra / base

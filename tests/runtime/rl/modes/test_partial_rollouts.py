@@ -1,0 +1,164 @@
+"""Partial rollouts in the `async` mode (async_mode.partial_rollout_tokens; rl/partial_rollouts.py): the
+buffer's bookkeeping by hand; the settings refused in one line; end to end (GRPO, tiny model, rollout on
+devices of its own), responses paused and continued in later rounds, their behaviour log-probs those of one
+uninterrupted pass when the policy did not change, the staleness bound held, every prompt trained once;
+the simulator's price of the generation round bounded by the budget."""
+
+import pytest
+import torch
+from test_async_rollout import WORKLOAD, async_plan
+
+from hybridflow.runtime.controller.batch import Batch
+from hybridflow.runtime.rl.partial_rollouts import OpenGroup, PartialRollouts
+from hybridflow.runtime.rl.plan_support import check_runnable
+from hybridflow.runtime.rl.run_config import RunConfig
+from hybridflow.simulator import ParallelConfig
+from hybridflow.simulator.errors import HflowError
+
+EOS = 9
+
+
+def _group(prompt_lens: list[int]) -> Batch:
+    ids, mask = torch.zeros(len(prompt_lens), 4, dtype=torch.long), torch.zeros(len(prompt_lens), 4, dtype=torch.long)
+    for i, n in enumerate(prompt_lens):
+        ids[i, 4 - n:] = torch.arange(1, n + 1)
+        mask[i, 4 - n:] = 1
+    return Batch({"prompt_ids": ids, "prompt_mask": mask, "data_row": torch.zeros(len(prompt_lens), dtype=torch.long)})
+
+
+def _call_output(rows: list[list[int]], width: int, version: int) -> Batch:
+    """A generate call's output: each row's new tokens (EOS included), padded to the call's budget."""
+    resp = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        resp[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+    logp = -0.1 * resp.float() * mask
+    return Batch({"responses": resp, "response_mask": mask, "behaviour_log_probs": logp,
+                  "policy_version": torch.full((len(rows),), version)})
+
+
+def test_buffer_pauses_continues_and_restarts_stale_responses():
+    buf = PartialRollouts(budget=3, response_len=7, eos_ids=[EOS])
+    g = OpenGroup.new(_group([2, 3]))
+    buf.open.append(g)
+    first = buf.launch([g])
+    assert first["prompt_ids"].tolist() == [[0, 1, 2], [1, 2, 3]] and g.in_flight
+    assert buf.absorb(_call_output([[4, EOS], [5, 6, 7]], 3, version=0)) == []  # row 1 paused after 3 tokens
+    assert g.done == [True, False] and buf.open_responses() == 1 and not g.in_flight
+    second = buf.launch([g])  # only the paused row, its prompt followed by its tokens
+    assert second["prompt_ids"].tolist() == [[1, 2, 3, 5, 6, 7]]
+    assert buf.absorb(_call_output([[8, 8, 8]], 3, version=1)) == []  # still no EOS: 6 of 7 tokens
+    buf.launch([g])
+    (done,) = buf.absorb(_call_output([[4, 4, EOS]], 3, version=2))  # cut at response_len 7
+    assert len(buf.open) == 0
+    assert done["responses"].tolist() == [[4, EOS, 0, 0, 0, 0, 0], [5, 6, 7, 8, 8, 8, 4]]
+    assert done["response_mask"].sum(-1).tolist() == [2, 7]
+    assert done["token_policy_version"][1].tolist() == [0, 0, 0, 1, 1, 1, 2]
+    assert done["policy_version"].tolist() == [0, 0] and done["partial_segments"].tolist() == [1, 3]
+    assert torch.equal(done["behaviour_log_probs"], -0.1 * done["responses"].float() * done["response_mask"])
+    assert done["input_ids"][1, -7:].tolist() == [5, 6, 7, 8, 8, 8, 4]
+    assert done["position_ids"][1].tolist() == [0, *range(10)]  # one pad, a prompt of 3, 7 tokens
+    # a paused response whose oldest token is more than k behind starts again, as does its group's finished one
+    g = OpenGroup.new(_group([1, 1]))
+    buf.open.append(g)
+    buf.launch([g])
+    buf.absorb(_call_output([[EOS], [5, 5, 5]], 3, version=3))
+    assert buf.restart_stale(version=5, max_staleness=2) == 0  # 2 behind: still within k
+    assert buf.restart_stale(version=6, max_staleness=2) == 2 and buf.restarted == 2
+    assert g.tokens == [[], []] and g.done == [False, False]
+
+
+def test_partial_rollout_settings_refused_in_one_line():
+    plan = async_plan("async", ParallelConfig(dp=1), max_staleness=2)
+    check_runnable(plan, RunConfig(async_mode={"partial_rollout_tokens": 4}))  # 8 tokens in 2 rounds, k = 2
+    for bad_plan, config, says in [
+        (async_plan("one-step-off", ParallelConfig(dp=1)), {"async_mode": {"partial_rollout_tokens": 4}},
+         "use --mode async"),
+        (plan, {"async_mode": {"partial_rollout_tokens": WORKLOAD.response_len}}, "set it below"),
+        (plan, {"async_mode": {"partial_rollout_tokens": 3}}, "takes 3 rounds .* set partial_rollout_tokens to at least 4"),
+        (async_plan("async", ParallelConfig(dp=1)), {"async_mode": {"partial_rollout_tokens": 4}},
+         "raise max_staleness to 2"),
+    ]:
+        with pytest.raises(HflowError, match=says):
+            check_runnable(bad_plan, RunConfig(**config))
+    with pytest.raises(ValueError, match="greater than 0"):
+        RunConfig(async_mode={"partial_rollout_tokens": 0})
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ray_local):
+    from hybridflow.runtime.rl.batches import PROMPT_FIELDS, SEQ_FIELDS
+    from hybridflow.runtime.rl.modes.streaming import concat_groups
+    from hybridflow.runtime.rl.trainer import Trainer
+    from hybridflow.runtime.tasks.data import PromptSampler
+
+    k, budget = 2, 4
+    plan = async_plan("async", ParallelConfig(dp=1), max_staleness=k)
+    # an update that leaves the weights as they are (lr far below fp32's resolution): every version is
+    # one policy, so a continued response's behaviour log-probs must be those of one uninterrupted pass
+    config = RunConfig(async_mode={"partial_rollout_tokens": budget}, optimizer={"actor": {"lr": 1e-30}})
+    with Trainer(plan, config) as t:
+        trained: list[Batch] = []
+        update = t.df.update
+
+        def spy(batch):
+            trained.append(batch)
+            return update(batch)
+
+        t.df.update = spy
+        out = [t.step() for _ in range(4)]
+        whole = concat_groups([b.select(*SEQ_FIELDS, *PROMPT_FIELDS, "response_mask", "behaviour_log_probs",
+                                        "partial_segments", "token_policy_version", "data_row", meta=False)
+                               for b in trained])  # the batches' prompts left-padded to one width
+        recomputed = t.groups["actor"].call_async("actor", "compute_log_prob",
+                                                  whole.select(*SEQ_FIELDS, meta=False)).get()["old_log_probs"]
+        sampler = PromptSampler(len(t.dataset), WORKLOAD.prompts, t.config.seed)
+    mask = whole["response_mask"].bool()
+    continued = whole["partial_segments"] > 1
+    assert int(continued.sum()) > 0 and sum(m["partial/continued_responses"] for m in out) == int(continued.sum())
+    assert int((whole["response_mask"].sum(-1) > budget).sum()) == int(continued.sum())  # longer: continued
+    diff = (whole["behaviour_log_probs"] - recomputed).abs()[mask]
+    assert diff.max().item() < 1e-4, diff.max().item()
+    versions = [set(v[m].tolist()) for v, m in zip(whole["token_policy_version"][continued], mask[continued],
+                                                    strict=True)]
+    assert any(len(v) > 1 for v in versions)  # some continued in a later iteration, by newer weights
+    for m in out:
+        assert m["staleness/max"] <= k and m["async/dropped_groups"] == 0
+        assert 0 <= m["partial/token_staleness_mean"] <= m["staleness/max"]
+    # every prompt trained once: the groups finish out of their draw order, but none twice and none skipped
+    # beyond those still open, in the queue or unlaunched
+    got = whole["data_row"][::WORKLOAD.samples_per_prompt].tolist()
+    drawn = [i for _ in range(6) for i in sampler.next_indices()]
+    assert len(got) == len(set(got)) == 4 * WORKLOAD.prompts and set(got) <= set(drawn)
+
+
+def test_simulator_prices_the_rounds_of_partial_rollouts():
+    from hybridflow.simulator.schedule.pipeline import partial_rollout_workload
+    from hybridflow.simulator.schedule.schedule import simulate
+    from hybridflow.simulator.vocabulary.workload import Workload
+
+    fixed = partial_rollout_workload(Workload(prompts=4, prompt_len=16, response_len=100), budget=30)
+    # 100 tokens: segments 30, 30, 30, 10, each prefilling the prompt and the tokens before it (0, 30, 60, 90)
+    assert (fixed.prompts, fixed.response_len, fixed.prompt_len) == (16, 30, 16 + 45)
+    assert fixed.response_lengths.quantiles == {0.25: 10, 1.0: 30}
+    tail = Workload(prompts=64, prompt_len=16, response_lengths={"mean": 128, "max": 1024})
+    rounds = partial_rollout_workload(tail, budget=256)
+    assert rounds.response_len == 256 and rounds.response_lengths.longest == 256
+    tokens = tail.sequences * tail.mean_response_len
+    assert abs(rounds.sequences * rounds.mean_response_len - tokens) / tokens < 0.02  # the same tokens, re-cut
+    plan = async_plan("async", ParallelConfig(dp=1), max_staleness=4)
+    plan = plan.model_copy(update={"workload": tail})
+    whole, partial = (simulate(plan, iterations=3, partial_rollout_tokens=b).op_seconds() for b in (None, 256))
+    assert whole["generate"] != partial["generate"]  # the rollout repriced, nothing else
+    for op in whole.keys() - {"generate"}:  # (to the rounding of times scheduled around another generate)
+        assert partial[op] == pytest.approx(whole[op], rel=1e-9), op
+
+
+def test_bench_refuses_bad_arguments_in_one_line():
+    from hybridflow.tools.bench.partial_rollouts import main
+
+    for argv, says in [(["--budget", "256"], "below --response-len 256"), (["--iterations", "2"], "at least 3"),
+                       (["--temperature", "0"], "above 0"), (["--samples", "1"], "at least 2")]:
+        with pytest.raises(HflowError, match=says):
+            main(argv)

@@ -1,0 +1,157 @@
+"""Long-tail benchmark: sequence packing with a token budget and token-balanced data-parallel ranks against the
+padded path, on the same batch in the same run (issue 34).
+
+A batch of GRPO-shaped sequences (prompts of 32-64 tokens, responses drawn from a long-tailed length
+distribution whose maximum is about 8× its mean, in a seeded random order) goes to `--dp` gloo processes with
+the tiny model, and each side runs what an iteration's training engine runs on it: the log-prob pass and one
+optimizer step. The sides, interleaved repeat by repeat:
+
+- padded: the rows as DP_COMPUTE cuts them (contiguous equal shares), micro-batches of `micro_batch_size`
+  rows, each padded to its longest row (engines/train/packing.py: length buckets, the engine's path
+  without a token budget);
+- padded + balanced: the same, after the token-balanced row order (rl/batches.py dp_balanced_order);
+- packed + balanced: that order, and micro-batches of at most micro_batch_size · seq_len real tokens, each
+  one row of sequences with attention per sequence (engines/train/fsdp/packed.py).
+
+tokens/s: the batch's real tokens (prompt + response) over the seconds of the pass and step (the slowest
+rank; the step's collectives end together); the median over repeats.
+
+    python -m hybridflow.tools.bench.long_tail                  # dp 2, 64 sequences, responses mean 128
+    python -m hybridflow.tools.bench.long_tail --dp 4 --json out.json --check
+
+Goal: packed + balanced ≥ 1.5× the padded path's tokens/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.io import write_json_atomic
+from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+from hybridflow.tools.cli_help import OneLineErrorParser
+from hybridflow.tools.outputs import run_main
+
+SIDES = ("padded", "padded + balanced", "packed + balanced")
+GOAL = 1.5
+
+
+def _batch(n: int, mean: int, longest: int, seed: int):
+    """Left-padded prompts + right-padded responses (the rollout's layout) with response lengths from the
+    maximum-entropy distribution of this mean and maximum (simulator/vocabulary/lengths.py)."""
+    import torch
+
+    from hybridflow.runtime.models.decoder import positions_from_mask
+
+    g = torch.Generator().manual_seed(seed)
+    responses = torch.tensor(LengthDistribution.max_entropy(mean, longest).sample(n))[torch.randperm(n, generator=g)]
+    prompts = torch.randint(32, 65, (n,), generator=g)
+    p, r = 64, longest
+    cols = torch.arange(p + r)
+    mask = ((cols >= p - prompts[:, None]) & (cols < p + responses[:, None])).long()
+    ids = torch.randint(1, 64, (n, p + r), generator=g) * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions_from_mask(mask),
+            "response_mask": mask[:, p:].clone(), "advantages": torch.randn(n, r, generator=g)}, r
+
+
+def _loss(width):
+    from hybridflow.runtime.algorithms.losses import aggregate
+
+    def loss_fn(outputs, micro):
+        per_token = -outputs["log_probs"][:, -width:] * micro["advantages"]
+        return aggregate(per_token, micro["response_mask"], "token-mean")
+    return loss_fn
+
+
+def _bench_rank(rank, world, n, mean, longest, micro, repeats, seed):
+    import torch
+    import torch.distributed as dist
+
+    from hybridflow.runtime.controller.batch import Batch
+    from hybridflow.runtime.controller.protocols import get_protocol
+    from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine, OptimConfig
+    from hybridflow.runtime.models.decoder import CausalLM
+    from hybridflow.runtime.rl.batches import dp_balanced_order
+    from hybridflow.simulator.vocabulary.model import model_preset
+    from hybridflow.simulator.vocabulary.parallel import ParallelConfig
+
+    torch.set_num_threads(1)  # one core per rank: the ranks do not fight over threads
+    data, width = _batch(n, mean, longest, seed)
+    parallel = ParallelConfig(dp=world)
+    whole = Batch(data)
+    order = dp_balanced_order(data["attention_mask"], world)
+    split = get_protocol("DP_COMPUTE").split
+    shards = {"padded": split(whole, parallel)[0][rank], "balanced": split(whole[order], parallel)[0][rank]}
+    seq_len = data["input_ids"].shape[1]
+    engines = {}
+    for side in SIDES:
+        torch.manual_seed(0)
+        model = CausalLM(model_preset("tiny").decoder_config())
+        kw = {"micro_batch_tokens": micro * seq_len} if side.startswith("packed") else {"micro_batch_size": micro}
+        engines[side] = FsdpEngine(model, parallel, optim=OptimConfig(lr=1e-4), **kw)
+    seconds: dict[str, list[float]] = {s: [] for s in SIDES}
+    loss_fn = _loss(width)
+    for _ in range(repeats + 1):  # the first round warms up
+        for side in SIDES:
+            local = shards["padded" if side == "padded" else "balanced"].tensors
+            dist.barrier()
+            start = time.perf_counter()
+            engines[side].compute_log_probs(local, score_width=width)
+            engines[side].train_step(local, loss_fn, token_weights="response_mask", score_width=width)
+            dist.barrier()
+            seconds[side].append(time.perf_counter() - start)
+    tokens = [int(shards[k].tensors["attention_mask"].sum()) for k in ("padded", "balanced")]
+    return {"seconds": {s: v[1:] for s, v in seconds.items()}, "rank_tokens": tokens,
+            "tokens": int(data["attention_mask"].sum())}
+
+
+def run(dp: int, n: int, mean: int, longest: int, micro: int, repeats: int, seed: int) -> dict:
+    from hybridflow.runtime.engines.launch import run_local
+
+    results = run_local(_bench_rank, dp, n, mean, longest, micro, repeats, seed, timeout=1200.0)
+    tokens = results[0]["tokens"]
+    out = {"dp": dp, "sequences": n, "response_mean": mean, "response_max": longest, "micro_batch_size": micro,
+           "repeats": repeats, "tokens": tokens, "sides": {}}
+    for side in SIDES:
+        per_repeat = [max(r["seconds"][side][i] for r in results) for i in range(repeats)]
+        s = statistics.median(per_repeat)
+        out["sides"][side] = {"seconds": s, "tokens_per_second": tokens / s}
+    for k, name in enumerate(("contiguous", "balanced")):
+        loads = [r["rank_tokens"][k] for r in results]
+        out[f"{name}_rank_spread"] = (max(loads) - min(loads)) / max(loads)
+    base = out["sides"]["padded"]["tokens_per_second"]
+    out["speedup"] = out["sides"]["packed + balanced"]["tokens_per_second"] / base
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineErrorParser(prog="long_tail", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dp", type=int, default=2, help="data-parallel gloo processes (default 2)")
+    ap.add_argument("--sequences", type=int, default=64, help="sequences in the batch (default 64)")
+    ap.add_argument("--mean", type=int, default=128, help="mean response length (default 128)")
+    ap.add_argument("--max", type=int, default=1024, help="longest response (default 1024, 8× the mean)")
+    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows per padded micro-batch (default 8)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--check", action="store_true", help=f"exit 1 when packed + balanced is below {GOAL}× padded")
+    a = ap.parse_args(argv)
+    if a.dp < 1 or a.sequences % a.dp or a.sequences < a.dp:
+        raise HflowError(f"--sequences {a.sequences} must be a positive multiple of --dp {a.dp}")
+    if not 1 <= a.mean < a.max:
+        raise HflowError(f"--mean {a.mean} must be at least 1 and below --max {a.max}")
+    out = run(a.dp, a.sequences, a.mean, a.max, a.micro_batch_size, a.repeats, a.seed)
+    print(f"long tail: {a.sequences} sequences, responses mean {a.mean} max {a.max}, dp {a.dp}, "
+          f"{out['tokens']:,} real tokens; rank token spread: contiguous {out['contiguous_rank_spread']:.1%}, "
+          f"balanced {out['balanced_rank_spread']:.1%}")
+    for side, v in out["sides"].items():
+        print(f"  {side:<18} {v['seconds']:7.3f} s  {v['tokens_per_second']:9,.0f} tokens/s")
+    print(f"  packed + balanced / padded: {out['speedup']:.2f}× (goal ≥ {GOAL}×)")
+    if a.json:
+        write_json_atomic(a.json, out)
+    return 1 if a.check and out["speedup"] < GOAL else 0
+
+
+if __name__ == "__main__":
+    run_main(main)
