@@ -281,11 +281,20 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         batch = as_tensordict(batch)
         self.model.eval()
         rows = self._micro_rows(batch, micro_batch_size, score_width)
-        # Each layer's weights are gathered for its forward and freed after it, per micro-batch: the
-        # memory model's one gathered layer (and its prefetch), and the gathers the cost model prices.
-        with self.clock.span("infer"):
-            parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
-                     for m in self._micro_batches(batch, micro_batch_size, rows)]
+        fsdp = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        # The weights gathered once for all micro-batches, not once per micro-batch. The memory model
+        # counts one gathered layer and the cost model a gather per micro-batch: docs/engines.md says
+        # where they part.
+        for m in fsdp:
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            with self.clock.span("infer"):
+                parts = [self.forward(m, entropy="entropy" in keys, score_width=score_width)
+                         for m in self._micro_batches(batch, micro_batch_size, rows)]
+        finally:
+            for m in fsdp:
+                m.reshard()
+                m.set_reshard_after_forward(True, recurse=False)
         self.model.train()
         back = slice(None) if rows is None else inverse_order(torch.cat(rows))  # the caller's row order
         return TensorDict({k: torch.cat([p[k] for p in parts])[back].cpu() for k in keys}, batch_size=batch.batch_size)
@@ -315,7 +324,12 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
         # the gradient is that of the token-mean over the whole batch, however it is sharded and cut.
         total = self._dp_mean([float(batch[token_weights].sum())])[0] if token_weights else 0.0
         sums: dict[str, float] = defaultdict(float)
-        for micro in micros:
+        for i, micro in enumerate(micros):
+            if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2 gradient accumulation: the weights
+                last = i == len(micros) - 1  # stay gathered until the last backward; one reduce-scatter, at the end
+                self.model.set_requires_gradient_sync(last)
+                self.model.set_reshard_after_forward(False, recurse=True)
+                self.model.set_reshard_after_backward(last, recurse=True)
             weight = float(micro[token_weights].sum()) / total if total > 0 else micro.batch_size[0] / n
             with self.clock.span("forward"):
                 result = loss_fn(self.forward(micro, entropy=entropy, score_width=score_width), micro)
@@ -328,6 +342,8 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
             sums["loss"] += loss.item() * weight
             for k, v in stats.items():
                 sums[k] += float(v) * weight
+        if hasattr(self.model, "set_reshard_after_forward"):
+            self.model.set_reshard_after_forward(True, recurse=True)  # forward-only passes free the weights again
         return self._finish_step(sums)
 
     def _apply_step(self, skip: bool) -> float:
