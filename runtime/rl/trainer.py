@@ -178,8 +178,8 @@ class Trainer:
         s, w, actor = self.config.sampling, self.plan.workload, self.plan.roles["actor"]
         agent = self.config.agent  # conversations: a `generate` call is one model turn (agents/trainer_rollout.py)
         partial = self.config.async_mode.partial_rollout_tokens  # async partial rollouts: a round's tokens per call
-        calls = agent.turn_tokens if agent.enabled else partial if partial and not on_trainer else w.response_len
-        sampling = SamplingParams(max_new_tokens=calls,
+        per_call = agent.turn_tokens if agent.enabled else partial if partial and not on_trainer else w.response_len
+        sampling = SamplingParams(max_new_tokens=per_call,
                                   temperature=s.temperature, top_p=s.top_p,
                                   top_k=s.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id)
         return RolloutSettings(backend=actor.rollout, generation=self.plan.generation_config() if on_trainer else None,

@@ -26,7 +26,12 @@ from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, sp_ranks, tp_ranks
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
-from hybridflow.simulator.pricing.memory import kv_free_bytes, plan_recompute, state_bytes
+from hybridflow.simulator.pricing.memory import (
+    generation_shard_bytes,
+    kv_free_bytes,
+    plan_recompute,
+    state_bytes,
+)
 from hybridflow.simulator.pricing.op_cost import (
     OpCost,
     mean_seq_flops,
@@ -323,6 +328,5 @@ def rollout_knobs(plan, params: EfficiencyParams | None = None) -> dict[str, flo
     actor, gen, w = plan.roles["actor"], plan.generation_config(), plan.workload
     free = kv_free_bytes(plan, cm.params)
     _, batch = generation.decode_slots(cm, actor.model, gen, w, w.sequences, free)
-    weights = BF16 * actor.model.num_params("lm") / (gen.tp * gen.pp)
-    fraction = math.floor(100 * (free + weights) / plan.cluster.hardware.hbm_bytes) / 100
+    fraction = math.floor(100 * (free + generation_shard_bytes(actor.model, gen)) / plan.cluster.hardware.hbm_bytes) / 100
     return {"rollout_memory_fraction": min(max(fraction, 0.01), 1.0), "max_concurrent_sequences": batch}

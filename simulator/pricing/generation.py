@@ -23,7 +23,12 @@ from hybridflow.simulator.pricing.decode_schedule import (
     slowest_replica_lengths,
 )
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import InfeasibleError, decode_batch, kv_bytes_per_sequence
+from hybridflow.simulator.pricing.memory import (
+    InfeasibleError,
+    decode_batch,
+    generation_shard_bytes,
+    kv_bytes_per_sequence,
+)
 from hybridflow.simulator.pricing.op_cost import OpCost, model_shape, op_cost, seq_flops
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -135,7 +140,7 @@ def decode_slots(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Wo
     """(sequences per replica, sequences decoded at once): the largest batch the KV cache holds, at most
     `batch_cap` (a static engine's batch per call). Default free memory: usable minus the generation weights."""
     if free_bytes_per_device is None:
-        free_bytes_per_device = cm.usable_bytes - BF16 * model.num_params("lm") / (gen.tp * gen.pp)
+        free_bytes_per_device = cm.usable_bytes - generation_shard_bytes(model, gen)
     batch = decode_batch(model, gen, workload, free_bytes_per_device, cm.params, sequences)
     if batch < 1:
         need = kv_bytes_per_sequence(model, gen, workload.seq_len)
@@ -178,7 +183,7 @@ def _gather_every_pass(cm: Device, model: ModelSpec, gen: ParallelConfig, passes
                        parts: dict[str, float]) -> None:
     """HF generate under ZeRO-3: each pass (the prefill, each decode step) all-gathers the whole model's shards
     over gen.dp, one collective per layer."""
-    ag_bw, ag_lat = cm.allgather(BF16 * model.num_params("lm") / (gen.tp * gen.pp), gen.world_size, dp_ranks(gen))
+    ag_bw, ag_lat = cm.allgather(generation_shard_bytes(model, gen), gen.world_size, dp_ranks(gen))
     parts["dp_gather"] = passes * ag_bw
     parts["latency"] += passes * (model.layers / gen.pp) * ag_lat
 

@@ -169,6 +169,11 @@ def kv_bytes_per_sequence(model: ModelSpec, gen: ParallelConfig, seq_len: int) -
     return seq_len * model.kv_bytes_per_token() * kv_share / gen.pp
 
 
+def generation_shard_bytes(model: ModelSpec, gen: ParallelConfig) -> float:
+    """One device's bf16 share of the LM's weights in the generation layout."""
+    return BF16 * model.num_params("lm") / (gen.tp * gen.pp)
+
+
 def generate_weights(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, mode: str,
                      resident_train_weights: float, lora: LoraConfig | None = None) -> float:
     """Extra weight bytes per device while generating: the reshard's peak, minus the training shard
@@ -176,7 +181,7 @@ def generate_weights(model: ModelSpec, train: ParallelConfig, gen: ParallelConfi
     engine holds its own copy of the base in the generation layout (the adapters merged in, or beside it
     under vLLM's LoRA API): the whole generation shard, which no frozen training shard can alias."""
     if lora is not None:
-        return BF16 * model.num_params("lm") / (gen.tp * gen.pp)
+        return generation_shard_bytes(model, gen)
     spec = reshard_spec(BF16 * model.num_params("lm"), train, gen, mode)
     overlap = resident_train_weights if mode == "hybridflow" else 0.0
     return max(spec.peak_memory - overlap, 0.0)
