@@ -30,7 +30,7 @@ def scored_to_plan(req: SearchRequest, s: Scored, reshard: str = "hybridflow", n
     mode = s.rollout
     plan = Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=groups, roles=roles,
                 reshard=reshard, reward_function=req.reward_function, cost_function=req.cost_function,
-                mode=mode.mode, max_staleness=max(mode.staleness, 1), offload=s.offload,
+                mode=mode.mode, max_staleness=max(mode.staleness, 1), offload=s.offload, agent=req.agent,
                 notes=notes or f"hflow-plan search: {s.seconds:.3f} s per iteration (simulated)")
     # the rollout engine's memory share and batch, as priced (vLLM takes them; the native engine sizes its own)
     actor = plan.roles["actor"].model_copy(update=rollout_knobs(plan))

@@ -33,6 +33,7 @@ from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 from hybridflow.simulator.calibration.published import PaperStudySetup, SystemRunSetup
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import engine_params
+from hybridflow.simulator.pricing.memory import generation_shard_bytes, kv_free_bytes
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -240,6 +241,12 @@ def _generation_tp(s: PaperStudySetup) -> float:
                              generate=ParallelConfig(tp=tg, dp=n // tg) if r == "actor" else None)
                  for r, m in req.models.items()}
         plan = Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=[group], roles=roles)
+        if s.kv_share_of_free_memory is not None:  # as the plan's knob: the engine's weights and KV in the device
+            actor = plan.roles["actor"]
+            kv = s.kv_share_of_free_memory * kv_free_bytes(plan, cm.params)
+            share = (generation_shard_bytes(actor.model, actor.generate) + kv) / req.cluster.hardware.hbm_bytes
+            actor = actor.model_copy(update={"rollout_memory_fraction": min(share, 1.0)})
+            plan = plan.model_copy(update={"roles": {**plan.roles, "actor": actor}})
         graph, _ = plan_dataflow(plan)
         costs = price_dataflow(plan, graph, cm)
         return sum(c.seconds for node, c in costs.items() if graph.nodes[node]["op"] == "generate")

@@ -144,6 +144,7 @@ class ConversationRunner:
         self.pad_id, self.device = pad_id, torch.device(device)
         self.stats: dict[str, float] = {}
         self.decode_spans: list[tuple[float, float, list[int]]] = []  # (start, end, conversations) of each decode
+        self.call_spans: list[tuple[float, float]] = []  # (start, end) of each `generate` call
 
     def run(self, rows: list[dict], sampling: SamplingParams, generator: torch.Generator | None = None,
             seed: int = 0) -> list[Conversation]:
@@ -151,7 +152,9 @@ class ConversationRunner:
         convs = start_conversations(self.chat, rows, self.env_class, seed)
         ready, pending = list(range(len(convs))), {}
         decode_s, batches, start = 0.0, [], time.perf_counter()
-        self.decode_spans = []
+        self.decode_spans, self.call_spans = [], []
+        waited = 0.0  # seconds blocked on tools since the last call returned
+        driver_s = 0.0  # the loop's own work between one call's return and the next call (waits on tools excluded)
         with ThreadPoolExecutor(max_workers=s.tool_workers) as pool:
             while ready or pending:
                 if ready and (s.overlap or not pending):
@@ -159,6 +162,9 @@ class ConversationRunner:
                     t = time.perf_counter()
                     self._model_turn([convs[i] for i in batch], sampling, generator)
                     decode_s += time.perf_counter() - t
+                    if len(self.call_spans) > 1:
+                        driver_s += max(0.0, self.call_spans[-1][0] - self.call_spans[-2][1] - waited)
+                    waited = 0.0
                     self.decode_spans.append((t, time.perf_counter(), batch))
                     batches.append(len(batch))
                     for i in batch:
@@ -166,13 +172,19 @@ class ConversationRunner:
                             continue
                         pending[pool.submit(run_turn, convs[i], self.tools, s)] = i
                     continue
+                t = time.perf_counter()
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                waited += time.perf_counter() - t
                 for f in sorted(done, key=pending.get):
                     i = pending.pop(f)
                     if self._append(convs[i], f):
                         ready.append(i)
+        # the driver's work between calls per conversation it handled there (the rows of the call before
+        # and of the call after): what multi-turn pricing charges each call after the first (DecodeCost.per_row_driver)
+        between = sum(batches[:-1]) + sum(batches[1:])
         self.stats = {"decode_s": decode_s, "wall_s": time.perf_counter() - start,
-                      "decode_batches": len(batches), "mean_decode_batch": sum(batches) / max(len(batches), 1)}
+                      "decode_batches": len(batches), "mean_decode_batch": sum(batches) / max(len(batches), 1),
+                      "driver_s": driver_s, "driver_rows": between}
         return convs
 
     def _model_turn(self, batch: list[Conversation], sampling: SamplingParams, generator) -> None:
@@ -180,7 +192,9 @@ class ConversationRunner:
         left = [s.max_tokens - len(c.tokens) for c in batch]
         ids, mask = left_pad([c.prompt_ids + c.tokens for c in batch], self.pad_id, self.device)
         params = sampling.model_copy(update={"max_new_tokens": max(min(s.turn_tokens, n) for n in left)})
+        t = time.perf_counter()
         out = self.generate(ids, mask, params, generator)
+        self.call_spans.append((t, time.perf_counter()))
         eos = set(params.eos_token_id or [])
         for row, (conv, n) in enumerate(zip(batch, left, strict=True)):
             keep = out.response_mask[row].bool()

@@ -31,7 +31,7 @@ from hybridflow.runtime.engines.rollout.generation import SamplingParams
 
 STOPS = ("answer", "done", "turns", "budget")  # Conversation.stop, as `agent_stop` indexes it
 AGENT_FIELDS = ("agent_turns", "agent_tool_calls", "agent_tool_errors", "agent_tool_seconds", "agent_answer_start",
-                "agent_stop")
+                "agent_stop", "agent_driver_seconds", "agent_driver_rows")
 
 
 @dataclass
@@ -61,7 +61,12 @@ class ConversationRollout:
         rows = [{k: v[i] for k, v in prompts.non_tensors.items()} for i in range(len(prompts))]
         runner = ConversationRunner(generate, self.chat, self.settings, self.tools, self.env_class, pad_id=self.pad_id)
         convs = runner.run(rows, self.sampling, seed=self.seed * 1_000_003 + episode_seed)
-        return self.batch(prompts, convs, getattr(generate, "behaviour", True), versions() if versions else set())
+        out = self.batch(prompts, convs, getattr(generate, "behaviour", True), versions() if versions else set())
+        # the loop's own work between calls, spread over the rows so that it sums over concatenated rollouts
+        n = len(convs)
+        out["agent_driver_seconds"] = torch.full((n,), runner.stats["driver_s"] / n, dtype=torch.float32)
+        out["agent_driver_rows"] = torch.full((n,), runner.stats["driver_rows"] / n, dtype=torch.float32)
+        return out
 
     def batch(self, prompts: Batch, convs: list[Conversation], behaviour: bool, versions: set[int]) -> Batch:
         f = conversation_batch(convs, self.pad_id, width=self.settings.max_tokens)
@@ -138,4 +143,8 @@ def conversation_stats(batch: Batch) -> dict[str, float]:
             "agent/tool_errors_mean": batch["agent_tool_errors"].float().mean().item(),
             "agent/tool_seconds_mean": batch["agent_tool_seconds"].mean().item(),
             "agent/generated_share": (batch["response_mask"].sum() / real.clamp(min=1)).item(),
+            # seconds of the driver's own work between generate calls per conversation handled there
+            "agent/driver_seconds_per_row": (batch["agent_driver_seconds"].sum()
+                                             / batch["agent_driver_rows"].sum().clamp(min=1)).item()
+            if "agent_driver_seconds" in batch else 0.0,
             **{f"agent/stop_{s}": (stop == i).float().mean().item() for i, s in enumerate(STOPS)}}

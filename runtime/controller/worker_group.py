@@ -15,13 +15,13 @@ protocol (protocols.py) splits the arguments over the ranks and gathers the outp
 
 Calls on one group run one after another (one process per device); calls on disjoint groups
 overlap. A worker that dies raises WorkerDiedError and shuts down every live group (calls.py).
+A run's groups start side by side: `WorkerGroup(..., start=False)` for each, then `start_together`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +43,7 @@ from hybridflow.runtime.controller.calls import (
     death_cause,
     resolve_lazy,
 )
+from hybridflow.runtime.controller.group_start import start_together
 from hybridflow.runtime.controller.network import driver_settings, set_socket_interfaces
 from hybridflow.runtime.controller.protocols import Protocol, get_protocol, method_protocol, split_call
 from hybridflow.runtime.controller.resource_pool import ResourcePool
@@ -166,12 +167,13 @@ class WorkerGroup:
     def __init__(self, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str | None = None,
                  init_timeout_s: float = 600.0, call_timeout: float | None = None,
                  on_role: Callable[[str], None] | None = None, on_wait: Callable[[str, float], None] | None = None,
-                 shared_paths: Sequence[SharedPath] = (), report_every_s: float = 30.0):
+                 shared_paths: Sequence[SharedPath] = (), report_every_s: float = 30.0, start: bool = True):
         """`on_role(role)` is called as each role's workers start building (loading its weights);
         `on_wait(stage, seconds)` every `report_every_s` while a start stage (each bounded by
         `init_timeout_s`) still waits. `shared_paths` must look the same on every worker as on the
         driver (storage.py), checked before any weights load. `call_timeout`: the longest any call
-        may take (None: no limit); past it the run's groups are shut down (WorkerTimeoutError)."""
+        may take (None: no limit); past it the run's groups are shut down (WorkerTimeoutError).
+        `start=False` only launches the processes: `start_together` then starts several groups at once."""
         if not roles:
             raise HflowError("a worker group needs at least one role, e.g. {'actor': RoleSpec(ActorWorker)}")
         self.name = name or pool.name
@@ -185,6 +187,7 @@ class WorkerGroup:
                                  f"{pool.world_size}; give a config whose pp*tp*dp equals the device count")
         self.alive = False
         self.init_timeout_s, self.on_wait, self.report_every_s = init_timeout_s, on_wait, report_every_s
+        self.on_role, self.shared_paths = on_role, list(shared_paths)
         for spec in self.specs.values():
             ship_by_value(spec.cls)
         threads = max(1, int(pool.cpus_per_device))
@@ -195,58 +198,39 @@ class WorkerGroup:
                               placement_group=pg, placement_group_bundle_index=i)).remote(threads)
             for i in range(pool.world_size)
         ]
-        try:
-            ifnames = driver_settings()
-            self.nodes = self._wait([h.node_info.remote(ifnames) for h in self.hosts], "starting the processes")
-            self._check_paths(list(shared_paths))
-            addr, port = self._wait([self.hosts[0].open_store.remote(pool.world_size, init_timeout_s)],
-                                    "opening the rendezvous")[0]
-            self._wait([h.init_dist.remote(r, pool.world_size, addr, port, pool.devices[r].node)
-                        for r, h in enumerate(self.hosts)], "joining the process group")
-            for role, spec in self.specs.items():  # same order on every rank: group creation is collective
-                if on_role:
-                    on_role(role)
-                refs = [h.add_role.remote(role, spec, self.parallel[role]) for h in self.hosts]
-                try:
-                    self._wait(refs, f"loading {role}'s weights")
-                except RayTaskError as e:
-                    rank = next((r for r, ref in enumerate(refs) if _failed(ref)), 0)
-                    raise WorkerCallError(f"role '{role}' ({spec.cls.__name__}) failed to start on "
-                                          f"{self.describe_rank(rank)}: {type(e.cause).__name__}: {e.cause}") from e.cause
-        except BaseException:
-            self._kill()
-            raise
+        if start:
+            start_together([self])
+
+    def _stages(self):
+        """The start, as stages: each yields (refs, stage) and gets back every rank's result of it."""
+        ifnames = driver_settings()
+        self.nodes = yield [h.node_info.remote(ifnames) for h in self.hosts], "starting the processes"
+        if self.shared_paths:
+            found = yield [h.path_problems.remote(self.shared_paths) for h in self.hosts], "checking shared storage"
+            for rank, problems in enumerate(found):
+                if problems:
+                    raise HflowError(describe_problems(problems, self.describe_node(rank)))
+        world = self.pool.world_size
+        (addr, port), = yield [self.hosts[0].open_store.remote(world, self.init_timeout_s)], "opening the rendezvous"
+        yield ([h.init_dist.remote(r, world, addr, port, self.pool.devices[r].node) for r, h in enumerate(self.hosts)],
+               "joining the process group")
+        for role, spec in self.specs.items():  # same order on every rank: group creation is collective
+            if self.on_role:
+                self.on_role(role)
+            refs = [h.add_role.remote(role, spec, self.parallel[role]) for h in self.hosts]
+            try:
+                yield refs, f"loading {role}'s weights"
+            except RayTaskError as e:
+                rank = next((r for r, ref in enumerate(refs) if _failed(ref)), 0)
+                raise WorkerCallError(f"role '{role}' ({spec.cls.__name__}) failed to start on "
+                                      f"{self.describe_rank(rank)}: {type(e.cause).__name__}: {e.cause}") from e.cause
         self.master = (addr, port)
         self.alive = True
         _LIVE_GROUPS.add(self)
 
-    def _wait(self, refs: list, stage: str) -> list:
-        """Every rank's result of a start stage, within `init_timeout_s`; `on_wait` hears of a slow one."""
-        t0 = time.monotonic()
-        deadline, report_at = t0 + self.init_timeout_s, t0 + self.report_every_s
-        pending = list(refs)
-        while pending:
-            now = time.monotonic()
-            if now >= deadline:
-                late = ", ".join(self.describe_rank(refs.index(r)) for r in pending[:3])
-                raise WorkerTimeoutError(f"group '{self.name}': {stage} took over {self.init_timeout_s:.0f}s "
-                                         f"(still waiting: {late}); raise --start-timeout if it is just slow")
-            if now >= report_at:
-                report_at += self.report_every_s
-                if self.on_wait:
-                    self.on_wait(stage, now - t0)
-            ready, pending = ray.wait(pending, num_returns=1, timeout=min(deadline, report_at) - now)
-            if ready:
-                ray.get(ready)  # a rank that failed raises now, not when its peers time out
-        return ray.get(refs)
-
-    def _check_paths(self, shared: list[SharedPath]) -> None:
-        if not shared:
-            return
-        found = self._wait([h.path_problems.remote(shared) for h in self.hosts], "checking shared storage")
-        for rank, problems in enumerate(found):
-            if problems:
-                raise HflowError(describe_problems(problems, self.describe_node(rank)))
+    def _stage_timeout(self, stage: str) -> float:
+        """How long a start stage may take."""
+        return self.init_timeout_s
 
     # ---- calls ---------------------------------------------------------------------------------
     def __getitem__(self, role: str) -> RoleHandle:
@@ -370,11 +354,12 @@ def groups_from_plan(plan: Plan, workers: dict[str, RoleSpec], **pool_kwargs) ->
             roles = {r: RoleSpec(workers[r].cls, workers[r].parallel or plan.roles[r].train, workers[r].args,
                                  workers[r].kwargs) for r in plan.roles_in(name)}
             if roles:
-                groups[name] = WorkerGroup(pool, roles, name=name)
+                groups[name] = WorkerGroup(pool, roles, name=name, start=False)
     except BaseException:
         for g in groups.values():
-            g.shutdown()
+            g._kill()
         raise
+    start_together(list(groups.values()))
     return groups
 
 

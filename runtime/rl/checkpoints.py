@@ -18,6 +18,7 @@ with an export dir, every checkpoint also as Hugging Face folders.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 
 LATEST = "latest"
 DRIVER_STATE = "driver.json"
+MODE_STATE = "rollout_buffer.pkl"  # the execution mode's rollouts not yet trained (Mode.checkpoint_state), if any
 
 
 def check_checkpoint_dir(plan: Plan, folder: Location | None) -> None:
@@ -75,13 +77,13 @@ class RunCheckpoints:
         self.saved_iteration = 0  # the iteration of the last checkpoint this trainer saved or loaded
         self.last_save_s = 0.0  # how long the last save took (is there time for one before a preemption's end)
 
-    def _driver_state(self) -> dict:
+    def _driver_state(self, mode_saved: bool) -> dict:
         t = self.t
         # prompts of a rollout in flight are not trained on yet: a resume draws (and generates) them again,
-        # and then jumps over any drawn after them, trained already
+        # and then jumps over any drawn after them, trained already — unless the mode saved them (mode_saved)
         mode = t.df.mode
         after = mode.prompts_drawn_after_in_flight()
-        sampler = t.sampler.state_dict(rewind=mode.prompts_in_flight() + after, skip=after)
+        sampler = t.sampler.state_dict(rewind=(0 if mode_saved else mode.prompts_in_flight()) + after, skip=after)
         return {"iteration": t.iteration, "algorithm": t.plan.algorithm, "sampler": sampler,
                 "algorithm_state": t.df.state.state_dict() if t.df.state is not None else None,
                 "kl_coef": t.df.kl.state_dict(), "placement": t.plan.placement()}
@@ -115,7 +117,12 @@ class RunCheckpoints:
         for role in TRAINED_ROLES:
             if role in t.groups:
                 t.groups[role].call(role, "save", str(path))  # returns once every rank's shards are written
-        (path / DRIVER_STATE).write(json.dumps(self._driver_state(), indent=2) + "\n")
+        recorded = len(t.df.events)
+        mode_state = t.df.mode.checkpoint_state()
+        t.timeline.events.extend(t.df.events[recorded:])  # a round it collected: the next iteration's ops
+        if mode_state is not None:
+            (path / MODE_STATE).write(pickle.dumps(mode_state))
+        (path / DRIVER_STATE).write(json.dumps(self._driver_state(mode_state is not None), indent=2) + "\n")
         if t.export_dir:
             self.export_hf(t.export_dir / path.name)
         write_manifest(path)  # last in the folder: a checkpoint with a manifest is whole
@@ -151,5 +158,7 @@ class RunCheckpoints:
         if t.df.state is not None and state["algorithm_state"] is not None:
             t.df.state.load_state_dict(state["algorithm_state"])
         t.df.kl.load_state_dict(state["kl_coef"])
+        if (path / MODE_STATE).is_file():  # our own file, checked against the manifest above
+            t.df.mode.load_checkpoint_state(pickle.loads((path / MODE_STATE).read_bytes()))
         drop_after(t.metrics_path, t.iteration)  # iterations after the checkpoint run again
         return path

@@ -88,11 +88,11 @@ class GroupGenerate:
 
 
 def start_rollout_group(plan: Plan, pool: ResourcePool, model_path: str, rollout: RolloutSettings, seed: int,
-                        on_role=None) -> WorkerGroup:
+                        on_role=None, start: bool = True) -> WorkerGroup:
     """The RolloutWorkers of the actor's generate_group, loading the actor's initial weights, in the engine
-    the actor's `rollout` names."""
+    the actor's `rollout` names (`start=False`: see WorkerGroup)."""
     spec = RoleSpec(RolloutWorker, rollout_parallel(plan), (model_path,), dict(rollout=rollout, seed=seed))
-    return WorkerGroup(pool, {ROLLOUT: spec}, name=pool.name, on_role=on_role)
+    return WorkerGroup(pool, {ROLLOUT: spec}, name=pool.name, on_role=on_role, start=start)
 
 
 class WeightSync:

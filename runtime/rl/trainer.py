@@ -49,7 +49,7 @@ from hybridflow.runtime.controller.calls import WorkerDiedError, WorkerTimeoutEr
 from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.controller.resource_pool import ResourcePool, init_ray, place_pool
 from hybridflow.runtime.controller.storage import model_folder, output_markers
-from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
+from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup, start_together
 from hybridflow.runtime.engines.rollout.base import RolloutSettings
 from hybridflow.runtime.engines.rollout.generation import SamplingParams
 from hybridflow.runtime.rl.batches import response_length_quantiles
@@ -233,6 +233,7 @@ class Trainer:
         pools = ResourcePool.from_plan(self.plan, timeout_s=cluster.start_timeout_s)
         try:
             with output_markers({"--checkpoint-dir": self.checkpoint_dir, "--export-hf": self.export_dir}) as shared:
+                launched = []  # their processes start at once, then start_together waits for all
                 for g in self.plan.groups:
                     roles = self.plan.roles_in(g.name)
                     if roles:
@@ -245,7 +246,8 @@ class Trainer:
                             init_timeout_s=cluster.start_timeout_s, call_timeout=cluster.call_timeout_s,
                             on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"),
                             on_wait=lambda stage, s, g=g: self.events.say(f"group '{g.name}': {stage}: {s:.0f} s…"),
-                            shared_paths=shared + folders)
+                            shared_paths=shared + folders, start=False)
+                        launched.append(group)
                         self.groups.update({r: group for r in roles})
                 rollout_devices = self.plan.roles["actor"].generate_group
                 if rollout_devices:
@@ -253,7 +255,10 @@ class Trainer:
                                       f"rollout worker process(es) for group '{rollout_devices}'")
                     self.groups[ROLLOUT] = start_rollout_group(self.plan, pools[rollout_devices],
                                                                specs["actor"].args[0],
-                                                               self._rollout_settings(on_trainer=False), self.config.seed)
+                                                               self._rollout_settings(on_trainer=False), self.config.seed,
+                                                               start=False)
+                    launched.append(self.groups[ROLLOUT])
+                start_together(launched)
             if self.origin is None:
                 self.origin = time.time()
             self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch,

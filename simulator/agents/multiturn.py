@@ -10,7 +10,8 @@ tools; with overlap the engine decodes whichever conversations are ready while t
 The inputs are distributions, as measured: turns per conversation, generated tokens per turn (overall
 or per turn index), tokens a
 tool turn appends, tool latency (a probe on the user's tools: runtime/measure/agent_probe.py) and the cost of
-one `generate` call as a linear model of its work (`DecodeCost`, fitted to timed calls). The iteration's
+one `generate` call as a linear model of its work (`DecodeCost`, fitted to timed calls), and the runner's own
+work between calls per conversation (`driver_seconds_per_row`). The iteration's
 rollout seconds are the mean of an event simulation of that policy over `draws` random draws.
 """
 
@@ -56,9 +57,17 @@ class MultiTurnWorkload(BaseModel):
     turn_tokens_by_turn: list[list[PositiveInt]] | None = None
     # a conversation's last turn (its answer, no call), when it differs from the turns that call a tool
     final_turn_tokens: list[PositiveInt] | None = None
+    # per observed rollout, its shares of conversations by turn count; each draw takes one rollout's shares
+    # (None: every conversation draws from `turns`): how many tool calls a rollout makes varies from rollout to
+    # rollout more than independent draws say, and with a pool of tool workers smaller than a wave that
+    # decides whether a second wave of tools comes
+    turn_shares: list[dict[PositiveInt, NonNegativeFloat]] | None = None
     tool_workers: PositiveInt = 4
     overlap: bool = True
     prefix_cache: bool = False
+    # the runner's own work between two calls (decoding and parsing the last call's turns, rendering the tool
+    # turns through the chat template) per conversation of either call: measured by the runner
+    driver_seconds_per_row: NonNegativeFloat = 0.0
 
 
 @dataclass
@@ -77,16 +86,31 @@ def _turn_lengths(w: MultiTurnWorkload, turn: int, last: bool = False) -> list[i
     return w.turn_tokens_by_turn[min(turn, len(w.turn_tokens_by_turn) - 1)]
 
 
+def _rollout_turns(w: MultiTurnWorkload, rng: random.Random) -> list[int]:
+    """Turns of each conversation of one draw: one observed rollout's shares (`turn_shares`), else independent
+    draws from `turns`."""
+    if not w.turn_shares:
+        return [rng.choice(w.turns) for _ in range(w.conversations)]
+    shares = rng.choice(w.turn_shares)
+    turns = [k for k, share in sorted(shares.items()) for _ in range(round(share * w.conversations))]
+    while len(turns) < w.conversations:  # rounding: the rest drawn by the shares
+        turns.append(rng.choices(list(shares), weights=list(shares.values()))[0])
+    turns = turns[:w.conversations]
+    rng.shuffle(turns)
+    return turns
+
+
 def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> float:
     """Seconds of one multi-turn rollout under the runner's policy, for one random draw. `cost`: anything
     with DecodeCost's `seconds(rows, steps, prefill_tokens)` (planning.py prices a turn with a cost model)."""
     rng = random.Random(seed)
-    convs = [_Conv(rng.choice(w.turns), w.prompt_tokens, new_context=w.prompt_tokens) for _ in range(w.conversations)]
+    convs = [_Conv(t, w.prompt_tokens, new_context=w.prompt_tokens) for t in _rollout_turns(w, rng)]
     now = 0.0
     ready = set(range(len(convs)))
     tools: list[tuple[float, int]] = []  # (finish time, conversation): running tool calls
     queue: list[int] = []  # waiting for a tool worker
     workers_free = w.tool_workers
+    last_rows = 0  # conversations in the previous call (0: none yet)
 
     def start_tools(t: float):
         nonlocal workers_free
@@ -101,6 +125,9 @@ def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> f
             gen = {i: rng.choice(_turn_lengths(w, convs[i].done_turns, convs[i].done_turns + 1 == convs[i].turns))
                    for i in batch}
             prefill = sum(convs[i].new_context if w.prefix_cache else convs[i].context for i in batch)
+            if last_rows:
+                now += w.driver_seconds_per_row * (last_rows + len(batch))
+            last_rows = len(batch)
             now += cost.seconds(len(batch), max(gen.values()), prefill)
             for i in batch:
                 c = convs[i]

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import dp_ranks
-from hybridflow.simulator.pricing.cost import CostModel, micro_batches
+from hybridflow.simulator.pricing.cost import DEFAULT_BUDGET, CostModel, micro_batches
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.op_cost import OpCost
 from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE
@@ -123,9 +123,10 @@ class EngineOverheads(BaseModel):
 MEGATRON_OVERHEADS = tuple(f for f in EngineOverheads.model_fields if f.startswith("megatron_"))
 
 
-def _micro_batches(workload: Workload, sequences: int, steps: int, dp: int) -> int:
+def _micro_batches(workload: Workload, sequences: int, steps: int, dp: int,
+                   micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> int:
     """Micro-batches one rank runs: as CostModel._passes splits the work (cost.micro_batches)."""
-    return steps * micro_batches(workload, sequences, steps, dp)[1]
+    return steps * micro_batches(workload, sequences, steps, dp, micro_batch_tokens)[1]
 
 
 class ProfiledCostModel(CostModel):
@@ -168,20 +169,23 @@ class ProfiledCostModel(CostModel):
         return o.megatron_call_seconds + (passes * o.megatron_pp_seconds if par.pp > 1 else 0.0)
 
     def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-                sequences: int | None = None) -> OpCost:
-        cost = super().forward(model, head, parallel, workload, sequences)
+                sequences: int | None = None, micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> OpCost:
+        cost = super().forward(model, head, parallel, workload, sequences, micro_batch_tokens)
         seqs = workload.sequences if sequences is None else sequences
-        micro = _micro_batches(workload, seqs, 1, parallel.dp // parallel.sp)
+        micro = _micro_batches(workload, seqs, 1, parallel.dp // parallel.sp, micro_batch_tokens)
         extra = (self._slots(parallel, micro, 1) * model.layers / parallel.pp * self._layer(parallel)
                  + self._call(parallel, micro))
         return self._with(cost, extra)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False, optimizer_offload: bool = False, lora=None) -> OpCost:
-        cost = super().train(model, head, parallel, workload, recompute, optimizer_offload, lora=lora)
+              recompute: bool = False, optimizer_offload: bool = False, lora=None,
+              micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> OpCost:
+        cost = super().train(model, head, parallel, workload, recompute, optimizer_offload, lora=lora,
+                             micro_batch_tokens=micro_batch_tokens)
         o = self.overheads
         steps = workload.ppo_epochs * workload.mini_batches
-        micro = _micro_batches(workload, workload.sequences * workload.ppo_epochs, steps, parallel.dp // parallel.sp)
+        micro = _micro_batches(workload, workload.sequences * workload.ppo_epochs, steps, parallel.dp // parallel.sp,
+                               micro_batch_tokens)
         # the analytic compute counts the backward as 2 forwards (3 passes, 4 with recomputation)
         forwards = 2.0 if recompute else 1.0
         ratio = o.megatron_backward_ratio if parallel.backend == "megatron" else o.backward_ratio

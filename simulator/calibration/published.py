@@ -200,6 +200,9 @@ class PaperStudySetup(_Setup):
     critic_model: str | None = None  # colocate_gain: the critic and reward's model (the actor's is the grid's)
     generation_tp: tuple[PositiveInt, PositiveInt] | None = None  # generation_tp_reduction: t_g, against t_g
     train: ParallelConfig | None = None  # generation_tp_reduction: every model's training layout
+    # generation_tp_reduction: the share of the memory free once every model is loaded that the engine's KV cache
+    # takes (verl's vLLM fork's gpu_memory_utilization: free memory × it; upstream vLLM's is of the whole device)
+    kv_share_of_free_memory: float | None = Field(None, gt=0, le=1)
     # the vLLM HybridFlow and OpenRLHF generated with in the paper (DS-Chat and NeMo-Aligner have their own loops)
     vllm_version: str | None = None
     metric: Literal["ratio", "percent"]

@@ -13,10 +13,16 @@ per decode step on top of the serving engine's own step (generation.py `decode_s
     2023-11-30; A100-80GB, batch 1) measured an eager Llama-7B (32 layers) at 25.5 tok/s, "heavily CPU overhead
     bound" (107 tok/s once compiled with CUDA graphs): 1/25.5 s over 32 layers.
   - DeepSpeed-Chat's Hybrid Engine (fused inference containers, `DeepSpeedHybridEngine.generate` calling HF
-    `generate`): DeepSpeed-Chat's published step-3 log (DeepSpeedExamples, training_log_output/
-    actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log) prints "Generate time=2.54s" for OPT-1.3B (24 layers),
-    4 sequences per device, 256 new tokens — a GPU step of that size takes a few ms, so 2.54 s / 256 / 24 is the
-    CPU's time per layer.
+    `generate`), per container, since DeepSpeed maps each model class to its own (DS_OPTContainer; HF Llama's
+    DS_LLAMAContainer, whose split q/k/v and gated MLP and rotary embedding are kernels of their own):
+    - OPT: DeepSpeed-Chat's published step-3 log (DeepSpeedExamples, training_log_output/
+      actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log, a 32 GB V100 node) prints "Generate time=2.54s" for
+      OPT-1.3B (24 layers), 4 sequences per device, 256 new tokens — a GPU step of that size takes a few ms, so
+      2.54 s / 256 / 24 is the CPU's time per layer.
+    - Llama: DeepSpeed's Llama-2 release blog (ds-chat-release-8-31, Figure 1) measured Llama-2-7B's generation on
+      A100s 7.1x faster with the Hybrid Engine than the 50 s without it, as DeepSpeed-Chat's run_llama2_7b.sh runs
+      it: 1 sequence per device, 256 new tokens. One sequence's 7B step reads 13.5 GB of weights, under 9 ms on
+      an A100, so 50 / 7.1 s / 256 / 32 is the CPU's time per layer (its 13B bar, 12 s over 40 layers, says more).
 - **A KV cache that is concatenated.** transformers' `DynamicCache.update` (v4.36–4.38, cache_utils.py) appends
   each step's keys and values with `torch.cat`, which reads and writes the whole cache again every step: twice
   the cache's bytes of HBM traffic per step on top of attention's own read. With FlashAttention-2 on a left-padded
@@ -44,15 +50,27 @@ from hybridflow.simulator.vocabulary.workload import Workload
 EAGER_LAYER_SECONDS = 1.0 / 25.5 / 32
 # https://github.com/microsoft/DeepSpeedExamples/blob/91863475/applications/DeepSpeed-Chat/training/step3_rlhf_finetuning/
 # training_log_output/actor_opt-1.3b_critic_opt-350m_globalBatchSize64.log: "Generate time=2.54s", 256 tokens, 24 layers
-HYBRID_ENGINE_LAYER_SECONDS = 2.54 / 256 / 24
+HYBRID_ENGINE_OPT_LAYER_SECONDS = 2.54 / 256 / 24
+# https://github.com/microsoft/DeepSpeed/blob/fd405169/blogs/deepspeed-chat/ds-chat-release-8-31/README.md Figure 1
+# (assets/images/llama2-with-he.png): "7.1x faster generation for Llama-2-7B", the bar without it 50 s; 256 tokens,
+# 32 layers (DeepSpeedExamples step3 training_scripts/llama2/run_llama2_7b.sh: 1 sequence per device, 256 + 256)
+HYBRID_ENGINE_LLAMA_LAYER_SECONDS = 50.0 / 7.1 / 256 / 32
 Loop = Literal["hf-eager", "hf-eager-fa2", "hybrid-engine", "megatron"]
 LOOP_LAYER_SECONDS = {"hf-eager": EAGER_LAYER_SECONDS, "hf-eager-fa2": EAGER_LAYER_SECONDS,
-                      "hybrid-engine": HYBRID_ENGINE_LAYER_SECONDS, "megatron": EAGER_LAYER_SECONDS}
+                      "hybrid-engine": HYBRID_ENGINE_LLAMA_LAYER_SECONDS, "megatron": EAGER_LAYER_SECONDS}
 # Times a step reads or writes the whole KV cache beyond attention's own read (module docstring): torch.cat's read
 # and write; with FlashAttention-2 and left padding, also the unpadding gather's read and write.
 KV_COPIES = {"hf-eager": 2, "hf-eager-fa2": 4, "hybrid-engine": 0, "megatron": 0}
 # Contexts a call's decode steps are sampled at (the step's price is piecewise linear in the context).
 CONTEXT_SAMPLES = 16
+
+
+def loop_layer_seconds(model: ModelSpec, loop: Loop) -> float:
+    """The CPU's time to issue one layer of a decode step in `loop`; the Hybrid Engine's by its container (module
+    docstring): OPT's for an OPT model (a ModelSpec names OPT only by its name, no preset family), else Llama's."""
+    if loop == "hybrid-engine" and model.name.lower().startswith("opt"):
+        return HYBRID_ENGINE_OPT_LAYER_SECONDS
+    return LOOP_LAYER_SECONDS[loop]
 
 
 def eager_decode_step(cm, model: ModelSpec, gen: ParallelConfig, batch: int, context: float,
@@ -64,7 +82,7 @@ def eager_decode_step(cm, model: ModelSpec, gen: ParallelConfig, batch: int, con
     gpu = decode_step(cm, model, gen, batch, context)["step_seconds"]
     kv_copy = KV_COPIES[loop] * batch * kv_bytes_per_sequence(model, gen, context) / cm.hbm
     # Megatron's loop passes each step through the pipeline's stages one after another
-    cpu = (model.layers if loop == "megatron" else model.layers / gen.pp) * LOOP_LAYER_SECONDS[loop]
+    cpu = (model.layers if loop == "megatron" else model.layers / gen.pp) * loop_layer_seconds(model, loop)
     return {"gpu": gpu, "kv_copy": kv_copy, "cpu_launch": cpu, "step_seconds": max(cpu, gpu + kv_copy)}
 
 

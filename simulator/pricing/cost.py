@@ -27,7 +27,7 @@ from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, s
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
 from hybridflow.simulator.pricing.memory import (
-    generation_shard_bytes,
+    engine_memory_fraction,
     kv_free_bytes,
     plan_recompute,
     state_bytes,
@@ -51,19 +51,51 @@ from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, OFFLOAD_OPS, 
 from hybridflow.simulator.vocabulary.units import BF16
 from hybridflow.simulator.vocabulary.workload import Workload
 
+# A role's packing budget when the caller names none: the planner's (plan.default_micro_batch_tokens), so a
+# search prices what the plan it writes will run. price_op passes the plan's own knob (None: rows padded).
+DEFAULT_BUDGET = "default"
 
-def micro_batches(workload: Workload, sequences: int, steps: int, dp: int) -> tuple[int, int, float]:
+
+def padded_widths(workload: Workload, per_rank: int, b: int) -> list[tuple[int, float]]:
+    """(rows, padded width) of each of a rank's micro-batches of b rows without packing: the engine sorts the rank's
+    rows by length and pads each micro-batch to its longest (engines/train/packing.py bucket_order). Row i of
+    the rank's n sorted rows is the length at share (i + ½)/n, and the slowest rank holds the batch's longest
+    (LengthDistribution.sample's rule)."""
+    d, n = workload.response_lengths, per_rank
+    tops = [min((j + 1) * b, n) - 1 for j in range(-(-n // b))]
+    return [(min(b, n - j * b), workload.prompt_len + (d.longest if i == n - 1 else d.quantile((i + 0.5) / n)))
+            for j, i in enumerate(tops)]
+
+
+def padded_seq_flops(pm: float, attn: float, workload: Workload, per_rank: int, b: int,
+                     attention_efficiency: float = 1.0) -> float:
+    """seq_flops per sequence of a rank's padded micro-batches (padded_widths): every row computes its
+    micro-batch's width."""
+    widths = padded_widths(workload, per_rank, b)
+    return sum(r * seq_flops(pm, attn, w, attention_efficiency) for r, w in widths) / per_rank
+
+
+def micro_batches(workload: Workload, sequences: int, steps: int, dp: int,
+                  micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> tuple[int, int, float]:
     """(sequences per rank per step, micro-batches per step, tokens per micro-batch) of one data-parallel
-    rank. Fixed lengths: micro_batch_size sequences per micro-batch. A length distribution: sequences
-    packed into micro-batches of at most micro_batch_size · seq_len tokens (the padded micro-batch's
-    budget, so activation memory stays the longest sequence's), about equal tokens each."""
+    rank. Rows (micro_batch_tokens None): micro_batch_size sequences per micro-batch, each padded to its
+    longest (padded_widths under a length distribution). Packed (a token budget; DEFAULT_BUDGET: the
+    planner's, micro_batch_size · seq_len, so activation memory stays the longest sequence's): sequences
+    packed into micro-batches of at most that many real tokens, about equal tokens each."""
     per_rank = max(1, -(-sequences // (steps * dp)))
     b = min(workload.micro_batch_size, per_rank)
-    budget = b * workload.seq_len
-    if workload.response_lengths is None:
-        return per_rank, -(-per_rank // b), float(budget)
+    if micro_batch_tokens == DEFAULT_BUDGET:
+        micro_batch_tokens = b * workload.seq_len if workload.response_lengths is not None else None
+    if micro_batch_tokens is None:
+        if workload.response_lengths is None:
+            return per_rank, -(-per_rank // b), float(b * workload.seq_len)
+        widths = padded_widths(workload, per_rank, b)
+        return per_rank, len(widths), sum(r * w for r, w in widths) / len(widths)
+    if workload.response_lengths is None:  # whole sequences of seq_len tokens per budget
+        return per_rank, -(-per_rank // max(1, micro_batch_tokens // workload.seq_len)), float(
+            min(per_rank, max(1, micro_batch_tokens // workload.seq_len)) * workload.seq_len)
     rank_tokens = per_rank * (workload.prompt_len + workload.mean_response_len)
-    m = max(1, math.ceil(rank_tokens / budget - 1e-9))
+    m = max(1, math.ceil(rank_tokens / micro_batch_tokens - 1e-9))
     return per_rank, m, rank_tokens / m
 
 
@@ -87,20 +119,29 @@ class CostModel(Collectives):
 
     # ---- forward / train ------------------------------------------------------------------------
     def _passes(self, model: ModelSpec, head: Head, par: ParallelConfig, workload: Workload, sequences: int,
-                steps: int, mult: float, tp_collectives: int, fsdp_passes: int):
+                steps: int, mult: float, tp_collectives: int, fsdp_passes: int,
+                micro_batch_tokens: int | None | str = DEFAULT_BUDGET):
         """Shared by forward() and train(): `mult` passes' worth of FLOPs (1 forward, 3 fwd+bwd, 4 with
-        recompute) over `sequences` split evenly into `steps` optimizer steps."""
+        recompute) over `sequences` split evenly into `steps` optimizer steps; `micro_batch_tokens` as
+        micro_batches takes it."""
         n_params, pm, attn, _ = model_shape(model, head)
         tp, pp, dp, world = par.tp, par.pp, par.dp, par.world_size
         s, sp = workload.seq_len, par.sp
         # per_rank, m, rows: per group of sp ranks that shares its sequences (each device holds rows/sp tokens)
-        per_rank, m, rows = micro_batches(workload, sequences, steps, dp // sp)
+        per_rank, m, rows = micro_batches(workload, sequences, steps, dp // sp, micro_batch_tokens)
         rows /= sp
         ae = self.params.attention_efficiency
         one_seq, seq_work = seq_flops(pm, attn, s), seq_flops(pm, attn, s, ae)
-        if workload.response_lengths is not None:  # packed: attention per sequence, E over the lengths
+        if workload.response_lengths is not None and micro_batch_tokens is None:  # rows padded to their bucket's longest
+            b = min(workload.micro_batch_size, per_rank)
+            one_seq = padded_seq_flops(pm, attn, workload, per_rank, b)
+            seq_work = padded_seq_flops(pm, attn, workload, per_rank, b, ae)
+        elif workload.response_lengths is not None:  # packed: attention per sequence, E over the lengths
             one_seq, seq_work = mean_seq_flops(pm, attn, workload), mean_seq_flops(pm, attn, workload, ae)
-        if workload.samples_per_prompt > 1 and shares_prompts(head, par, model.attention_window, s):  # each sample's share of its prompt
+        packed = micro_batch_tokens is not None and (micro_batch_tokens != DEFAULT_BUDGET
+                                                     or workload.response_lengths is not None)
+        if (workload.samples_per_prompt > 1 and not packed  # the engine shares prompts only without packing
+                and shares_prompts(head, par, model.attention_window, s)):  # each sample's share of its prompt
             share = 1.0 - 1.0 / workload.samples_per_prompt
             one_seq -= share * seq_flops(pm, attn, workload.prompt_len)
             seq_work -= share * seq_flops(pm, attn, workload.prompt_len, ae)
@@ -173,31 +214,35 @@ class CostModel(Collectives):
         return max(0.0, sends * bw - attention_share * compute), sends * lat, sends * chunk
 
     def forward(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-                sequences: int | None = None) -> OpCost:
-        """A forward-only pass over `sequences` full sequences (log-probs, values, rewards, costs)."""
+                sequences: int | None = None, micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> OpCost:
+        """A forward-only pass over `sequences` full sequences (log-probs, values, rewards, costs);
+        `micro_batch_tokens`: the role's packing budget (None: rows padded; micro_batches)."""
         seqs = workload.sequences if sequences is None else sequences
-        flops, net, parts = self._passes(model, head, parallel, workload, seqs, 1, 1.0, 2, 1)
+        flops, net, parts = self._passes(model, head, parallel, workload, seqs, 1, 1.0, 2, 1, micro_batch_tokens)
         return op_cost(flops, net, **parts)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-              recompute: bool = False, optimizer_offload: bool = False, lora: LoraConfig | None = None) -> OpCost:
+              recompute: bool = False, optimizer_offload: bool = False, lora: LoraConfig | None = None,
+              micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> OpCost:
         """All PPO epochs × mini-batches of forward + backward (+ recomputation) and Adam steps.
         optimizer_offload: each step sends the gradients to host memory, runs Adam on the node's CPU (its
         devices' shards one after another through the host's DRAM) and copies the new weights back.
         lora: the backward still computes activation gradients through every frozen layer (a forward's
         FLOPs) but weight gradients only for the adapters: 2 passes (3 with recompute) plus the adapters'
         own 6 FLOPs per parameter and token; FSDP gathers the frozen base for the forward and the backward
-        and reduce-scatters only the adapters' gradients; Adam steps the adapters."""
+        and reduce-scatters only the adapters' gradients; Adam steps the adapters.
+        micro_batch_tokens: the role's packing budget (None: rows padded; micro_batches)."""
         steps = workload.ppo_epochs * workload.mini_batches
         if lora is not None:
             adapters = adapter_params(model, lora)
             mult = (3.0 if recompute else 2.0) + 3.0 * adapters / model_shape(model, head)[1]
             flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
-                                             steps, mult, 6 if recompute else 4, 2)
+                                             steps, mult, 6 if recompute else 4, 2, micro_batch_tokens)
             local = adapters / parallel.world_size
         else:
             flops, net, parts = self._passes(model, head, parallel, workload, workload.sequences * workload.ppo_epochs,
-                                             steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3)
+                                             steps, 4.0 if recompute else 3.0, 6 if recompute else 4, 3,
+                                             micro_batch_tokens)
             local = model_shape(model, head)[0] / parallel.world_size
         p = self.params
         if optimizer_offload:
@@ -303,12 +348,15 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
                           batch_cap=mech.generation_batch if mech else None,
                           gather_every_step=bool(mech and mech.gather_every_step))
         return times(times(one, calls), mech.decode_slowdown if mech else 1.0)
+    # the role's packing budget as the plan sets it (None: rows padded); a planner's view has no knob yet
+    budget = getattr(rp, "micro_batch_tokens", DEFAULT_BUDGET)
     if op in FORWARD_OPS:
-        return cm.forward(rp.model, head, rp.train, w, seqs)
+        return cm.forward(rp.model, head, rp.train, w, seqs, micro_batch_tokens=budget)
     lora = getattr(rp, "lora", None)
     if op in UPDATE_OPS:
         return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False),
-                        optimizer_offload=bool(getattr(plan, "optimizer_offload", False)), lora=lora)
+                        optimizer_offload=bool(getattr(plan, "optimizer_offload", False)), lora=lora,
+                        micro_batch_tokens=budget)
     if op in WEIGHT_SYNC_OPS:
         return times(cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode(),
                                  per_tensor=bool(mech and mech.weight_sync == "per-tensor"), lora=lora), calls)
@@ -326,7 +374,6 @@ def rollout_knobs(plan, params: EfficiencyParams | None = None) -> dict[str, flo
     vLLM's gpu_memory_utilization) and the sequences decoded at once (the KV-cache batch, max_num_seqs)."""
     cm = CostModel(plan.cluster, params)
     actor, gen, w = plan.roles["actor"], plan.generation_config(), plan.workload
-    free = kv_free_bytes(plan, cm.params)
-    _, batch = generation.decode_slots(cm, actor.model, gen, w, w.sequences, free)
-    fraction = math.floor(100 * (free + generation_shard_bytes(actor.model, gen)) / plan.cluster.hardware.hbm_bytes) / 100
+    _, batch = generation.decode_slots(cm, actor.model, gen, w, w.sequences, kv_free_bytes(plan, cm.params))
+    fraction = engine_memory_fraction(plan, cm.params)
     return {"rollout_memory_fraction": min(max(fraction, 0.01), 1.0), "max_concurrent_sequences": batch}

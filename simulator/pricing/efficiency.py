@@ -102,6 +102,12 @@ class EfficiencyParams(BaseModel):
                     "does (multi-step scheduling, asynchronous output processing), as do the C++ runtimes; vLLM "
                     "before 0.6 ran it between steps, the GPU idle (EngineOverheads.host_sequence_seconds prices "
                     "it; engine_params says which engine does which).")
+    sampler_history_seconds: float = Field(
+        0.0, ge=0,
+        description="host seconds per token of a sequence's history (its prompt and the tokens generated so far), per "
+                    "sequence per generation pass, for an engine whose sampler rebuilds every sequence's whole token "
+                    "history into padded tensors each step, the GPU idle meanwhile: vLLM 0.3 and 0.4 "
+                    "(SamplingTensors.from_lists, whatever the penalties; engine_params sets it). 0: none.")
     max_decode_batch: PositiveInt = Field(
         256, description="most sequences decoded at once per replica: vLLM's default max_num_seqs for the "
                          "LLM class (256 on A100 and devices under 70 GB; 1024 on H100/H200, see for_hardware).")
@@ -141,14 +147,25 @@ class EfficiencyParams(BaseModel):
         return hbm_bytes * self.usable_memory_fraction - self.reserved_bytes
 
 
-def engine_params(engine: str, version: str | None) -> dict[str, bool]:
+# Host seconds per token to rebuild a sequence's token history as vLLM 0.3/0.4's sampler does each step (pad the
+# prompt and output lists of Python ints, torch.tensor them, pinned): CPU time of that code on the development VM's
+# Xeon, 256 sequences of 1024 + 512 tokens, about 10 ns padding and 73 ns converting per token.
+HISTORY_TOKEN_SECONDS = 85e-9
+
+
+def engine_params(engine: str, version: str | None) -> dict[str, bool | float]:
     """EfficiencyParams updates for a generation engine and its version: vLLM before 0.6 runs its host work
     between decode steps (vLLM's v0.6.0 release added multi-step scheduling and asynchronous output
-    processing to hide it); every other engine, and a vLLM whose version is not stated, is priced as overlapping."""
+    processing to hide it), and vLLM 0.3 and 0.4 also rebuild every sequence's token history for the sampler
+    each step (sampler_history_seconds; vLLM PR #5289 skipped it for batches without penalties, June 2024);
+    every other engine, and a vLLM whose version is not stated, is priced as overlapping."""
     if engine != "vllm" or not version:
         return {}
     major, minor = (int(p) for p in version.split(".")[:2])
-    return {"generation_host_overlap": False} if (major, minor) < (0, 6) else {}
+    out: dict[str, bool | float] = {"generation_host_overlap": False} if (major, minor) < (0, 6) else {}
+    if (0, 3) <= (major, minor) < (0, 5):
+        out["sampler_history_seconds"] = HISTORY_TOKEN_SECONDS
+    return out
 
 
 DEFAULT_PARAMS = EfficiencyParams()

@@ -4,8 +4,11 @@ A rollout is prefill (compute-bound) then one decode step per response token on 
 waves of the largest batch the free memory's KV cache holds (or a static engine's batch). A decode step costs
 max(memory: (weights/tp + KV read)/HBM bandwidth, compute: 2·N·batch/peak) plus each layer's two tensor-parallel
 all-reduces (latency-dominated) and a fixed per-step overhead; a profile's or the GPU fit's engine overheads
-(calibration/profiled_cost.py) add per layer and per sequence. A distribution of response lengths decodes in
-segments (decode_schedule.py), each priced in closed form. OpCost.bytes is the HBM bytes read per device.
+(calibration/profiled_cost.py) add per layer and per sequence. An engine whose sampler rebuilds every sequence's
+token history each step (vLLM 0.3-0.4: EfficiencyParams.sampler_history_seconds) pays it per token of the histories
+its slowest replica holds, per pass ("host": the GPU idles meanwhile, and a replica's batch is not split by tp).
+A distribution of response lengths decodes in segments (decode_schedule.py), each priced in closed form.
+OpCost.bytes is the HBM bytes read per device.
 
 Every function takes the cost model it prices on (`cm`: what `Device` names); cost.CostModel.generate, the op's
 entry point, calls generate() here.
@@ -210,6 +213,8 @@ def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Worklo
         "pp_comm": waves * (pre["pp_comm"] + steps * t.pp_comm),
         "latency": waves * (pre["latency"] + steps * t.latency),
         "overhead": waves * (1 + steps) * cm.params.decode_step_overhead,
+        # each sequence's history at its prefill (P) and its decode steps (P + 1 … P + R - 1)
+        "host": per_replica * (R * P + R * (R - 1) / 2) * cm.params.sampler_history_seconds,
     }
     if gather_every_step and gen.dp > 1:
         _gather_every_pass(cm, model, gen, waves * (1 + steps), parts)
@@ -232,6 +237,7 @@ def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workloa
     parts = {k: d.admissions * v for k, v in pre.items()}
     terms: dict[int, DecodeTerms] = {}
     steps_total, hbm_bytes = 0, 0.0
+    history = d.sequences * P  # tokens the sampler rebuilds: each prompt at its prefill, then every step's batch
     kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads
     for seg in d.segments:
         t = terms.get(seg.batch)
@@ -247,9 +253,11 @@ def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workloa
         parts["pp_comm"] += seg.steps * t.pp_comm
         parts["latency"] += seg.steps * t.latency
         steps_total += seg.steps
+        history += seg.steps * (c0 + seg.batch * (seg.steps - 1) / 2)
         weights_read = BF16 * pm / (gen.tp * gen.pp) * min(gen.pp, seg.batch)
         hbm_bytes += seg.steps * (weights_read + kv_tok * kv_share / gen.pp * (c0 + seg.batch * (seg.steps - 1) / 2))
     parts["overhead"] = (d.admissions + steps_total) * cm.params.decode_step_overhead
+    parts["host"] = parts.get("host", 0.0) + history * cm.params.sampler_history_seconds
     if gather_every_step and gen.dp > 1:
         _gather_every_pass(cm, model, gen, d.admissions + steps_total, parts)
     dist = workload.response_lengths

@@ -5,7 +5,8 @@ bf16 weights 2, bf16 gradients 2, fp32 master weights + Adam m + v 12 — 16 in 
 model, 2 for a frozen one. Training and forward-only models are fully sharded over all their
 devices (tp·pp shard the model, FSDP/ZeRO-3 shards over dp), so states scale as 1/(tp·pp·dp);
 under `backend: megatron` (distributed optimizer) only the optimizer states are split over dp, the
-weights and an fp32 gradient buffer are whole on each dp rank.
+weights and an fp32 gradient buffer are whole on each dp rank. That buffer is a state: megatron-core's
+DDP allocates it with the model and keeps it (through generation too) unless the model is offloaded.
 
 A model's memory is its *states* (weights, optimizer: resident while it lives on the device) plus
 the *transient* of the op it runs (training: gradients, activations, FSDP gather buffers; forward:
@@ -22,6 +23,8 @@ frozen base too, but no full-size gradient is reduce-scattered.
 """
 
 from __future__ import annotations
+
+import math
 
 from pydantic import BaseModel, ConfigDict
 
@@ -118,10 +121,14 @@ def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainabl
         a = adapter_params(model, lora)
         return _mb(weights=BF16 * (params + a) / n, optimizer=0.0 if optimizer_offload else OPTIMIZER_BYTES * a / n)
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
-    # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share).
-    weights = megatron_local_params(model, head, parallel) if parallel.backend == "megatron" else params / n
-    return _mb(weights=BF16 * weights, optimizer=OPTIMIZER_BYTES * params / n if trainable and not optimizer_offload
-               else 0.0)
+    # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share), and a
+    # trained model's fp32 gradient buffer whole per dp rank, resident (ZeRO-Offload's gradients live in host
+    # memory, as under FSDP).
+    megatron = parallel.backend == "megatron"
+    weights = megatron_local_params(model, head, parallel) if megatron else params / n
+    kept = trainable and not optimizer_offload
+    grads = MEGATRON_GRAD_BYTES * weights if megatron and kept else 0.0
+    return _mb(weights=BF16 * weights, gradients=grads, optimizer=OPTIMIZER_BYTES * params / n if kept else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
@@ -130,10 +137,12 @@ def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
 
 
 def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-                    recompute: bool = False, lora: LoraConfig | None = None) -> MemoryBreakdown:
+                    recompute: bool = False, lora: LoraConfig | None = None,
+                    micro_batch_tokens: int | None = None) -> MemoryBreakdown:
+    """micro_batch_tokens: the role's packing budget (a packed micro-batch holds at most so many tokens)."""
     tp, pp, dp = parallel.tp, parallel.pp, parallel.dp
     b, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
-    tokens = b * workload.seq_len / parallel.sp  # Ulysses: each rank holds 1/sp of its sequences' tokens
+    tokens = (micro_batch_tokens or b * workload.seq_len) / parallel.sp  # Ulysses: 1/sp of the sequences' tokens
     per_layer = activation_bytes_per_token_layer(model, tp) * tokens
     in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
     layers = model.layers / pp
@@ -143,8 +152,8 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
         acts = in_flight * layers * per_layer
     if head == "lm":
         acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
-    if parallel.backend == "megatron":  # a whole fp32 gradient buffer per dp rank (of its own experts); no gathers
-        return _mb(gradients=MEGATRON_GRAD_BYTES * megatron_local_params(model, head, parallel), activations=acts)
+    if parallel.backend == "megatron":  # its gradient buffer is a state (state_bytes); no gathers
+        return _mb(activations=acts)
     if lora is not None:  # gradients of the adapters only; the gathers still move the frozen base
         bufs = 2 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0
         return _mb(gradients=BF16 * adapter_params(model, lora) / parallel.world_size, activations=acts, buffers=bufs)
@@ -152,9 +161,10 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     return _mb(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
 
-def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload) -> MemoryBreakdown:
+def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
+                      micro_batch_tokens: int | None = None) -> MemoryBreakdown:
     b, _ = _microbatch(workload, parallel.dp // parallel.sp, 1)
-    tokens = b * workload.seq_len / parallel.sp
+    tokens = (micro_batch_tokens or b * workload.seq_len) / parallel.sp
     acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
     if head == "lm":
         acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
@@ -206,12 +216,22 @@ def decode_batch(model: ModelSpec, gen: ParallelConfig, workload: Workload, kv_f
     return min(cap, params.max_decode_batch, per_replica)
 
 
+def engine_kv_cap(model: ModelSpec, gen: ParallelConfig, memory_fraction: float | None, hbm_bytes: float) -> float:
+    """The most KV-cache bytes per device a rollout engine given `memory_fraction` of each device takes: vLLM's
+    gpu_memory_utilization bounds its weights and KV cache together (inf: no fraction set, the memory left)."""
+    if memory_fraction is None:
+        return math.inf
+    return memory_fraction * hbm_bytes - generation_shard_bytes(model, gen)
+
+
 def generate_transient(model: ModelSpec, train: ParallelConfig, gen: ParallelConfig, workload: Workload,
                        kv_free_bytes: float, params: EfficiencyParams, mode: str = "hybridflow",
-                       resident_train_weights: float = 0.0, lora: LoraConfig | None = None) -> MemoryBreakdown:
-    """Generation weights + the KV cache of the batch that `kv_free_bytes` allows (+ logits)."""
+                       resident_train_weights: float = 0.0, lora: LoraConfig | None = None,
+                       kv_cap: float = math.inf) -> MemoryBreakdown:
+    """Generation weights + the KV cache of the batch that `kv_free_bytes` allows, at most `kv_cap`
+    (engine_kv_cap) (+ logits)."""
     w = generate_weights(model, train, gen, mode, resident_train_weights, lora)
-    batch = decode_batch(model, gen, workload, kv_free_bytes - w, params)
+    batch = decode_batch(model, gen, workload, min(kv_free_bytes - w, kv_cap), params)
     return _mb(weights=w, kv_cache=max(batch * kv_bytes_per_sequence(model, gen, workload.kv_seq_len),
                                        kv_bytes_per_sequence(model, gen, workload.seq_len) if batch else 0.0),
                buffers=generate_buffers(model, gen, batch))
@@ -325,6 +345,10 @@ _OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", 
         "cost_critic": ("critic_update", "values"), "ref": ("ref_logprob",), "reward": ("reward",), "cost": ("cost",)}
 
 
+def _kv_cap(plan, actor, gen: ParallelConfig) -> float:
+    return engine_kv_cap(actor.model, gen, actor.rollout_memory_fraction, plan.cluster.hardware.hbm_bytes)
+
+
 def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
     """(states by role, [(role, op, resident states, transient)]) for one device group."""
     usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
@@ -336,20 +360,22 @@ def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
         rp, head = plan.roles[role], role_head(role)
         resident = s if plan.offload else everyone
         for op in _OPS[role]:
-            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute, rp.lora) if op.endswith("_update")
-                 else forward_transient(rp.model, head, rp.train, plan.workload))
+            budget = getattr(rp, "micro_batch_tokens", None)  # packed micro-batches hold the plan's budget
+            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute, rp.lora, budget)
+                 if op.endswith("_update") else forward_transient(rp.model, head, rp.train, plan.workload, budget))
             if plan.optimizer_offload and op.endswith("_update"):  # ZeRO-Offload moves the gradients out too
                 t = t.model_copy(update={"gradients": 0.0})
             phases.append((role, op, resident, t))
         if role == "actor" and rp.generate_group is None:
             gen = rp.generate or rp.train
             t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p,
-                                   plan.weight_sync_mode(), s.weights, rp.lora)
+                                   plan.weight_sync_mode(), s.weights, rp.lora, _kv_cap(plan, rp, gen))
             phases.append((role, "generate", resident, t))
     actor = plan.roles.get("actor")
     if actor is not None and actor.generate_group == group:  # separate inference devices
         gen = actor.generate or actor.train
-        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast", lora=actor.lora)
+        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast", lora=actor.lora,
+                               kv_cap=_kv_cap(plan, actor, gen))
         phases.append(("actor", "generate", _mb(), t))
     return states, phases
 
@@ -413,13 +439,32 @@ def check_plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str,
     return mem
 
 
-def kv_free_bytes(plan, params: EfficiencyParams | None = None) -> float:
-    """Bytes per device left for the actor's KV cache while it generates (everything else resident)."""
-    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+def _generation_room(plan, p: EfficiencyParams) -> tuple[float, float]:
+    """(bytes per device left beside everything resident and the generation weights, the logits' bytes) while
+    the actor generates."""
     actor = plan.roles["actor"]
     group = actor.generate_group or actor.group
     _, phases = _group_phases(plan, group, plan_recompute(plan, p).get("actor", False), p)
     for _, op, resident, t in phases:
         if op == "generate":
-            return p.usable_bytes(plan.cluster.hardware.hbm_bytes) - resident.total - t.weights - t.buffers
-    return 0.0
+            return p.usable_bytes(plan.cluster.hardware.hbm_bytes) - resident.total - t.weights, t.buffers
+    return 0.0, 0.0
+
+
+def kv_free_bytes(plan, params: EfficiencyParams | None = None) -> float:
+    """Bytes per device left for the actor's KV cache while it generates (everything else resident), at most
+    what the plan's rollout_memory_fraction gives the engine (engine_kv_cap)."""
+    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+    actor = plan.roles["actor"]
+    room, logits = _generation_room(plan, p)
+    return min(room, _kv_cap(plan, actor, actor.generate or actor.train)) - logits
+
+
+def engine_memory_fraction(plan, params: EfficiencyParams | None = None) -> float:
+    """The share of each device the rollout engine's weights and the room the plan leaves it take (vLLM's
+    gpu_memory_utilization), rounded up to 1e-4 so that the cap it sets (engine_kv_cap) leaves the room whole."""
+    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
+    actor = plan.roles["actor"]
+    room, _ = _generation_room(plan, p)
+    share = (room + generation_shard_bytes(actor.model, actor.generate or actor.train)) / plan.cluster.hardware.hbm_bytes
+    return math.ceil(share * 1e4) / 1e4

@@ -16,6 +16,9 @@ one-step-off, max_staleness for async):
 - the trainers hand the weights over right after the update they carry, before they score the
   next batch (those ops follow the sync), as the runtime does.
 
+With partial rollouts (the async mode's `partial_rollout_tokens`) the weights move every iteration
+(sync_period) and the rollout is a round of segments (partial_rollout_workload).
+
 The steady iteration is then sync / k + max(rollout, scoring and training): the overlapped part
 counts once, the faster side idles for the rest (the queue's bubble: the rollout waits for a free
 slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. As in a run's Timeline
@@ -54,6 +57,15 @@ def copies_needed(iterations: int, staleness: int) -> int:
     """Unrolled copies for `iterations` steady iterations: + the warm-up, + the next batch's copy, for the
     weight sync the last trained batch's trainers hand over (its only op kept)."""
     return iterations + 2
+
+
+def sync_period(staleness: int, partial_rollout_tokens: int | None = None) -> int:
+    """Iterations between weight syncs, the k the pipeline is built with: the plan's bound; with partial
+    rollouts 1. Each iteration of the runtime then first collects the whole last round (so a paused response
+    goes on once per iteration, runtime/rl/modes/streaming.py) and syncs the newest weights before the next:
+    the trainers wait for a round longer than their step, and the sync holds both sides every iteration —
+    one-step-off's timing, with the rollout priced as the round (partial_rollout_workload)."""
+    return 1 if partial_rollout_tokens else staleness
 
 
 def priced_iterations(staleness: int) -> int:

@@ -36,6 +36,7 @@ from hybridflow.simulator.schedule.pipeline import (
     partial_rollout_workload,
     pipeline,
     priced_iterations,
+    sync_period,
 )
 from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
 from hybridflow.simulator.vocabulary.plan import Plan
@@ -154,12 +155,14 @@ def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None, partial_rollo
                    ) -> dict[Hashable, object]:
     """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once);
     `partial_rollout_tokens`: the async mode's rollout as partial rollouts' rounds (pipeline.partial_rollout_workload)."""
+    from hybridflow.simulator.agents.planning import agent_cost_model
     from hybridflow.simulator.calibration.gpu_fit import default_cost_model
     from hybridflow.simulator.pricing.cost import (
         price_op,  # the cost model prices; this module only schedules
     )
 
-    cm = cost_model or default_cost_model(plan.cluster)
+    # a plan of conversations (`Plan.agent`): its rollout priced multi-turn, unless the caller's model already is
+    cm = agent_cost_model(cost_model or default_cost_model(plan.cluster), plan.agent)
     cache: dict[tuple[str, str, bool], object] = {}
     out = {}
     for n, a in graph.nodes(data=True):
@@ -225,12 +228,13 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model, partial_rollout_tokens)
     pipelined = plan.mode != "sync"
+    k = sync_period(plan.staleness, partial_rollout_tokens if plan.mode == "async" else None)
     if iterations is None:
-        iterations = priced_iterations(plan.staleness) if pipelined else 1
-    copies = copies_needed(iterations, plan.staleness) if pipelined else iterations
+        iterations = priced_iterations(k) if pipelined else 1
+    copies = copies_needed(iterations, k) if pipelined else iterations
     big, big_lanes = unroll(graph, lane_of, copies)
     if pipelined:
-        pipeline(graph, big, big_lanes, copies, plan.staleness)
+        pipeline(graph, big, big_lanes, copies, k)
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))
     times = schedule_shared(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps, plan_share(plan, cost_model))
     events = []
@@ -242,7 +246,7 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
-              "makespan": makespan(times), "mode": plan.mode, "staleness": plan.staleness,
+              "makespan": makespan(times), "mode": plan.mode, "staleness": k if pipelined else plan.staleness,
               "warmup_iterations": int(pipelined)},
     )
 

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from hybridflow.simulator.agents.workload import AgentWorkload
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, describe_validation_error
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
@@ -163,6 +164,9 @@ class Plan(BaseModel):
     notes: str = ""
     # the measured profile it was priced with (`search --profile`): `simulate` and `run` price it on the same
     profile: str | None = None
+    # rollouts are conversations with tool calls (`search --agent-workload`): `simulate` and `run` price the
+    # rollout multi-turn as the search did (simulator/agents/planning.py); None: single-turn
+    agent: AgentWorkload | None = None
 
     @model_validator(mode="before")
     @classmethod

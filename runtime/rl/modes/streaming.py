@@ -29,9 +29,9 @@ iteration first collects the whole last round (launched while the batch before t
 response goes on once per iteration, and more often while the trainers wait for groups; the queue hands
 out the groups with the oldest first token first. Open
 groups count as in flight (in the queue's bound and in `prompts_in_flight`); a paused response too stale
-to be trained within k is regenerated from its prompt when the round starts. The buffer is not
-checkpointed: a resume regenerates its groups, and since groups finish out of their draw order, the
-rewound data order may then train a few prompts again and skip as many (docs/rl.md).
+to be trained within k is regenerated from its prompt when the round starts. A checkpoint saves the
+buffer, the queue and the prompts not launched (`checkpoint_state`), so a resumed run goes on from them
+as the uninterrupted one does.
 
 Dynamic sampling's extra rounds take the next groups from the queue like any batch (the prompts
 they draw join its end), so the prompts not yet trained stay the last ones drawn. ReMax's greedy
@@ -115,6 +115,27 @@ class Streaming(Mode):
         """Prompts drawn and not yet trained: in the queue, in flight, or not yet launched."""
         return len(self.queue) + self._groups_in_flight() + len(self.unlaunched)
 
+    def checkpoint_state(self) -> dict | None:
+        """With partial rollouts, what a checkpoint saves of the mode (rl/checkpoints.py): the round in flight
+        collected first (the next iteration's first step anyway), then the paused responses and finished groups
+        of the buffer, the queue's groups and the prompts drawn but not launched, so that a resume goes on
+        exactly as the run would have. None without partial rollouts: the checkpoint rewinds the data order
+        by prompts_in_flight instead and the resumed run regenerates them."""
+        if self.partial is None:
+            return None
+        while self.in_flight:
+            self._collect_next(serves=self.iteration + 1)  # the next iteration would have collected it
+        return {"queue": list(self.queue.groups), "open": list(self.partial.open),
+                "unlaunched": list(self.unlaunched), "restarted": self.partial.restarted}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """A checkpoint_state back into a fresh mode (the same plan and run config)."""
+        if self.partial is None:
+            raise HflowError("this checkpoint holds paused partial rollouts; resume it with the same "
+                             "async_mode.partial_rollout_tokens")
+        self.queue.groups, self.unlaunched = deque(state["queue"]), deque(state["unlaunched"])
+        self.partial.open, self.partial.restarted = deque(state["open"]), state["restarted"]
+
     def _next_prompts(self, count: int) -> Batch | None:
         """Up to `count` prompt groups to launch, drawn after those the trainer handed in (None: no more)."""
         if len(self.unlaunched) < count and self.prompts is not None:
@@ -152,10 +173,11 @@ class Streaming(Mode):
         n = self.group_size
         return [batch[i:i + n] for i in range(0, len(batch), n)]
 
-    def _collect_next(self) -> None:
-        """The oldest chunk's rollouts into the queue (with partial rollouts: the groups it finished)."""
+    def _collect_next(self, serves: int | None = None) -> None:
+        """The oldest chunk's rollouts into the queue (with partial rollouts: the groups it finished); `serves`:
+        the iteration its ops belong to in the Timeline (default: this one, whose batch it serves)."""
         chunk = self.in_flight.popleft()
-        chunk.iteration = self.iteration  # its ops in the Timeline: the iteration whose batch it serves
+        chunk.iteration = self.iteration if serves is None else serves
         out = self.rollout.collect(chunk)
         if self.partial is None:
             self.queue.put(out)

@@ -3,12 +3,14 @@ the calculator word problems with the tiny tool model (runtime/agents/tiny_tool_
 that it sometimes calls the calculator), on the native engine — synchronously on the actor's own devices
 (hybrid engine), and one step off or asynchronously on a rollout device of its own. The batches the actor trains on hold
 conversations of more than one model turn whose tool turns are out of `response_mask` (and of the
-behaviour log-probs), the metrics count turns and tool calls. (A rising reward needs a longer warm-up
-than a test affords: docs/agents.md has a measured run.)"""
+behaviour log-probs), the metrics count turns and tool calls. From the example's warm-up (a policy that
+sometimes copies the calculator's result into its answer) a short synchronous run raises the reward and the
+share of conversations that call the tool."""
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -38,11 +40,11 @@ def calculator_run(tmp_path_factory):
     return folder, prompts
 
 
-def calculator_plan(folder, mode: str = "sync") -> Plan:
+def calculator_plan(folder, mode: str = "sync", workload: Workload = WORKLOAD) -> Plan:
     """GRPO on the actor's device; in a pipelined mode, with a rollout device of its own."""
     from hybridflow.simulator.vocabulary.model import ModelSpec
 
-    plan = tiny_plan("grpo", placement=[["actor"]], workload=WORKLOAD, model=ModelSpec.from_hf_config(folder),
+    plan = tiny_plan("grpo", placement=[["actor"]], workload=workload, model=ModelSpec.from_hf_config(folder),
                      paths={"actor": str(folder)}, reward_function="hybridflow.runtime.agents.word_problems:answer_reward")
     if mode == "sync":
         return plan
@@ -159,3 +161,42 @@ def test_pipelined_conversations_on_rollout_devices(ray_local, calculator_run, m
     generate = [e for e in t.timeline.events if e.op == "generate"]
     assert generate and all(e.group == "gen" for e in generate)
     assert torch.isfinite(torch.tensor([o["actor/pg_loss"] for o in out])).all()
+
+
+@pytest.fixture(scope="module")
+def example_model(tmp_path_factory):
+    """The tool model warmed up as examples/agents/calculator_grpo.py does (1500 steps, 40 % of the
+    demonstrations calling the calculator): a policy that calls the tool in about half of its answers and
+    sometimes copies its result — something GRPO can learn from (120 steps of the call format alone cannot)."""
+    from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
+    from hybridflow.runtime.agents.word_problems import word_problems
+
+    root = tmp_path_factory.mktemp("agent-learns")
+    folder = build_tool_model(root / "model", seed=0)
+    torch.set_num_threads(1)
+    warm_up(folder, steps=1500, tool_share=0.4, seed=0)
+    prompts = root / "problems.jsonl"
+    prompts.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer")}) + "\n"
+                               for r in word_problems(512, seed=7)))
+    return folder, prompts
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_reward_and_tool_use_rise_through_the_trainer(ray_local, example_model):
+    """30 synchronous GRPO iterations of 8 problems x 4 conversations through the Ray trainer, every turn in
+    lockstep (the tokens drawn do not depend on how long tools take: deterministic)."""
+    from hybridflow.runtime.rl.run_config import RunConfig
+    from hybridflow.runtime.rl.trainer import Trainer
+
+    folder, prompts = example_model
+    workload = WORKLOAD.model_copy(update={"prompts": 8, "micro_batch_size": 32})
+    cfg = RunConfig(seed=0, data={"prompts_file": str(prompts)}, agent={**AGENT, "overlap": False},
+                    optimizer={"actor": {"lr": 1e-3}})
+    with Trainer(calculator_plan(folder, workload=workload), cfg) as t:
+        out = [t.step() for _ in range(30)]
+    reward = [m["reward_mean"] for m in out]
+    tool_use = [m["agent/tool_use_share"] for m in out]
+    first, last = slice(0, 5), slice(-5, None)
+    assert statistics.mean(reward[last]) > statistics.mean(reward[first]) + 0.15, reward
+    assert statistics.mean(tool_use[last]) > statistics.mean(tool_use[first]) + 0.25, tool_use

@@ -144,6 +144,12 @@ def test_overlap_decodes_while_tools_wait_and_lockstep_does_not(tool_model, tmp_
         during = [(i, j) for (s, e, batch) in runner.decode_spans for i, c in enumerate(convs) if i not in batch
                   for j, span in enumerate(c.tool_spans) if _overlaps((s, e), span)]
         assert bool(during) == overlap, (overlap, runner.decode_spans)
+        # the runner's own work between calls (what multi-turn pricing charges per conversation handled there)
+        # leaves out its waits on the 0.5 s tools (in lockstep at least 0.5 s outside the calls)
+        rows_per_call = [len(b) for _, _, b in runner.decode_spans]
+        assert runner.stats["driver_rows"] == sum(rows_per_call[:-1]) + sum(rows_per_call[1:])
+        assert 0.0 < runner.stats["driver_s"] < 0.5
+        assert overlap or runner.stats["wall_s"] - runner.stats["decode_s"] >= 0.5
 
 
 def test_lockstep_is_deterministic_and_the_budget_holds(tool_model):

@@ -48,10 +48,11 @@ def _gone(pid: int) -> bool:
 
 def test_killed_worker_gives_clear_error_quickly_and_shuts_everything_down(ray_local):
     from hybridflow.runtime.controller.resource_pool import ResourcePool
-    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup, start_together
 
-    victim = WorkerGroup(ResourcePool.local(2, name="victim"), {"actor": RoleSpec(Stuck)})
-    bystander = WorkerGroup(ResourcePool.local(1, name="bystander"), {"critic": RoleSpec(Stuck)})
+    victim = WorkerGroup(ResourcePool.local(2, name="victim"), {"actor": RoleSpec(Stuck)}, start=False)
+    bystander = WorkerGroup(ResourcePool.local(1, name="bystander"), {"critic": RoleSpec(Stuck)}, start=False)
+    start_together([victim, bystander])
     try:
         pids = victim.pid()
         fut = victim.wait_in_all_reduce()
@@ -112,9 +113,8 @@ def test_a_start_past_the_start_timeout_names_the_stage_and_reports_while_it_wai
         """The start timeout, short for the weights stage only: the test then waits 8 s for it, while
         the process start takes what it takes on a busy machine (each stage is bounded alike)."""
 
-        def _wait(self, refs, stage):
-            self.init_timeout_s = 8.0 if stage.startswith("loading") else 120.0
-            return super()._wait(refs, stage)
+        def _stage_timeout(self, stage):
+            return 8.0 if stage.startswith("loading") else 120.0
 
     heard, weights_from = [], []
     pool = ResourcePool.local(1, name="slowstart")

@@ -5,6 +5,7 @@ group gives the single-process result; worker exceptions and bad layouts give cl
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,13 +59,15 @@ class TensorParallelMLP(Worker):
 @pytest.fixture(scope="module")
 def groups(ray_local):
     from hybridflow.runtime.controller.resource_pool import ResourcePool
-    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup, start_together
     from hybridflow.simulator.vocabulary.plan import Device
 
     left = WorkerGroup(ResourcePool([Device(node=0, index=i) for i in (0, 1)], name="left"),
-                       {"sleeper": RoleSpec(Sleeper), "tp": RoleSpec(TensorParallelMLP, ParallelConfig(tp=2))})
+                       {"sleeper": RoleSpec(Sleeper), "tp": RoleSpec(TensorParallelMLP, ParallelConfig(tp=2))},
+                       start=False)
     right = WorkerGroup(ResourcePool([Device(node=0, index=i) for i in (2, 3)], name="right"),
-                        {"sleeper": RoleSpec(Sleeper)})
+                        {"sleeper": RoleSpec(Sleeper)}, start=False)
+    start_together([left, right])
     yield left, right
     for g in (left, right):
         g.shutdown()
@@ -139,6 +142,44 @@ def test_worker_that_fails_to_start_names_role_rank_and_cause(ray_local):
                                               r".*FileNotFoundError: no weights at /nowhere"):
         WorkerGroup(pool, {"critic": RoleSpec(BadInit, args=("/nowhere",))})
     pool.remove()
+
+
+class MeetsTheOtherGroup(Worker):
+    """Builds only while the other group builds too: leaves its mark, then waits for the other's."""
+
+    def __init__(self, marks: str, me: str, other: str, fail: bool = False):
+        super().__init__()
+        Path(marks, me).touch()
+        deadline = time.monotonic() + 120
+        while not Path(marks, other).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group '{other}' did not build while '{me}' did")
+            time.sleep(0.05)
+        if fail:
+            raise ValueError("no weights")
+
+
+def test_groups_started_together_build_at_once_and_one_failing_ends_them_all(ray_local, tmp_path):
+    from ray.exceptions import RayActorError
+
+    from hybridflow.runtime.controller.resource_pool import ResourcePool
+    from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup, start_together
+
+    def group(me, other, fail=False):
+        return WorkerGroup(ResourcePool.local(1, name=me),
+                           {"x": RoleSpec(MeetsTheOtherGroup, args=(str(tmp_path), me, other, fail))}, start=False)
+
+    a, b = group("a", "b"), group("b", "a", fail=True)
+    try:
+        with pytest.raises(WorkerCallError, match=r"role 'x' \(MeetsTheOtherGroup\) failed to start on rank 0 of group "
+                                                  r"'b' .*ValueError: no weights"):
+            start_together([a, b])
+        assert not a.alive and not b.alive
+        with pytest.raises(RayActorError):  # group a built, and was ended with b
+            ray_local.get(a.hosts[0].node_info.remote({}), timeout=60)
+    finally:
+        a.pool.remove()
+        b.pool.remove()
 
 
 def test_bundles_are_gpus_when_the_cluster_has_them_else_virtual_devices(ray_local):

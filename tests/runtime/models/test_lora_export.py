@@ -82,3 +82,44 @@ def test_checkpoint_export_equals_the_live_export(trained):
     assert not any("lora" in k or "base_layer" in k for k in live)
     adapter = root / "from-ckpt" / "actor" / ADAPTER_FOLDER
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+
+
+def _vllm_missing() -> str | None:
+    from hybridflow.runtime.engines.rollout.vllm_rollout import import_vllm
+    from hybridflow.simulator.errors import HflowError
+
+    try:
+        import_vllm()
+    except HflowError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_vllm_missing() is not None, reason=f"vLLM not testable here: {_vllm_missing()}")
+def test_export_loads_in_vllm_merged_and_as_an_adapter(trained):
+    """The merged folder as a vLLM model, and the base folder with the peft adapter folder as a LoRARequest:
+    both decode greedily what transformers decodes from the merged folder."""
+    from hybridflow.runtime.engines.rollout.vllm_rollout import import_vllm, vllm_lora_rank
+
+    vllm = import_vllm()
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    out = trained["root"] / "out" / "actor"
+    prompt = trained["ids"][0, :6]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    want = hf.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=6,
+                       do_sample=False)[0, len(prompt):].tolist()
+    params = vllm.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    dtype = "auto" if torch.cuda.is_available() else "float32"
+    common = dict(skip_tokenizer_init=True, dtype=dtype, enforce_eager=True, seed=0)
+    merged = vllm.LLM(model=str(out), **common)
+    got = merged.generate([TokensPrompt(prompt_token_ids=prompt.tolist())], params)[0].outputs[0].token_ids
+    assert list(got) == want
+    del merged
+    base = vllm.LLM(model=str(trained["base"]), enable_lora=True, max_lora_rank=vllm_lora_rank(LORA.rank), max_loras=1, **common)
+    request = LoRARequest("exported", 1, str(out / ADAPTER_FOLDER))
+    got = base.generate([TokensPrompt(prompt_token_ids=prompt.tolist())], params, lora_request=request)
+    assert list(got[0].outputs[0].token_ids) == want

@@ -58,3 +58,23 @@ def test_final_turn_lengths_and_tools_done_together_decode_together():
     # overlap, both tools back at 1.24 with the engine idle: the runner wakes on the first and decodes it
     # alone (0.1 + 0.1 + 35·0.001), the second lands meanwhile and is decoded next
     assert simulate_rollout(workload(overlap=True), COST) == pytest.approx(1.24 + 2 * 0.235)
+
+
+def test_the_runners_work_between_calls_by_hand():
+    # lockstep: before decode 2 the runner handles decode 1's two turns and decode 2's two: 4 · 0.01
+    assert simulate_rollout(workload(driver_seconds_per_row=0.01), COST) == pytest.approx(0.24 + 1.0 + 0.04 + 0.27)
+    # overlap, one decode per conversation after the first: (2 + 1) · 0.01 before the second call, (1 + 1) · 0.01
+    # before the third
+    w = workload(overlap=True, driver_seconds_per_row=0.01)
+    assert simulate_rollout(w, COST) == pytest.approx(1.24 + 0.03 + 0.235 + 0.02 + 0.235)
+    assert simulate_rollout(workload(turns=[1], driver_seconds_per_row=0.01), COST) == pytest.approx(0.24)
+
+
+def test_each_draw_takes_one_observed_rollouts_turn_shares():
+    # two observed rollouts, one all answers and one all calls: every draw is one of them, never a mix
+    w = workload(turn_shares=[{1: 1.0}, {2: 1.0}])
+    draws = {round(simulate_rollout(w, COST, seed=k), 9) for k in range(8)}
+    assert draws == {0.24, round(0.24 + 1.0 + 0.27, 9)}
+    # shares of an odd count still give every conversation its turns: 3 conversations at 1/2 each way
+    w = workload(conversations=3, turn_shares=[{1: 0.5, 2: 0.5}], overlap=True)
+    assert simulate_rollout(w, COST) > 1.0

@@ -8,7 +8,7 @@ from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware
 from hybridflow.simulator.pricing.comm import alltoall_seconds, ep_ranks, expert_dp_ranks
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import train_transient
+from hybridflow.simulator.pricing.memory import state_bytes
 
 A100 = hardware_preset("a100-80g")
 MIXTRAL = model_preset("mixtral-8x7b")
@@ -98,7 +98,7 @@ def test_dispatch_across_nodes_takes_the_network():
 def test_megatron_gradient_buffer_splits_the_experts_over_ep():
     experts, params = MIXTRAL.expert_params(), MIXTRAL.num_params("lm")
     for ep in (1, 4):
-        g = train_transient(MIXTRAL, "lm", meg(tp=2, dp=4, ep=ep), W).gradients
+        g = state_bytes(MIXTRAL, "lm", meg(tp=2, dp=4, ep=ep), True).gradients  # resident (memory.state_bytes)
         assert g == pytest.approx(4 * ((params - experts) + experts / ep) / 2)  # fp32, over tp
 
 

@@ -46,8 +46,12 @@ def test_megatron_memory_keeps_weights_and_gradients_whole_over_dp():
     f, m = state_bytes(LLAMA7, "lm", fsdp, True), state_bytes(LLAMA7, "lm", meg, True)
     assert m.weights == pytest.approx(2 * params / 2) and f.weights == pytest.approx(2 * params / 8)
     assert m.optimizer == pytest.approx(f.optimizer)  # the distributed optimizer shards the states alike
+    # megatron-core's fp32 gradient buffer is allocated with the model and stays (through generation): a state
+    assert m.gradients == pytest.approx(4 * params / 2) and f.gradients == 0
+    assert state_bytes(LLAMA7, "lm", meg, False).gradients == 0  # a frozen model has none
+    assert state_bytes(LLAMA7, "lm", meg, True, optimizer_offload=True).gradients == 0  # ZeRO-Offload: in host memory
     mt, ft = train_transient(LLAMA7, "lm", meg, W), train_transient(LLAMA7, "lm", fsdp, W)
-    assert mt.gradients == pytest.approx(4 * params / 2) and mt.buffers == 0 < ft.buffers
+    assert mt.gradients == 0 and mt.buffers == 0 < ft.buffers
     assert forward_transient(LLAMA7, "lm", meg, W).buffers == 0
 
 

@@ -125,6 +125,23 @@ def test_actor_generation_fills_free_memory_with_kv_cache():
     assert mem.total <= 80 * GiB * 0.95
 
 
+def test_rollout_memory_fraction_caps_the_kv_cache():
+    plan = make_plan()  # llama2-7b generating with tp 1 beside the four models' states
+    gen, room = ParallelConfig(tp=1, dp=8), kv_free_bytes(plan)
+
+    def with_fraction(f):
+        actor = plan.roles["actor"].model_copy(update={"rollout_memory_fraction": f})
+        return plan.model_copy(update={"roles": {**plan.roles, "actor": actor}})
+
+    # vLLM's gpu_memory_utilization holds the engine's bf16 weights and its KV cache: 0.3 · 80 GiB less 2 bytes a
+    # parameter leaves 22 sequences of 1,024 tokens (512 MiB each), and their fp32 logits come off the room
+    cap = 0.3 * 80 * GiB - 2 * L7.num_params("lm")
+    assert kv_bytes_per_sequence(L7, gen, 1024) == 512 * 2**20 and int(cap // (512 * 2**20)) == 22 < room / 2**29
+    assert kv_free_bytes(with_fraction(0.3)) == pytest.approx(cap - 22 * L7.vocab * 4)
+    assert plan_memory(with_fraction(0.3))["actor"].decode_batch == 22
+    assert kv_free_bytes(with_fraction(1.0)) == room  # a share above what the states leave changes nothing
+
+
 def test_separate_generation_devices():
     groups = {"all": [(0, i) for i in range(8)], "rollout": [(1, i) for i in range(8)]}
     plan = make_plan(nodes=2, groups=groups)

@@ -34,6 +34,14 @@ def test_workload_from_metrics_by_hand():
     assert (w.tool_workers, w.overlap) == (3, False)
     shares = [{**m, "agent/turns_share": {"1": 0.5, "2": 0.375, "3": 0.125}} for m in rows]
     assert agent_workload_from_metrics(shares, settings).turns == [1] * 50 + [2] * 38 + [3] * 12
+    # each iteration's own shares kept for the draws (the first iteration left out); the runner's work between
+    # calls: the median over the iterations, 0 without the metric
+    shares[1]["agent/turns_share"] = {"1": 1.0}
+    assert agent_workload_from_metrics(shares, settings).turn_shares == [{1: 1.0}, {1: 0.5, 2: 0.375, 3: 0.125}]
+    assert w.driver_seconds_per_row == 0.0
+    timed = [{**m, "agent/driver_seconds_per_row": s} for m, s in zip(rows + rows[1:2], (9.0, 0.001, 0.5, 0.002),
+                                                                        strict=True)]
+    assert agent_workload_from_metrics(timed, settings).driver_seconds_per_row == pytest.approx(0.002)
     assert agent_workload_from_metrics([{"reward_mean": 1.0}], settings) is None
 
 

@@ -54,9 +54,8 @@ def test_missing_trl_is_a_one_line_error(monkeypatch):
         vs_trl.main(TINY)
 
 
-def test_both_runs_side_by_side(capsys):
+def test_both_runs_side_by_side(capsys, ray_local):  # our runs on the session's Ray cluster, not one of their own
     pytest.importorskip("trl", reason="the TRL benchmark needs trl (pip install -e '.[bench]')")
-    pytest.importorskip("ray")
     assert vs_trl.main([*TINY, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["kl"] for r in out["runs"]] == [0.0, 0.04]

@@ -1,7 +1,8 @@
 """`hflow-plan run` with a user's reward function in worker processes (--reward-workers, --reward-timeout):
 calls that hang are stopped at the limit and scored as the user said, counted in the metrics, the run
 ends; an exception in the user's file is one line, and `--debug` prints its traceback from that file.
-Real processes: the command, its Ray cluster, the pool's workers."""
+Real processes: the command, the pool's workers, and the session's Ray cluster, which the command joins
+(`--address`: these tests are not about Ray's own start)."""
 
 from __future__ import annotations
 
@@ -37,15 +38,15 @@ def helper(response):
 '''
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path, address, *extra):
     (tmp_path / "my_reward.py").write_text(USER)
     return subprocess.run(["hflow-plan", "run", str(PLAN), "--iterations", "2", "--reward-workers", "2",
-                           "--metrics", "m.jsonl", "--json", *extra], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                           "--metrics", "m.jsonl", "--json", "--address", address, *extra], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
 
 
-def test_hanging_calls_are_stopped_scored_and_counted(tmp_path):
-    proc = _run(tmp_path, "--reward-function", "my_reward.py:score", "--reward-timeout", "0.5",
+def test_hanging_calls_are_stopped_scored_and_counted(tmp_path, ray_address):
+    proc = _run(tmp_path, ray_address, "--reward-function", "my_reward.py:score", "--reward-timeout", "0.5",
                 "--reward-timeout-score", "-1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
@@ -55,8 +56,8 @@ def test_hanging_calls_are_stopped_scored_and_counted(tmp_path):
     assert all(r["op_seconds"]["reward"] < r["reward/timeouts"] * 0.5 / 2 + 5 for r in rows), rows
 
 
-def test_debug_shows_the_users_traceback_then_one_line(tmp_path):
-    proc = _run(tmp_path, "--reward-function", "my_reward.py:broken", "--debug")
+def test_debug_shows_the_users_traceback_then_one_line(tmp_path, ray_address):
+    proc = _run(tmp_path, ray_address, "--reward-function", "my_reward.py:broken", "--debug")
     assert proc.returncode == 2, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if line.startswith("hflow-plan:")]
     assert len(ours) == 1 and ours[0].startswith("hflow-plan: error: reward function 'my_reward.py:broken' raised "

@@ -185,7 +185,7 @@ def test_cli_run_rollout_vllm_flag(ray_local, tmp_path, capsys):
     """`hflow-plan run --rollout vllm` on a one-device plan: two GRPO iterations through the same batch protocol."""
     from hybridflow.tools.cli import main
 
-    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8)
+    w = Workload(prompts=4, samples_per_prompt=2, prompt_len=16, response_len=8, micro_batch_size=8, mini_batches=1)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]], workload=w).model_dump_json())
     assert main(["run", str(plan_file), "--iterations", "2", "--rollout", "vllm", "--json"]) == 0

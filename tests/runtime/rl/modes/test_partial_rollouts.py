@@ -1,8 +1,8 @@
 """Partial rollouts in the `async` mode (async_mode.partial_rollout_tokens; rl/partial_rollouts.py): the
 buffer's bookkeeping by hand; the settings refused in one line; end to end (GRPO, tiny model, rollout on
 devices of its own), responses paused and continued in later rounds, their behaviour log-probs those of one
-uninterrupted pass when the policy did not change, the staleness bound held, every prompt trained once;
-the simulator's price of the generation round bounded by the budget."""
+uninterrupted pass when the policy did not change, the staleness bound held, every prompt trained once; a
+checkpoint saves the paused responses and a resumed run trains what the uninterrupted one does; the simulator's price of the generation round bounded by the budget."""
 
 import pytest
 import torch
@@ -133,6 +133,49 @@ def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ra
     assert len(got) == len(set(got)) == 4 * WORKLOAD.prompts and set(got) <= set(drawn)
 
 
+def _run(plan, config, checkpoint_dir, steps: int, resume: bool = False) -> tuple[list[Batch], list[dict]]:
+    """`steps` iterations (after a resume, when asked): the batches trained and the metrics."""
+    from hybridflow.runtime.rl.trainer import Trainer
+
+    with Trainer(plan, config, checkpoint_dir=checkpoint_dir) as t:
+        if resume:
+            t.resume()
+        trained: list[Batch] = []
+        update = t.df.update
+
+        def spy(batch):
+            trained.append(batch)
+            return update(batch)
+
+        t.df.update = spy
+        return trained, [t.step() for _ in range(steps)]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_resumed_run_goes_on_from_the_checkpoint_s_paused_responses(ray_local, tmp_path):
+    import pickle
+
+    from hybridflow.runtime.rl.checkpoints import MODE_STATE
+
+    plan = async_plan("async", ParallelConfig(dp=1), max_staleness=2)
+    config = RunConfig(async_mode={"partial_rollout_tokens": 4}, checkpoint={"save_every": 3})
+    straight, straight_metrics = _run(plan, config, None, 6)
+    first, _ = _run(plan, config, tmp_path, 3)
+    state = pickle.loads((tmp_path / "iter_000003" / MODE_STATE).read_bytes())
+    paused = [t for g in state["open"] for t, done in zip(g.tokens, g.done, strict=True) if t and not done]
+    assert paused and state["queue"]  # responses half made, and finished groups waiting, at the checkpoint
+    resumed, resumed_metrics = _run(plan, config, tmp_path, 3, resume=True)
+    fields = ("data_row", "responses", "response_mask", "behaviour_log_probs", "token_policy_version",
+              "partial_segments", "advantages")
+    for a, b in zip(straight, first + resumed, strict=True):  # the same batches, to the bit
+        for f in fields:
+            assert torch.equal(a[f], b[f]), f
+    for a, b in zip(straight_metrics[3:], resumed_metrics, strict=True):
+        for key in ("reward_mean", "actor/pg_loss", "actor/grad_norm", "staleness/max", "partial/continued_responses"):
+            assert a[key] == b[key], key
+
+
 def test_simulator_prices_the_rounds_of_partial_rollouts():
     from hybridflow.simulator.schedule.pipeline import partial_rollout_workload
     from hybridflow.simulator.schedule.schedule import simulate
@@ -149,9 +192,11 @@ def test_simulator_prices_the_rounds_of_partial_rollouts():
     assert abs(rounds.sequences * rounds.mean_response_len - tokens) / tokens < 0.02  # the same tokens, re-cut
     plan = async_plan("async", ParallelConfig(dp=1), max_staleness=4)
     plan = plan.model_copy(update={"workload": tail})
-    whole, partial = (simulate(plan, iterations=3, partial_rollout_tokens=b).op_seconds() for b in (None, 256))
-    assert whole["generate"] != partial["generate"]  # the rollout repriced, nothing else
-    for op in whole.keys() - {"generate"}:  # (to the rounding of times scheduled around another generate)
+    whole, partial = (simulate(plan, partial_rollout_tokens=b).op_seconds() for b in (None, 256))
+    assert whole["generate"] != partial["generate"]  # the rollout repriced as the round
+    # the weights move before every round (each iteration), not every k = 4 iterations
+    assert partial["weight_sync"] == pytest.approx(4 * whole["weight_sync"], rel=1e-9)
+    for op in whole.keys() - {"generate", "weight_sync"}:  # (to the rounding of times scheduled around another generate)
         assert partial[op] == pytest.approx(whole[op], rel=1e-9), op
 
 
