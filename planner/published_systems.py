@@ -103,13 +103,19 @@ def nemo_rl_plan(req: SearchRequest, settings: dict) -> Plan:
     # rollout "native": priced as vLLM is (cost.price_op), its weights switched by the 3D-HybridEngine's
     # gather of each tensor-parallel shard, as NeMo-RL's refit hands vLLM its shards (not our vLLM backend's
     # whole-model gather)
+    # NeMo-RL packs sequences on Megatron (sequence_packing: train_mb_tokens = max_total_sequence_length x
+    # train_micro_batch_size): the budget is set past RolePlan's validation, which refuses packing on the
+    # megatron backend because our runtime does not pack there; this plan is priced, never run
+    budget = req.workload.micro_batch_size * req.workload.seq_len if req.workload.response_lengths else None
     roles = {r: RolePlan(model=m, group="train", train=tr, generate=gen if r == "actor" else None,
                          generate_group=None if colocated or r != "actor" else "rollout")
              for r, m in req.models.items()}
-    return Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=devices, roles=roles,
+    plan = Plan(algorithm=req.algorithm, cluster=req.cluster, workload=req.workload, groups=devices, roles=roles,
                 reshard="broadcast" if not colocated else "hybridflow", reward_function=req.reward_function,
                 offload=colocated, mode=settings.get("mode", "sync"),
                 notes="NeMo-RL (vLLM + Megatron)")
+    packed = {r: rp.model_copy(update={"micro_batch_tokens": budget}) for r, rp in plan.roles.items()}
+    return plan.model_copy(update={"roles": packed})
 
 
 def _devices(cluster: ClusterSpec):
