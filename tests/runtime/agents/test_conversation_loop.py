@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm_util import needs_vllm
 
 from hybridflow.runtime.agents.chat_format import ChatFormat
 from hybridflow.runtime.agents.conversation import ConversationRunner, conversation_batch
@@ -26,14 +27,6 @@ from hybridflow.runtime.sandbox import SandboxLimits
 from hybridflow.runtime.tasks.model_tokenizer import generation_ids
 
 pytestmark = pytest.mark.slow
-
-try:
-    import vllm  # noqa: F401
-
-    HAVE_VLLM = True
-except ImportError:
-    HAVE_VLLM = False
-
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory):
@@ -164,8 +157,7 @@ def test_lockstep_is_deterministic_and_the_budget_holds(tool_model):
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed here: the conversation loop on the vllm rollout "
-                    "is not run")
+@needs_vllm
 def test_conversations_on_vllm(tmp_path):
     from transformers import AutoTokenizer
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
+from vllm_util import needs_vllm
 
 from hybridflow.runtime.controller.locations import Location
 from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine, OptimConfig
@@ -84,20 +85,9 @@ def test_checkpoint_export_equals_the_live_export(trained):
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
 
 
-def _vllm_missing() -> str | None:
-    from hybridflow.runtime.engines.rollout.vllm_rollout import import_vllm
-    from hybridflow.simulator.errors import HflowError
-
-    try:
-        import_vllm()
-    except HflowError as e:
-        return str(e)
-    return None
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.skipif(_vllm_missing() is not None, reason=f"vLLM not testable here: {_vllm_missing()}")
+@needs_vllm
 def test_export_loads_in_vllm_merged_and_as_an_adapter(trained):
     """The merged folder as a vLLM model, and the base folder with the peft adapter folder as a LoRARequest:
     both decode greedily what transformers decodes from the merged folder."""

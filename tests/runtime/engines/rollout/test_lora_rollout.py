@@ -10,6 +10,7 @@ from dist_util import run_distributed
 from engine_util import nll_loss, tiny_model, token_batch
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
+from vllm_util import needs_vllm
 
 from hybridflow.runtime.engines.rollout.generation import SamplingParams
 from hybridflow.runtime.engines.rollout.hybrid import HybridEngine
@@ -68,20 +69,9 @@ def test_lora_switch_moves_the_adapters_and_merges_them(tp, dp, t_g):
         assert torch.equal(tokens, results[0][1])
 
 
-def _vllm_missing() -> str | None:
-    from hybridflow.runtime.engines.rollout.vllm_rollout import import_vllm
-    from hybridflow.simulator.errors import HflowError
-
-    try:
-        import_vllm()
-    except HflowError as e:
-        return str(e)
-    return None
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.skipif(_vllm_missing() is not None, reason=f"vLLM backend not testable here: {_vllm_missing()}")
+@needs_vllm
 def test_vllm_takes_the_adapters_through_its_lora_api(tmp_path):
     """vLLM's LoRA API path: the base once, then the adapters; greedy output = the native engine's on the merged
     weights (the tiny preset: head_dim 32, vLLM-CPU's minimum)."""

@@ -10,9 +10,10 @@ import json
 import pytest
 import torch
 from rl_util import tiny_plan
+from vllm_util import VLLM_MISSING, needs_vllm
 
 from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
-from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout, import_vllm, named_tensors
+from hybridflow.runtime.engines.rollout.vllm_rollout import VllmRollout, named_tensors
 from hybridflow.runtime.engines.train.fsdp.engine import FsdpEngine
 from hybridflow.runtime.models.decoder import CausalLM
 from hybridflow.simulator import ParallelConfig, Plan, Workload
@@ -24,16 +25,6 @@ PROMPTS = [[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11]]
 LONG_PROMPTS = [[(7 * i + j) % 60 + 1 for i in range(150)] for j in range(2)]
 
 
-def _vllm_available() -> str | None:
-    try:
-        import_vllm()
-    except HflowError as e:
-        return str(e)
-    return None
-
-
-_SKIP = _vllm_available()
-needs_vllm = pytest.mark.skipif(_SKIP is not None, reason=f"vLLM backend not testable here: {_SKIP}")
 
 
 def _model(seed: int = 0) -> CausalLM:
@@ -54,7 +45,7 @@ def test_named_tensors_are_hf_names_and_full_tensors():
 
 
 def test_missing_vllm_is_a_one_line_error(tmp_path):
-    if _SKIP is None:
+    if VLLM_MISSING is None:
         pytest.skip("vLLM is installed here")
     from hybridflow.runtime.models.hf_format import save_pretrained
 
