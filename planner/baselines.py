@@ -95,7 +95,7 @@ class Baseline:
 
 def price_plan(name: str, plan: Plan, cost_model) -> Baseline:
     """Simulate `plan`; a plan whose memory model says it does not fit gets a reason, no number."""
-    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.pricing.plan_memory import plan_memory
     from hybridflow.simulator.schedule.schedule import simulate
 
     try:

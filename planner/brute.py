@@ -2,7 +2,7 @@
 
 The reference the search is checked against (tests/planner/test_exactness.py): no fronts, no
 bounds, no memo of best configs — just the cost model's prices of each op and the memory rule
-of `memory.plan_memory` applied to every full combination. Only for small clusters.
+of `plan_memory.plan_memory` applied to every full combination. Only for small clusters.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Op prices and memory feasibility for the search, without building Plans.
 
 The search calls the cost model's per-op methods directly, exactly as `cost.price_op` and
-`memory.plan_memory` do for a Plan (tests/planner/test_agreement.py checks they agree):
+`plan_memory.plan_memory` do for a Plan (tests/planner/test_agreement.py checks they agree):
 
 - a model's states (weights, optimizer) are sharded over all n devices of its group whatever
   the config under FSDP; under Megatron (distributed optimizer) the weights are whole over dp, so
@@ -10,7 +10,7 @@ The search calls the cost model's per-op methods directly, exactly as `cost.pric
   Megatron), and the set is priced once per assignment of classes to its members;
 - the set fits when every op's transient (activations, gather buffers, the actor's generation
   weights and KV cache) fits in what R leaves; when it does not, trained members recompute
-  activations (memory.plan_recompute), which changes their training seconds;
+  activations (plan_memory.plan_recompute), which changes their training seconds;
 - megatron-core keeps one parallel state per process, so a set's Megatron members share one (tp, pp, ep)
   (simulator/vocabulary/execution.py): the set pricer passes that `shared` state, and a member's configs are
   then its FSDP ones and its Megatron ones at that state (`entries`);
@@ -351,7 +351,7 @@ class RolePricer:
             t = generate_transient(model, gen, gen, w, self.usable, self.p, "broadcast", lora=self.req.lora_of("actor"))
             if t.kv_cache <= 0 or not self._fits(MemoryBreakdown(), parts(t)):
                 continue
-            free = self.usable - t.weights - t.buffers  # memory.kv_free_bytes of such a plan
+            free = self.usable - t.weights - t.buffers  # plan_memory.kv_free_bytes of such a plan
             try:
                 s = tuple(self.cm.generate(model, gen, w, self._seqs(x), free).seconds
                           for x in self.role_nodes.get(ROLLOUT, []))
@@ -377,7 +377,7 @@ class RolePricer:
         return hit
 
     def _fits(self, resident: MemoryBreakdown, transient: tuple[float, ...]) -> bool:
-        """memory._group_peak's test: resident + transient + the fixed reservation within hbm × usable
+        """plan_memory._group_peak's test: resident + transient + the fixed reservation within hbm × usable
         fraction, summed part by part in the same order (plain floats: this is the hot path)."""
         w, g, o, a, kv, b = transient
         peak = ((resident.weights + w) + (resident.gradients + g) + (resident.optimizer + o)

@@ -33,7 +33,8 @@ from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 from hybridflow.simulator.calibration.published import PaperStudySetup, SystemRunSetup
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import engine_params
-from hybridflow.simulator.pricing.memory import generation_shard_bytes, kv_free_bytes
+from hybridflow.simulator.pricing.memory import generation_shard_bytes
+from hybridflow.simulator.pricing.plan_memory import kv_free_bytes
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import ModelSpec, model_preset
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig

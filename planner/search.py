@@ -315,9 +315,9 @@ class Planner:
 
     def _verified(self, top: list[Scored]) -> list[Scored]:
         """Insurance for "never return a plan the memory model calls infeasible": the winners are
-        checked against memory.plan_memory on real Plans (the search's own test agrees with it by
+        checked against plan_memory.plan_memory on real Plans (the search's own test agrees with it by
         construction; tests/planner/test_agreement.py checks that it does)."""
-        from hybridflow.simulator.pricing.memory import plan_memory
+        from hybridflow.simulator.pricing.plan_memory import plan_memory
 
         ok = []
         for s in top:

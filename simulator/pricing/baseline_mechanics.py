@@ -40,7 +40,8 @@ from __future__ import annotations
 from typing import Literal
 
 from hybridflow.simulator.pricing.generation import decode_step, decode_waves
-from hybridflow.simulator.pricing.memory import kv_bytes_per_sequence, kv_free_bytes
+from hybridflow.simulator.pricing.memory import kv_bytes_per_sequence
+from hybridflow.simulator.pricing.plan_memory import kv_free_bytes
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.workload import Workload

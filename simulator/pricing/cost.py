@@ -26,12 +26,7 @@ from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, sp_ranks, tp_ranks
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.expert_parallel import expert_dispatch, expert_gather, megatron_expert_dp
-from hybridflow.simulator.pricing.memory import (
-    engine_memory_fraction,
-    kv_free_bytes,
-    plan_recompute,
-    state_bytes,
-)
+from hybridflow.simulator.pricing.memory import state_bytes
 from hybridflow.simulator.pricing.op_cost import (
     OpCost,
     mean_seq_flops,
@@ -40,6 +35,7 @@ from hybridflow.simulator.pricing.op_cost import (
     seq_flops,
     times,
 )
+from hybridflow.simulator.pricing.plan_memory import engine_memory_fraction, kv_free_bytes, plan_recompute
 from hybridflow.simulator.pricing.reshard import IN_PLACE, reshard_spec, weight_sync_buckets
 from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec

@@ -15,6 +15,7 @@ cache). Colocated models take turns: without offload every model's states stay r
 the running op's transient is added; with `plan.offload` idle models' states live in host memory,
 so the peak is the largest single model's states + its largest transient. Each device also keeps
 `reserved_bytes` (CUDA context, NCCL) once, reported under buffers.
+(A Plan's groups summed so: plan_memory.py.)
 
 LoRA (vocabulary/lora.py): the base weights stay in bf16 with no gradients and no optimizer states;
 the adapters (A) carry the trained 16 bytes per parameter — weights and Adam's states resident,
@@ -82,7 +83,8 @@ class MemoryBreakdown(BaseModel):
                 f"offers {limit / GiB:.1f} GiB; use more devices (larger tp·pp·dp), recomputation or offload")
 
 
-def _mb(**parts: float) -> MemoryBreakdown:
+def memory_parts(**parts: float) -> MemoryBreakdown:
+    """A MemoryBreakdown of the parts named (the others 0), unchecked: the hot paths build many."""
     return MemoryBreakdown.model_construct(**{k: float(parts.get(k, 0.0)) for k in PARTS})
 
 
@@ -119,7 +121,7 @@ def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainabl
     params = model.num_params(head)
     if lora is not None and trainable:
         a = adapter_params(model, lora)
-        return _mb(weights=BF16 * (params + a) / n, optimizer=0.0 if optimizer_offload else OPTIMIZER_BYTES * a / n)
+        return memory_parts(weights=BF16 * (params + a) / n, optimizer=0.0 if optimizer_offload else OPTIMIZER_BYTES * a / n)
     # Megatron (distributed optimizer, ZeRO-1): weights whole over dp (experts split over ep), optimizer
     # states sharded over dp (of the experts, over dp / ep ranks holding an ep-th each: the same share), and a
     # trained model's fp32 gradient buffer whole per dp rank, resident (ZeRO-Offload's gradients live in host
@@ -128,7 +130,7 @@ def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainabl
     weights = megatron_local_params(model, head, parallel) if megatron else params / n
     kept = trainable and not optimizer_offload
     grads = MEGATRON_GRAD_BYTES * weights if megatron and kept else 0.0
-    return _mb(weights=BF16 * weights, gradients=grads, optimizer=OPTIMIZER_BYTES * params / n if kept else 0.0)
+    return memory_parts(weights=BF16 * weights, gradients=grads, optimizer=OPTIMIZER_BYTES * params / n if kept else 0.0)
 
 
 def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
@@ -153,12 +155,12 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     if head == "lm":
         acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
     if parallel.backend == "megatron":  # its gradient buffer is a state (state_bytes); no gathers
-        return _mb(activations=acts)
+        return memory_parts(activations=acts)
     if lora is not None:  # gradients of the adapters only; the gathers still move the frozen base
         bufs = 2 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0
-        return _mb(gradients=BF16 * adapter_params(model, lora) / parallel.world_size, activations=acts, buffers=bufs)
+        return memory_parts(gradients=BF16 * adapter_params(model, lora) / parallel.world_size, activations=acts, buffers=bufs)
     bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
-    return _mb(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
+    return memory_parts(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
 
 def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
@@ -170,7 +172,7 @@ def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, wo
         acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
     gathers = parallel.dp > 1 and parallel.backend == "fsdp"
     bufs = 2 * _gather_unit_bytes(model, parallel.tp) if gathers else 0.0
-    return _mb(activations=acts, buffers=bufs)
+    return memory_parts(activations=acts, buffers=bufs)
 
 
 def kv_bytes_per_sequence(model: ModelSpec, gen: ParallelConfig, seq_len: int) -> float:
@@ -232,7 +234,7 @@ def generate_transient(model: ModelSpec, train: ParallelConfig, gen: ParallelCon
     (engine_kv_cap) (+ logits)."""
     w = generate_weights(model, train, gen, mode, resident_train_weights, lora)
     batch = decode_batch(model, gen, workload, min(kv_free_bytes - w, kv_cap), params)
-    return _mb(weights=w, kv_cache=max(batch * kv_bytes_per_sequence(model, gen, workload.kv_seq_len),
+    return memory_parts(weights=w, kv_cache=max(batch * kv_bytes_per_sequence(model, gen, workload.kv_seq_len),
                                        kv_bytes_per_sequence(model, gen, workload.seq_len) if batch else 0.0),
                buffers=generate_buffers(model, gen, batch))
 
@@ -252,7 +254,7 @@ def role_memory(model: ModelSpec, head: Head, parallel: ParallelConfig, workload
         free = p.usable_bytes(hardware.hbm_bytes) - states.total
         phases.append(generate_transient(model, parallel, gen, workload, free, p, mode, states.weights, lora))
     peak = max(phases, key=lambda m: m.total)
-    return states + peak + _mb(buffers=p.reserved_bytes)
+    return states + peak + memory_parts(buffers=p.reserved_bytes)
 
 
 # ---- colocated sets on n devices (the planner's minimum allocation) -------------------------
@@ -324,147 +326,3 @@ def min_devices(models: list[tuple[ModelSpec, str]], workload: Workload, cluster
 
 
 # ---- a whole plan -----------------------------------------------------------------------------
-class RoleMemory(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: str
-    group: str
-    bytes_per_device: float  # the group's peak: all colocated models as the runtime holds them
-    fits: bool
-    capacity: float  # bytes per device the runtime can fill (hbm × usable_memory_fraction)
-    breakdown: MemoryBreakdown  # the group's parts at that peak
-    own: MemoryBreakdown  # this model's states + its largest transient
-    peak_op: str  # "role:op" at the group's peak
-    recompute: bool = False  # trained roles: activations recomputed to fit
-    decode_batch: int | None = None  # actor: sequences decoded at once per replica
-    generate_bytes_per_device: float | None = None  # actor on separate generation devices: their peak
-
-
-# The ops each role can run (the work whose transients a group's peak is taken over).
-_OPS = {"actor": ("actor_update", "actor_logprob"), "critic": ("critic_update", "values"),
-        "cost_critic": ("critic_update", "values"), "ref": ("ref_logprob",), "reward": ("reward",), "cost": ("cost",)}
-
-
-def _kv_cap(plan, actor, gen: ParallelConfig) -> float:
-    return engine_kv_cap(actor.model, gen, actor.rollout_memory_fraction, plan.cluster.hardware.hbm_bytes)
-
-
-def _group_phases(plan, group: str, recompute: bool, p: EfficiencyParams):
-    """(states by role, [(role, op, resident states, transient)]) for one device group."""
-    usable = p.usable_bytes(plan.cluster.hardware.hbm_bytes)
-    states = {r: state_bytes(rp.model, role_head(r), rp.train, r in TRAINED_ROLES, plan.optimizer_offload, rp.lora)
-              for r, rp in plan.roles.items() if rp.group == group}
-    everyone = sum(states.values(), _mb())
-    phases = []
-    for role, s in states.items():
-        rp, head = plan.roles[role], role_head(role)
-        resident = s if plan.offload else everyone
-        for op in _OPS[role]:
-            budget = getattr(rp, "micro_batch_tokens", None)  # packed micro-batches hold the plan's budget
-            t = (train_transient(rp.model, head, rp.train, plan.workload, recompute, rp.lora, budget)
-                 if op.endswith("_update") else forward_transient(rp.model, head, rp.train, plan.workload, budget))
-            if plan.optimizer_offload and op.endswith("_update"):  # ZeRO-Offload moves the gradients out too
-                t = t.model_copy(update={"gradients": 0.0})
-            phases.append((role, op, resident, t))
-        if role == "actor" and rp.generate_group is None:
-            gen = rp.generate or rp.train
-            t = generate_transient(rp.model, rp.train, gen, plan.workload, usable - resident.total, p,
-                                   plan.weight_sync_mode(), s.weights, rp.lora, _kv_cap(plan, rp, gen))
-            phases.append((role, "generate", resident, t))
-    actor = plan.roles.get("actor")
-    if actor is not None and actor.generate_group == group:  # separate inference devices
-        gen = actor.generate or actor.train
-        t = generate_transient(actor.model, actor.train, gen, plan.workload, usable, p, "broadcast", lora=actor.lora,
-                               kv_cap=_kv_cap(plan, actor, gen))
-        phases.append(("actor", "generate", _mb(), t))
-    return states, phases
-
-
-def _group_peak(plan, group: str, recompute: bool, p: EfficiencyParams):
-    states, phases = _group_phases(plan, group, recompute, p)
-    role, op, resident, t = max(phases, key=lambda x: x[2].total + x[3].total)
-    peak = resident + t + _mb(buffers=p.reserved_bytes)
-    limit = plan.cluster.hardware.hbm_bytes * p.usable_memory_fraction
-    gen_ok = all(t.kv_cache > 0 for _, o, _, t in phases if o == "generate")
-    return states, phases, peak, f"{role}:{op}", peak.total <= limit and gen_ok
-
-
-def plan_recompute(plan, params: EfficiencyParams | None = None) -> dict[str, bool]:
-    """Per trained role: whether its group needs activation recomputation to fit."""
-    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
-    out = {}
-    for g in {rp.group for rp in plan.roles.values()}:
-        *_, ok = _group_peak(plan, g, False, p)
-        for r, rp in plan.roles.items():
-            if rp.group == g:
-                out[r] = not ok
-    return out
-
-
-def plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleMemory]:
-    """Memory per device of every role's group, the colocated models summed as the runtime holds them."""
-    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
-    limit = plan.cluster.hardware.hbm_bytes * p.usable_memory_fraction
-    recompute = plan_recompute(plan, p)
-    out: dict[str, RoleMemory] = {}
-    for role, rp in plan.roles.items():
-        states, phases, peak, peak_op, ok = _group_peak(plan, rp.group, recompute[role], p)
-        mine = [t for r, _, _, t in phases if r == role]
-        own = states[role] + max(mine, key=lambda m: m.total) + _mb(buffers=p.reserved_bytes)
-        gen_t = [t for r, o, _, t in phases if o == "generate"]
-        rm = RoleMemory(role=role, group=rp.group, bytes_per_device=peak.total, fits=ok, capacity=limit,
-                        breakdown=peak, own=own, peak_op=peak_op,
-                        recompute=recompute[role] and role in TRAINED_ROLES)
-        if role == "actor":
-            if rp.generate_group:
-                _, gphases, gpeak, _, gok = _group_peak(plan, rp.generate_group, False, p)
-                gen_t = [t for _, o, _, t in gphases if o == "generate"]
-                rm.generate_bytes_per_device, rm.fits = gpeak.total, ok and gok
-            gen = rp.generate or rp.train
-            kv_seq = kv_bytes_per_sequence(rp.model, gen, plan.workload.kv_seq_len)
-            rm.decode_batch = int(round(gen_t[0].kv_cache / kv_seq)) if gen_t else None
-        out[role] = rm
-    return out
-
-
-def check_plan_memory(plan, params: EfficiencyParams | None = None) -> dict[str, RoleMemory]:
-    """plan_memory, raising InfeasibleError (with the breakdown) for the first group that does not fit."""
-    mem = plan_memory(plan, params)
-    for m in mem.values():
-        if not m.fits:
-            where = f"group '{m.group}' ({', '.join(plan.roles_in(m.group))}) at {m.peak_op}"
-            m.breakdown.require_fits(plan.cluster.hardware, where, params)
-            raise InfeasibleError(f"{where}: no room for even one sequence's KV cache ({m.breakdown.describe()} "
-                                  f"held per device); use a larger generation tp·pp, more devices or offload")
-    return mem
-
-
-def _generation_room(plan, p: EfficiencyParams) -> tuple[float, float]:
-    """(bytes per device left beside everything resident and the generation weights, the logits' bytes) while
-    the actor generates."""
-    actor = plan.roles["actor"]
-    group = actor.generate_group or actor.group
-    _, phases = _group_phases(plan, group, plan_recompute(plan, p).get("actor", False), p)
-    for _, op, resident, t in phases:
-        if op == "generate":
-            return p.usable_bytes(plan.cluster.hardware.hbm_bytes) - resident.total - t.weights, t.buffers
-    return 0.0, 0.0
-
-
-def kv_free_bytes(plan, params: EfficiencyParams | None = None) -> float:
-    """Bytes per device left for the actor's KV cache while it generates (everything else resident), at most
-    what the plan's rollout_memory_fraction gives the engine (engine_kv_cap)."""
-    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
-    actor = plan.roles["actor"]
-    room, logits = _generation_room(plan, p)
-    return min(room, _kv_cap(plan, actor, actor.generate or actor.train)) - logits
-
-
-def engine_memory_fraction(plan, params: EfficiencyParams | None = None) -> float:
-    """The share of each device the rollout engine's weights and the room the plan leaves it take (vLLM's
-    gpu_memory_utilization), rounded up to 1e-4 so that the cap it sets (engine_kv_cap) leaves the room whole."""
-    p = params or EfficiencyParams.for_hardware(plan.cluster.hardware)
-    actor = plan.roles["actor"]
-    room, _ = _generation_room(plan, p)
-    share = (room + generation_shard_bytes(actor.model, actor.generate or actor.train)) / plan.cluster.hardware.hbm_bytes
-    return math.ceil(share * 1e4) / 1e4

@@ -33,7 +33,7 @@ def assert_search_is_exact(req, cm, *, offload: bool = False):
     from hybridflow.planner.brute import brute_force
     from hybridflow.planner.plans import scored_to_plan
     from hybridflow.planner.search import search
-    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.pricing.plan_memory import plan_memory
     from hybridflow.simulator.schedule.schedule import simulate
 
     found, ref = search(req, cm, offload=offload), brute_force(req, cm, offload=offload)

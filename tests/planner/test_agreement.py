@@ -22,7 +22,7 @@ from hybridflow.simulator import (
     model_preset,
 )
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.dataflow import build_dataflow
 from hybridflow.simulator.schedule.schedule import simulate
 

@@ -15,7 +15,7 @@ from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
 from hybridflow.simulator import DeviceGroup, Plan, RolePlan
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.dataflow import build_dataflow
 from hybridflow.simulator.schedule.schedule import simulate
 

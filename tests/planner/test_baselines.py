@@ -17,7 +17,7 @@ from hybridflow.planner.search import Planner
 from hybridflow.simulator import ClusterSpec, Workload, hardware_preset, model_preset
 from hybridflow.simulator.pricing.baseline_mechanics import hf_generate_slowdown
 from hybridflow.simulator.pricing.cost import price_op
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 
 WL = Workload(prompts=256, prompt_len=512, response_len=512)

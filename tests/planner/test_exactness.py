@@ -12,7 +12,7 @@ from hybridflow.planner.scored import Rollout
 from hybridflow.planner.search import search
 from hybridflow.simulator import Workload
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 
 
 def _check(req, rollout=Rollout()):

@@ -13,7 +13,7 @@ from hybridflow.planner.plans import scored_to_plan
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 
 

@@ -10,7 +10,7 @@ from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.search import search, search_as_asked
 from hybridflow.simulator import ClusterSpec, Workload
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.hardware import hardware_preset
 from hybridflow.simulator.vocabulary.model import model_preset

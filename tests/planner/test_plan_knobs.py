@@ -7,7 +7,7 @@ from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator import Workload
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.cost import CostModel, rollout_knobs
-from hybridflow.simulator.pricing.memory import kv_free_bytes
+from hybridflow.simulator.pricing.plan_memory import kv_free_bytes
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import model_preset
 from hybridflow.simulator.vocabulary.units import BF16, GiB

@@ -17,7 +17,7 @@ from hybridflow.planner.published_systems import (
 from hybridflow.planner.request import SearchRequest
 from hybridflow.simulator.calibration.published import PaperStudySetup, SystemRunSetup, load_published
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.memory import plan_memory
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, hardware_preset
 from hybridflow.simulator.vocabulary.model import model_preset

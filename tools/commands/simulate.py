@@ -56,7 +56,7 @@ def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
 
 
 def run(args) -> int:
-    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.pricing.plan_memory import plan_memory
     from hybridflow.simulator.schedule.schedule import simulate
 
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":

@@ -32,7 +32,8 @@ from hybridflow.runtime.tasks.policy_cache import (
 )
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, MemoryBreakdown, check_plan_memory
+from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, MemoryBreakdown
+from hybridflow.simulator.pricing.plan_memory import check_plan_memory
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.units import BF16, FP32, GiB
 from hybridflow.tools.preflight.role_folders import check_role_folders

@@ -308,7 +308,7 @@ def test_long_prefills_go_in_chunks_that_fill_the_pipeline():
 def test_vllm_rollout_weight_sync_is_priced_as_a_full_gather(tiny_plan):
     # vLLM takes whole weights on every device (DS-Chat's gather); generation itself is priced alike.
     from hybridflow.simulator.pricing.cost import price_op
-    from hybridflow.simulator.pricing.memory import plan_memory
+    from hybridflow.simulator.pricing.plan_memory import plan_memory
     from hybridflow.simulator.pricing.reshard import reshard_volume
 
     model = cm()

@@ -15,12 +15,8 @@ from hybridflow.simulator import (
 )
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import CostModel, price_op
-from hybridflow.simulator.pricing.memory import (
-    OPTIMIZER_BYTES,
-    plan_memory,
-    state_bytes,
-    train_transient,
-)
+from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, state_bytes, train_transient
+from hybridflow.simulator.pricing.plan_memory import plan_memory
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.lora import LoraConfig, adapter_bytes, adapter_params
 from hybridflow.simulator.vocabulary.model import ModelSpec

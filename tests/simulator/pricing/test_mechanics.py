@@ -17,7 +17,8 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
-from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, kv_free_bytes, plan_memory, state_bytes
+from hybridflow.simulator.pricing.memory import OPTIMIZER_BYTES, state_bytes
+from hybridflow.simulator.pricing.plan_memory import kv_free_bytes, plan_memory
 from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE, ReshardSpec, reshard_spec
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.mechanics import Mechanics

@@ -6,15 +6,13 @@ from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.memory import (
     InfeasibleError,
     activation_bytes_per_token_layer,
-    check_plan_memory,
     fits_on,
     kv_bytes_per_sequence,
-    kv_free_bytes,
     min_devices,
-    plan_memory,
     role_memory,
     train_transient,
 )
+from hybridflow.simulator.pricing.plan_memory import check_plan_memory, kv_free_bytes, plan_memory
 
 A100 = hardware_preset("a100-80g")
 GiB = 2**30

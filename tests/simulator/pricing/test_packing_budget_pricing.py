@@ -73,7 +73,8 @@ def test_price_op_prices_the_plan_s_own_budget(op, role):
 
 
 def test_the_memory_model_holds_a_packed_micro_batch_of_the_plan_s_budget():
-    from hybridflow.simulator.pricing.memory import plan_memory, train_transient
+    from hybridflow.simulator.pricing.memory import train_transient
+    from hybridflow.simulator.pricing.plan_memory import plan_memory
 
     default = default_micro_batch_tokens(_plan(None).workload, ParallelConfig(dp=2))
     own = {b: plan_memory(_plan(b))["actor"].own.activations for b in (default, 2 * default)}
