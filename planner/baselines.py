@@ -6,12 +6,15 @@
   over `inference_tp` devices) and generates each PPO mini-batch's prompts on its own, switching once per
   mini-batch. Without it (`hybrid_engine: false`, as OpenRLHF's benchmark ran it) HF generate runs on the
   actor's training layout, `generation_batch` sequences per device at a time: under ZeRO-3 gathering every layer
-  at every decode step, under ZeRO-2 (`actor_zero_stage: 2`, that benchmark's) on a whole local replica. Either
+  at every decode step, under ZeRO-2 (`actor_zero_stage: 2`, that benchmark's) on a whole local replica. Its
+  `--offload` (`optimizer_offload`) also keeps its ZeRO-3 models' parameters in host memory (`param_offload`). Either
   generation loop (over the Hybrid Engine's containers, or HF's eager one) is priced with its CPU's time per
   layer (simulator/pricing/baseline_mechanics.py).
 - openrlhf: OpenRLHF v0.2 on Ray. Every model on devices of its own (ZeRO-3, activation checkpointing) and
   vLLM engines on others, handed `generation_batch` prompts per call (micro_rollout_batch_size) by each
-  actor rank; the actor's weights are gathered and broadcast one tensor at a time. Without vLLM
+  actor rank, a call's finished sequences leaving vLLM's batch while it waits for its longest; the actor's
+  weights are gathered and broadcast one tensor at a time. Its experiences, and the shuffled micro-batches it
+  trains on, are padded to their own batch's longest response. Without vLLM
   (`vllm: false`) the actor generates with HF generate (eager, FlashAttention-2) on its own devices, under
   `actor_zero_stage`. OpenRLHF leaves the split to the user: `split` where a source states it, else devices in
   proportion to each group's work.
@@ -138,7 +141,7 @@ def _hf_generate(system: str, settings: SystemSettings) -> Mechanics:
     (`_eager_loop`)."""
     batch = settings.generation_batch or DEFAULT_GENERATION_BATCH["ds-chat"]
     return Mechanics(system=system, batching="static", generation_batch=batch,
-                     gather_every_step=settings.actor_zero_stage == 3)
+                     gather_every_step=settings.actor_zero_stage == 3, rows_padded_per_batch=system == "openrlhf")
 
 
 def _eager_loop_or_plan(plan: Plan, cost_model, loop: str = "hf-eager") -> Plan:
@@ -182,6 +185,11 @@ def ds_chat(req: SearchRequest, cost_model, settings: SystemSettings = SystemSet
     else:
         gen, mech, reshard = gen_layout, _hf_generate(system, settings), "ds-chat"
         what = f"HF generate under ZeRO-{settings.actor_zero_stage}"
+    if settings.optimizer_offload and system == "deepspeed-chat":
+        # --offload sets offload_param with offload_optimizer for the actor and critic and for the reward model;
+        # DeepSpeed honours it on a ZeRO-3 model only (its critic and reward here; the actor at actor_zero_stage 3)
+        mech = mech.model_copy(update={"param_offload": tuple(
+            r for r in req.roles if r in ("critic", "reward") or (r == "actor" and settings.actor_zero_stage == 3))})
     roles = _role_plans(req, {r: "all" for r in req.roles}, {r: zero3 for r in req.roles}, gen=gen)
     plan = _plan(req, [group], roles, reshard, f"baseline: {name} (all colocated, ZeRO-3, {what})", mech, settings)
     # HF generate's loop, over the Hybrid Engine's fused containers or over the eager HF model (DS-Chat's own
@@ -284,7 +292,8 @@ def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSe
         gen = _rollout_seconds(req, sizes[-1], cost_model, settings)[1]
         if gen is None:
             return Baseline("openrlhf", reason=f"no vLLM layout of the actor fits {sizes[-1]} devices")
-        mech = Mechanics(system="openrlhf", batching="static", generation_batch=batch, weight_sync="per-tensor")
+        mech = Mechanics(system="openrlhf", batching="static", generation_batch=batch, weight_sync="per-tensor",
+                         drain_calls=True, rows_padded_per_batch=True)
         roles = _role_plans(req, {r: r for r in req.roles}, train, gen=gen, gen_group="rollout")
         reshard, what = "broadcast", "vLLM rollout, per-tensor broadcast"
     else:

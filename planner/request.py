@@ -12,7 +12,7 @@ from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.lora import LoraConfig
 from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.parallel import TrainBackend
-from hybridflow.simulator.vocabulary.plan import AlgorithmName
+from hybridflow.simulator.vocabulary.plan import AlgorithmName, context_problem
 from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, Role
 from hybridflow.simulator.vocabulary.workload import Workload
 
@@ -48,6 +48,8 @@ class SearchRequest(BaseModel):
                 raise ValueError(f"role '{role}' has a path but no model")
         get_algorithm(self.algorithm).check_roles(self.models, {"reward": self.reward_function,
                                                                 "cost": self.cost_function})
+        for role, model in self.models.items():
+            context_problem(role, model, self.workload)
         if self.lora is not None:
             if "ref" in self.models:
                 raise ValueError("a LoRA actor's reference is its own base model with the adapters off: drop the "

@@ -143,6 +143,8 @@ def conversation_stats(batch: Batch) -> dict[str, float]:
             "agent/tool_errors_mean": batch["agent_tool_errors"].float().mean().item(),
             "agent/tool_seconds_mean": batch["agent_tool_seconds"].mean().item(),
             "agent/generated_share": (batch["response_mask"].sum() / real.clamp(min=1)).item(),
+            # the prompts as the chat template rendered them with the tools, padded to the longest
+            "agent/prompt_tokens": float(batch["prompt_ids"].shape[1]),
             # seconds of the driver's own work between generate calls per conversation handled there
             "agent/driver_seconds_per_row": (batch["agent_driver_seconds"].sum()
                                              / batch["agent_driver_rows"].sum().clamp(min=1)).item()

@@ -47,11 +47,8 @@ from hybridflow.runtime.algorithms.losses import get_policy_loss
 from hybridflow.runtime.controller.batch import Batch
 from hybridflow.runtime.controller.calls import WorkerDiedError, WorkerTimeoutError
 from hybridflow.runtime.controller.locations import Location
-from hybridflow.runtime.controller.resource_pool import ResourcePool, init_ray, place_pool
-from hybridflow.runtime.controller.storage import model_folder, output_markers
-from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup, start_together
-from hybridflow.runtime.engines.rollout.base import RolloutSettings
-from hybridflow.runtime.engines.rollout.generation import SamplingParams
+from hybridflow.runtime.controller.resource_pool import init_ray
+from hybridflow.runtime.controller.worker_group import WorkerGroup
 from hybridflow.runtime.rl.batches import response_length_quantiles
 from hybridflow.runtime.rl.checkpoint_lock import CheckpointLock
 from hybridflow.runtime.rl.checkpoints import RunCheckpoints, check_checkpoint_dir, latest_name
@@ -59,28 +56,18 @@ from hybridflow.runtime.rl.dataflow import Dataflow
 from hybridflow.runtime.rl.evaluation import Evaluator, eval_line
 from hybridflow.runtime.rl.loggers import MetricsLogger
 from hybridflow.runtime.rl.metrics_file import append_metrics
-from hybridflow.runtime.rl.plan_support import role_weights
 from hybridflow.runtime.rl.preemption import Preemption
 from hybridflow.runtime.rl.resolve import ResolvedRun, resolve_run
-from hybridflow.runtime.rl.rollout import start_rollout_group
 from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.runtime.rl.run_events import RunEvents
-from hybridflow.runtime.tasks.builtin import get_task
+from hybridflow.runtime.rl.worker_specs import WorkerSpecs
 from hybridflow.runtime.tasks.data import PromptDataset, PromptSampler
-from hybridflow.runtime.tasks.model_tokenizer import load_tokenizer
-from hybridflow.runtime.tasks.policy_cache import cached_policy, check_warmup_shape, warmup_cost
 from hybridflow.runtime.tasks.reward_pool import ScoringPool
 from hybridflow.runtime.tasks.rewards import load_function
-from hybridflow.runtime.tasks.tokenizer import CharTokenizer, Tokenizer
-from hybridflow.runtime.tasks.warmup import warm_policy
-from hybridflow.runtime.workers.common import UpdateSettings
-from hybridflow.runtime.workers.policy import PolicyObjective, PolicyWorker
-from hybridflow.runtime.workers.value import ValueWorker
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError, PreemptedError
-from hybridflow.simulator.vocabulary.model import ModelSpec
 from hybridflow.simulator.vocabulary.plan import Plan
-from hybridflow.simulator.vocabulary.roles import ROLLOUT, TRAINED_ROLES
+from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES
 from hybridflow.simulator.vocabulary.timeline import Timeline, throughput
 
 RESTARTABLE = (WorkerDiedError, WorkerTimeoutError)  # a lost worker or node, a call past its timeout
@@ -107,7 +94,8 @@ class Trainer:
         check_checkpoint_dir(plan, self.checkpoint_dir)
         get_advantage_estimator(cfg.advantage.estimator)  # one-line errors before anything starts
         get_policy_loss(cfg.loss.kind)
-        self.tok = self._tokenizer()
+        self.workers = WorkerSpecs(plan, cfg, self.events)  # rl/worker_specs.py: what each group runs
+        self.tok = self.workers.tok
         data = cfg.data
         self.dataset = (PromptDataset.from_file(data.prompts_file) if data.prompts_file
                         else PromptDataset.from_task(data.task, data.dataset_size, cfg.seed))
@@ -147,69 +135,6 @@ class Trainer:
         scoring = self.config.scoring
         return ScoringPool(ref, f"{what} function '{ref}'", scoring) if scoring.workers or scoring.timeout_s else fn
 
-    def _reward_example(self) -> str:
-        return get_task(self.config.data.task).reward_function
-
-    def _tokenizer(self) -> Tokenizer:
-        """The actor folder's tokenizer; the character tokenizer for the built-in warmed-up policy, after
-        checking that every model the warm-up would build has its vocabulary (before anything starts)."""
-        actor = self.plan.roles["actor"]
-        for role, rp in self.plan.roles.items():
-            if role_weights(self.plan, role, self._reward_example()) is None:
-                check_warmup_shape(rp.model)  # the built-in policy: warmed up here, character vocabulary only
-        if actor.path:
-            return load_tokenizer(actor.path, model_vocab=ModelSpec.from_hf_config(actor.path).vocab)
-        return CharTokenizer()
-
-    # ---- placement ----------------------------------------------------------------------------
-    def _model_path(self, role: str) -> str:
-        path = role_weights(self.plan, role, self._reward_example())
-        if path:
-            return path
-        rp = self.plan.roles[role]
-        cfg = self.config.warmup_config()
-        if cached_policy(rp.model, cfg) is None:
-            self.events.phase("warmup", f"warming up the built-in policy '{rp.model.name}' on task '{cfg.task}', the "
-                              f"first time only ({warmup_cost(rp.model, cfg).describe()}; it stops early once "
-                              f"{cfg.target_greedy_accuracy:.0%} of held-out prompts come out exact)", total=cfg.max_steps)
-        return str(warm_policy(rp.model, cfg, on_step=lambda step, _: self.events.advance(step)))
-
-    def _rollout_settings(self, on_trainer: bool) -> RolloutSettings:
-        s, w, actor = self.config.sampling, self.plan.workload, self.plan.roles["actor"]
-        agent = self.config.agent  # conversations: a `generate` call is one model turn (agents/trainer_rollout.py)
-        partial = self.config.async_mode.partial_rollout_tokens  # async partial rollouts: a round's tokens per call
-        per_call = agent.turn_tokens if agent.enabled else partial if partial and not on_trainer else w.response_len
-        sampling = SamplingParams(max_new_tokens=per_call,
-                                  temperature=s.temperature, top_p=s.top_p,
-                                  top_k=s.top_k, eos_token_id=self.tok.eos_ids, pad_token_id=self.tok.pad_id)
-        return RolloutSettings(backend=actor.rollout, generation=self.plan.generation_config() if on_trainer else None,
-                               reshard=self.plan.reshard, sampling=sampling, prompt_len=w.prompt_len,
-                               memory_fraction=actor.rollout_memory_fraction,
-                               max_concurrent_sequences=actor.max_concurrent_sequences)
-
-    def _role_spec(self, role: str) -> RoleSpec:
-        cfg, w, rp = self.config, self.plan.workload, self.plan.roles[role]
-        common = dict(micro_batch_size=w.micro_batch_size, seed=cfg.seed, micro_batch_tokens=rp.micro_batch_tokens)
-
-        def update(optim) -> UpdateSettings:
-            return UpdateSettings(optim=optim, epochs=w.ppo_epochs, mini_batches=w.mini_batches)
-
-        if role in ("actor", "ref"):
-            kw = dict(temperature=cfg.sampling.temperature, **common)  # log-probs at the sampling temperature
-            if role == "actor":
-                kw.update(update=update(cfg.optimizer.actor),
-                          objective=PolicyObjective(loss=cfg.loss, kl=cfg.kl, norm_length=w.response_len),
-                          # generation on rollout devices of its own: rl/rollout.py
-                          rollout=None if rp.generate_group else self._rollout_settings(on_trainer=True))
-            if rp.lora is not None:  # adapters on the frozen actor; its base is the reference
-                kw["lora"] = rp.lora
-            return RoleSpec(PolicyWorker, rp.train, (self._model_path(role),), kw)
-        if role in TRAINED_ROLES:  # a critic
-            common.update(update=update(cfg.optimizer.critic), value_loss=cfg.value_loss)
-            if rp.lora is not None:
-                common["lora"] = rp.lora
-        return RoleSpec(ValueWorker, rp.train, (self._model_path(role),), common)
-
     def _start_ray(self) -> None:
         if ray.is_initialized():
             return
@@ -228,37 +153,8 @@ class Trainer:
             return self
         self._start_ray()
         self.preemption.install()  # after Ray's own (ray.init's handler exits 15)
-        specs = {role: self._role_spec(role) for role in self.plan.roles}  # warm-up happens here, once
-        cluster = self.config.cluster
-        pools = ResourcePool.from_plan(self.plan, timeout_s=cluster.start_timeout_s)
         try:
-            with output_markers({"--checkpoint-dir": self.checkpoint_dir, "--export-hf": self.export_dir}) as shared:
-                launched = []  # their processes start at once, then start_together waits for all
-                for g in self.plan.groups:
-                    roles = self.plan.roles_in(g.name)
-                    if roles:
-                        self.events.phase("workers", f"starting {len(g.devices)} worker process(es) for group "
-                                          f"'{g.name}' ({', '.join(roles)})")
-                        self.events.say(place_pool(pools[g.name]))
-                        folders = [model_folder(specs[r].args[0], f"the {r}'s weights folder") for r in roles]
-                        group = WorkerGroup(
-                            pools[g.name], {r: specs[r] for r in roles}, name=g.name,
-                            init_timeout_s=cluster.start_timeout_s, call_timeout=cluster.call_timeout_s,
-                            on_role=lambda r: self.events.phase("weights", f"loading {r}'s weights"),
-                            on_wait=lambda stage, s, g=g: self.events.say(f"group '{g.name}': {stage}: {s:.0f} s…"),
-                            shared_paths=shared + folders, start=False)
-                        launched.append(group)
-                        self.groups.update({r: group for r in roles})
-                rollout_devices = self.plan.roles["actor"].generate_group
-                if rollout_devices:
-                    self.events.phase("workers", f"starting {len(self.plan.group(rollout_devices).devices)} "
-                                      f"rollout worker process(es) for group '{rollout_devices}'")
-                    self.groups[ROLLOUT] = start_rollout_group(self.plan, pools[rollout_devices],
-                                                               specs["actor"].args[0],
-                                                               self._rollout_settings(on_trainer=False), self.config.seed,
-                                                               start=False)
-                    launched.append(self.groups[ROLLOUT])
-                start_together(launched)
+            self.workers.launch(self.groups, self.checkpoint_dir, self.export_dir)
             if self.origin is None:
                 self.origin = time.time()
             self.df = Dataflow(self.plan, self.groups, self.config, self.tok, self.functions, self.prompt_batch,

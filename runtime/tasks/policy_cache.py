@@ -59,7 +59,9 @@ def check_warmup_shape(spec: ModelSpec) -> None:
 
 
 def _key(spec: ModelSpec, cfg: WarmupConfig) -> str:
-    blob = json.dumps({"v": WARMUP_VERSION, "spec": spec.model_dump(), "cfg": asdict(cfg)}, sort_keys=True)
+    # the context length changes no weight: a spec that states it warms the same policy
+    blob = json.dumps({"v": WARMUP_VERSION, "spec": spec.model_dump(exclude={"context_len"}), "cfg": asdict(cfg)},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

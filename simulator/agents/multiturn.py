@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
 
@@ -66,8 +66,13 @@ class MultiTurnWorkload(BaseModel):
     overlap: bool = True
     prefix_cache: bool = False
     # the runner's own work between two calls (decoding and parsing the last call's turns, rendering the tool
-    # turns through the chat template) per conversation of either call: measured by the runner
+    # turns through the chat template) per conversation of either call: measured by the runner; paid too for
+    # every conversation before the first call (its prompt rendered) and for the last call's after it
     driver_seconds_per_row: NonNegativeFloat = 0.0
+    # conversation runners in flight at once, the conversations split between them, each with its own pool of
+    # `tool_workers` and its own calls, the calls of all of them one at a time on the engine (the async mode
+    # launches a batch as chunks, each a runner on a driver thread: runtime/rl/rollout.py)
+    runners: PositiveInt = 1
 
 
 @dataclass
@@ -100,60 +105,85 @@ def _rollout_turns(w: MultiTurnWorkload, rng: random.Random) -> list[int]:
     return turns
 
 
+@dataclass
+class _Runner:
+    """One conversation runner: its conversations' state, its tool pool and its own clock (its thread)."""
+
+    ready: set[int]
+    workers_free: int
+    clock: float = 0.0
+    last_rows: int = 0  # conversations in its previous call (0: none yet)
+    tools: list[tuple[float, int]] = field(default_factory=list)  # (finish time, conversation): running tool calls
+    queue: list[int] = field(default_factory=list)  # waiting for a tool worker
+
+    def busy(self) -> bool:
+        return bool(self.ready or self.tools or self.queue)
+
+    def calls_next(self, overlap: bool) -> bool:
+        return bool(self.ready) and (overlap or not (self.tools or self.queue))
+
+    def next_event(self, overlap: bool) -> float:
+        return self.clock if self.calls_next(overlap) else max(self.clock, self.tools[0][0])
+
+
 def simulate_rollout(w: MultiTurnWorkload, cost: DecodeCost, seed: int = 0) -> float:
     """Seconds of one multi-turn rollout under the runner's policy, for one random draw. `cost`: anything
-    with DecodeCost's `seconds(rows, steps, prefill_tokens)` (planning.py prices a turn with a cost model)."""
+    with DecodeCost's `seconds(rows, steps, prefill_tokens)` (planning.py prices a turn with a cost model).
+    With several `runners` each acts on its own clock in the order of their next events; a call waits for
+    the engine (the runtime's lock) when another runner's call holds it."""
     rng = random.Random(seed)
     convs = [_Conv(t, w.prompt_tokens, new_context=w.prompt_tokens) for t in _rollout_turns(w, rng)]
-    now = 0.0
-    ready = set(range(len(convs)))
-    tools: list[tuple[float, int]] = []  # (finish time, conversation): running tool calls
-    queue: list[int] = []  # waiting for a tool worker
-    workers_free = w.tool_workers
-    last_rows = 0  # conversations in the previous call (0: none yet)
+    n = len(convs)
+    share = [n * k // w.runners for k in range(w.runners + 1)]  # contiguous chunks, as the runtime launches them
+    # before its first call a runner renders each of its conversations' prompts through the chat template and
+    # tokenises it: the runner's work per conversation, as between calls
+    runners = [_Runner(set(range(share[k], share[k + 1])), w.tool_workers,
+                       clock=w.driver_seconds_per_row * (share[k + 1] - share[k])) for k in range(w.runners)]
+    engine_free = 0.0
 
-    def start_tools(t: float):
-        nonlocal workers_free
-        while queue and workers_free:
-            workers_free -= 1
-            heapq.heappush(tools, (t + rng.choice(w.tool_seconds), queue.pop(0)))
+    def start_tools(r: _Runner, t: float):
+        while r.queue and r.workers_free:
+            r.workers_free -= 1
+            heapq.heappush(r.tools, (t + rng.choice(w.tool_seconds), r.queue.pop(0)))
 
-    while ready or tools or queue:
-        if ready and (w.overlap or not (tools or queue)):
-            batch = sorted(ready)
-            ready.clear()
+    while any(r.busy() for r in runners):
+        r = min((r for r in runners if r.busy()), key=lambda r: r.next_event(w.overlap))
+        if r.calls_next(w.overlap):
+            batch = sorted(r.ready)
+            r.ready.clear()
             gen = {i: rng.choice(_turn_lengths(w, convs[i].done_turns, convs[i].done_turns + 1 == convs[i].turns))
                    for i in batch}
             prefill = sum(convs[i].new_context if w.prefix_cache else convs[i].context for i in batch)
-            if last_rows:
-                now += w.driver_seconds_per_row * (last_rows + len(batch))
-            last_rows = len(batch)
-            now += cost.seconds(len(batch), max(gen.values()), prefill)
+            if r.last_rows:
+                r.clock += w.driver_seconds_per_row * (r.last_rows + len(batch))
+            r.last_rows = len(batch)
+            r.clock = engine_free = max(r.clock, engine_free) + cost.seconds(len(batch), max(gen.values()), prefill)
             for i in batch:
                 c = convs[i]
                 c.context += gen[i]
                 c.new_context = gen[i]
                 c.done_turns += 1
                 if c.done_turns < c.turns:
-                    queue.append(i)
-            start_tools(now)
+                    r.queue.append(i)
+            start_tools(r, r.clock)
             continue
         # the runner wakes on the first tool done: with the engine idle (overlap) that one conversation alone
         # is decoded next (the others of its wave land a moment later, during that call); tools done while
         # the engine was busy are all ready together
-        idle = w.overlap and tools[0][0] > now
-        now = max(now, tools[0][0])
-        while tools and tools[0][0] <= now:
-            _, i = heapq.heappop(tools)
-            workers_free += 1
+        idle = w.overlap and r.tools[0][0] > r.clock
+        r.clock = max(r.clock, r.tools[0][0])
+        while r.tools and r.tools[0][0] <= r.clock:
+            _, i = heapq.heappop(r.tools)
+            r.workers_free += 1
             extra = rng.choice(w.tool_turn_tokens)
             convs[i].context += extra
             convs[i].new_context += extra
-            ready.add(i)
+            r.ready.add(i)
             if idle:
                 break
-        start_tools(now)
-    return now
+        start_tools(r, r.clock)
+    # after its last call a runner decodes and parses that call's turns (and builds the batch)
+    return max(r.clock + w.driver_seconds_per_row * r.last_rows for r in runners)
 
 
 def price_rollout(w: MultiTurnWorkload, cost: DecodeCost, draws: int = 20, seed: int = 0) -> float:

@@ -17,6 +17,7 @@ import math
 from hybridflow.simulator.agents.multiturn import price_rollout
 from hybridflow.simulator.agents.workload import AgentWorkload
 from hybridflow.simulator.pricing.op_cost import OpCost, op_cost
+from hybridflow.simulator.vocabulary.plan import stream_chunk_prompts
 
 CONTEXT_BUCKET = 16  # re-prefilled context per row rounded up to this many tokens: turn prices memoized
 
@@ -43,15 +44,48 @@ class _TurnPrice:
         return hit
 
 
-class MultiTurnCostModel:
-    """A cost model (any: the analytic one, a profile's) whose rollouts are conversations (`agent`)."""
+def async_chunks(prompts: int, staleness: int) -> int:
+    """Conversation runners in flight at once in the async mode: the rollout devices refill only when idle,
+    with `staleness` batches' prompt groups in chunks (runtime/rl/modes/streaming.py), each chunk a runner on
+    a driver thread with its own tool pool (runtime/rl/rollout.py)."""
+    return -(-staleness * prompts // stream_chunk_prompts(prompts))
 
-    def __init__(self, base, agent: AgentWorkload):
-        self.base, self.agent = base, agent
+
+class MultiTurnCostModel:
+    """A cost model (any: the analytic one, a profile's) whose rollouts are conversations (`agent`).
+    `staleness` > 0: the async mode's rollout, `staleness` batches at once by async_chunks runners, each
+    batch's price their rollout's seconds / `staleness` (in_mode)."""
+
+    def __init__(self, base, agent: AgentWorkload, staleness: int = 0):
+        self.base, self.agent, self.staleness = base, agent, staleness
         self._prices: dict[tuple, OpCost] = {}
+        self._modes: dict[int, MultiTurnCostModel] = {}
+
+    def in_mode(self, mode: str, staleness: int) -> MultiTurnCostModel:
+        """This model for a plan of `mode` (its rollouts run as that mode runs them: one runner, or the async
+        mode's chunks)."""
+        k = staleness if mode == "async" else 0
+        if k == self.staleness:
+            return self
+        if k not in self._modes:
+            self._modes[k] = MultiTurnCostModel(self.base, self.agent, k)
+        return self._modes[k]
 
     def __getattr__(self, name):
         return getattr(self.base, name)
+
+    def _rendered(self, workload):
+        """`workload` with its prompts as the chat template renders them (AgentWorkload.prompt_tokens)."""
+        n = self.agent.prompt_tokens
+        return workload if n is None or n == workload.prompt_len else workload.model_copy(update={"prompt_len": n})
+
+    def forward(self, model, head, parallel, workload, *args, **kwargs) -> OpCost:
+        """The wrapped model's forward over the conversations' rows (their prompts as rendered)."""
+        return self.base.forward(model, head, parallel, self._rendered(workload), *args, **kwargs)
+
+    def train(self, model, head, parallel, workload, *args, **kwargs) -> OpCost:
+        """The wrapped model's update over the conversations' rows (their prompts as rendered)."""
+        return self.base.train(model, head, parallel, self._rendered(workload), *args, **kwargs)
 
     def generate(self, model, gen, workload, sequences: int | None = None, free_bytes_per_device: float | None = None,
                  batch_cap: int | None = None, gather_every_step: bool = False) -> OpCost:
@@ -66,21 +100,27 @@ class MultiTurnCostModel:
         if hit is not None:
             return hit
         turn = _TurnPrice(self.base, model, gen, workload, free_bytes_per_device, batch_cap, gather_every_step)
-        rollout = self.agent.rollout(seqs, workload.prompt_len, workload.response_len)
-        total = price_rollout(rollout, turn, draws=self.agent.draws) - turn.gap
-        no_tools = price_rollout(rollout.model_copy(update={"tool_seconds": [0.0]}), turn, draws=self.agent.draws) - turn.gap
+        k = max(self.staleness, 1)
+        runners = async_chunks(workload.prompts, self.staleness) if self.staleness else 1
+        rollout = self.agent.rollout(k * seqs, self._rendered(workload).prompt_len, workload.response_len, runners)
+        total = (price_rollout(rollout, turn, draws=self.agent.draws) - turn.gap) / k
+        no_tools = (price_rollout(rollout.model_copy(update={"tool_seconds": [0.0]}), turn, draws=self.agent.draws)
+                    - turn.gap) / k
         hit = op_cost(0.0, 0.0, generate=min(no_tools, total), tool_wait=max(total - no_tools, 0.0))
         if key is not None:
             self._prices[key] = hit
         return hit
 
 
-def agent_cost_model(cost_model, agent: AgentWorkload | None, cluster=None):
-    """`cost_model` (None: the default for `cluster`) priced for `agent`'s conversations; unchanged without one."""
-    if agent is None:
+def agent_cost_model(cost_model, agent: AgentWorkload | None, cluster=None, mode: str = "sync", staleness: int = 1):
+    """`cost_model` (None: the default for `cluster`) priced for `agent`'s conversations as a plan of `mode`
+    and `staleness` runs them; unchanged without one."""
+    if agent is None and not isinstance(cost_model, MultiTurnCostModel):
         return cost_model
     if cost_model is None:
         from hybridflow.simulator.calibration.gpu_fit import default_cost_model
 
         cost_model = default_cost_model(cluster)
-    return cost_model if isinstance(cost_model, MultiTurnCostModel) else MultiTurnCostModel(cost_model, agent)
+    if not isinstance(cost_model, MultiTurnCostModel):
+        cost_model = MultiTurnCostModel(cost_model, agent)
+    return cost_model.in_mode(mode, staleness)

@@ -32,17 +32,21 @@ class AgentWorkload(BaseModel):
     overlap: bool = True
     prefix_cache: bool = False
     driver_seconds_per_row: NonNegativeFloat = 0.0  # the runner's work between calls per conversation (multiturn.py)
+    # a conversation's prompt as the chat template renders it with the tools' schemas, padded to the batch's
+    # longest (what the engine prefills and the trainers train on; the plan's prompt_len counts the task's
+    # prompt only); None: the plan's prompt_len
+    prompt_tokens: PositiveInt | None = None
     draws: PositiveInt = 8  # event simulations averaged per price
 
-    def rollout(self, conversations: int, prompt_tokens: int, response_len: int) -> MultiTurnWorkload:
-        """multiturn.py's workload for one rollout of `conversations`."""
+    def rollout(self, conversations: int, prompt_tokens: int, response_len: int, runners: int = 1) -> MultiTurnWorkload:
+        """multiturn.py's workload for one rollout of `conversations`, run by `runners` runners at once."""
         per_turn = self.turn_tokens or [max(1, response_len // max(self.turns))]
         return MultiTurnWorkload(conversations=conversations, prompt_tokens=prompt_tokens, turns=self.turns,
                                  turn_tokens=per_turn, turn_tokens_by_turn=self.turn_tokens_by_turn,
                                  final_turn_tokens=self.final_turn_tokens, turn_shares=self.turn_shares,
                                  tool_turn_tokens=self.tool_turn_tokens, tool_seconds=self.tool_seconds,
                                  tool_workers=self.tool_workers, overlap=self.overlap, prefix_cache=self.prefix_cache,
-                                 driver_seconds_per_row=self.driver_seconds_per_row)
+                                 driver_seconds_per_row=self.driver_seconds_per_row, runners=runners)
 
     @classmethod
     def from_means(cls, turns: float, generated_per_turn: float, tool_turn_tokens: float, tool_seconds_per_call: float,

@@ -38,7 +38,7 @@ from hybridflow.simulator.calibration.profiled_cost import (
 )
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.efficiency import CPU_ATTENTION_KEY_BLOCK, EfficiencyParams
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
 from hybridflow.simulator.vocabulary.units import BF16
 from hybridflow.simulator.vocabulary.workload import Workload
@@ -214,6 +214,8 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
         raise HflowError(f"profile '{profile.name}' has no points of kinds {', '.join(ops)} to fit; "
                          "measure one with `hflow-plan profile`")
     base = (base or EfficiencyParams()).model_copy(update=PINNED)
+    if profile.fingerprint.device_kind == "cpu":  # the training passes' attention: PyTorch's CPU kernel
+        base = base.model_copy(update={"attention_key_block": CPU_ATTENTION_KEY_BLOCK})
     dtype_bytes = _dtype_bytes(profile.fingerprint.dtype)
     devices = cluster_devices or max([profile.fingerprint.devices]
                                      + [p.parallel.world_size for p in points] + [p.group_size for p in points])
@@ -328,7 +330,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "7"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "8"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

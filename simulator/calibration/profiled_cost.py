@@ -26,10 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import dp_ranks
-from hybridflow.simulator.pricing.cost import DEFAULT_BUDGET, CostModel, micro_batches
+from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.op_cost import OpCost
 from hybridflow.simulator.pricing.reshard import HYBRID_ENGINE, IN_PLACE
+from hybridflow.simulator.pricing.sequence_batches import DEFAULT_BUDGET, micro_batches
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
@@ -125,7 +126,7 @@ MEGATRON_OVERHEADS = tuple(f for f in EngineOverheads.model_fields if f.startswi
 
 def _micro_batches(workload: Workload, sequences: int, steps: int, dp: int,
                    micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> int:
-    """Micro-batches one rank runs: as CostModel._passes splits the work (cost.micro_batches)."""
+    """Micro-batches one rank runs: as CostModel._passes splits the work (sequence_batches.micro_batches)."""
     return steps * micro_batches(workload, sequences, steps, dp, micro_batch_tokens)[1]
 
 
@@ -135,9 +136,10 @@ class ProfiledCostModel(CostModel):
         super().__init__(cluster, params)
         self.overheads = overheads or EngineOverheads()
 
-    def _layer(self, par: ParallelConfig, backward: bool = False) -> float:
+    def _layer(self, par: ParallelConfig, backward: bool = False, dp_hooks: bool = True) -> float:
         """Overhead per layer of one training/forward pass (forward or backward) in layout `par`. A
-        backward pass runs FSDP's two collectives per layer (gather, reduce-scatter) to the forward's one."""
+        backward pass runs FSDP's two collectives per layer (gather, reduce-scatter) to the forward's one
+        (`dp_hooks` False: not counted here, see _gathered_once)."""
         o = self.overheads
         if par.backend == "megatron":
             return ((o.megatron_backward_layer_seconds if backward else o.megatron_layer_seconds)
@@ -145,7 +147,14 @@ class ProfiledCostModel(CostModel):
                        if par.tp > 1 else 0.0))
         return ((o.backward_layer_seconds if backward else o.layer_seconds)
                 + ((o.tp_backward_layer_seconds if backward else o.tp_layer_seconds) if par.tp > 1 else 0.0)
-                + ((2.0 if backward else 1.0) * o.dp_layer_seconds if par.dp > 1 else 0.0))
+                + ((2.0 if backward else 1.0) * o.dp_layer_seconds if par.dp > 1 and dp_hooks else 0.0))
+
+    @staticmethod
+    def _gathered_once(par: ParallelConfig) -> bool:
+        """Whether FSDP's per-layer collectives run once per call and optimizer step, not per micro-batch: the
+        fsdp engine at pp = 1 keeps the weights gathered over a call's micro-batches and reduce-scatters the
+        gradients after the last (FsdpEngine._infer, train_step). The pipeline runner and Megatron do not."""
+        return par.backend != "megatron" and par.pp == 1 and par.dp > 1
 
     @staticmethod
     def _with(cost: OpCost, extra: float, part: str = "overhead") -> OpCost:
@@ -173,8 +182,9 @@ class ProfiledCostModel(CostModel):
         cost = super().forward(model, head, parallel, workload, sequences, micro_batch_tokens)
         seqs = workload.sequences if sequences is None else sequences
         micro = _micro_batches(workload, seqs, 1, parallel.dp // parallel.sp, micro_batch_tokens)
-        extra = (self._slots(parallel, micro, 1) * model.layers / parallel.pp * self._layer(parallel)
-                 + self._call(parallel, micro))
+        once = self._gathered_once(parallel)
+        extra = (self._slots(parallel, micro, 1) * model.layers / parallel.pp * self._layer(parallel, dp_hooks=not once)
+                 + self._call(parallel, micro) + (model.layers * self.overheads.dp_layer_seconds if once else 0.0))
         return self._with(cost, extra)
 
     def train(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
@@ -195,17 +205,22 @@ class ProfiledCostModel(CostModel):
             cost = self._with(cost, (scale - 1.0) * cost.breakdown["compute"], part="compute")
         layers = self._slots(parallel, micro, steps) * model.layers / parallel.pp
         step = o.megatron_step_seconds if parallel.backend == "megatron" else o.step_seconds
-        extra = (layers * (forwards * self._layer(parallel) + self._layer(parallel, backward=True))
-                 + steps * step + self._call(parallel, 2 * micro))
+        once = self._gathered_once(parallel)  # then a step's gather and two backward hooks per layer, as one micro-batch's
+        extra = (layers * (forwards * self._layer(parallel, dp_hooks=not once)
+                           + self._layer(parallel, backward=True, dp_hooks=not once))
+                 + steps * step + self._call(parallel, 2 * micro)
+                 + (steps * model.layers * 3.0 * o.dp_layer_seconds if once else 0.0))
         return self._with(cost, extra)
 
     def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
                  free_bytes_per_device: float | None = None, batch_cap: int | None = None,
-                 gather_every_step: bool = False) -> OpCost:
-        cost = super().generate(model, gen, workload, sequences, free_bytes_per_device, batch_cap, gather_every_step)
+                 gather_every_step: bool = False, drain_calls: bool = False) -> OpCost:
+        cost = super().generate(model, gen, workload, sequences, free_bytes_per_device, batch_cap, gather_every_step,
+                                drain_calls)
         seqs = workload.sequences if sequences is None else sequences
         # the slowest replica's prefills and decode steps, and the response tokens it generates
-        passes, tokens = generation.decode_counts(self, model, gen, workload, seqs, free_bytes_per_device, batch_cap)
+        passes, tokens = generation.decode_counts(self, model, gen, workload, seqs, free_bytes_per_device, batch_cap,
+                                                  drain_calls)
         # generation replicas hold whole (tp-sharded) weights: no FSDP hooks however large dp is
         o = self.overheads
         per_layer = o.decode_layer_seconds + (o.tp_decode_layer_seconds if gen.tp > 1 else 0.0)

@@ -19,8 +19,6 @@ is network bytes per device for train/forward/reshard and HBM bytes read per dev
 
 from __future__ import annotations
 
-import math
-
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.comm import Collectives, dp_ranks, pp_ranks, sp_ranks, tp_ranks
@@ -32,11 +30,18 @@ from hybridflow.simulator.pricing.op_cost import (
     mean_seq_flops,
     model_shape,
     op_cost,
+    plus,
     seq_flops,
     times,
 )
 from hybridflow.simulator.pricing.plan_memory import engine_memory_fraction, kv_free_bytes, plan_recompute
 from hybridflow.simulator.pricing.reshard import IN_PLACE, reshard_spec, weight_sync_buckets
+from hybridflow.simulator.pricing.sequence_batches import (
+    DEFAULT_BUDGET,
+    micro_batches,
+    packed_seq_flops,
+    padded_seq_flops,
+)
 from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec
 from hybridflow.simulator.vocabulary.lora import LoraConfig, adapter_bytes, adapter_params
@@ -46,53 +51,6 @@ from hybridflow.simulator.vocabulary.roles import TRAINED_ROLES, role_head
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, OFFLOAD_OPS, UPDATE_OPS, WEIGHT_SYNC_OPS
 from hybridflow.simulator.vocabulary.units import BF16
 from hybridflow.simulator.vocabulary.workload import Workload
-
-# A role's packing budget when the caller names none: the planner's (plan.default_micro_batch_tokens), so a
-# search prices what the plan it writes will run. price_op passes the plan's own knob (None: rows padded).
-DEFAULT_BUDGET = "default"
-
-
-def padded_widths(workload: Workload, per_rank: int, b: int) -> list[tuple[int, float]]:
-    """(rows, padded width) of each of a rank's micro-batches of b rows without packing: the engine sorts the rank's
-    rows by length and pads each micro-batch to its longest (engines/train/packing.py bucket_order). Row i of
-    the rank's n sorted rows is the length at share (i + ½)/n, and the slowest rank holds the batch's longest
-    (LengthDistribution.sample's rule)."""
-    d, n = workload.response_lengths, per_rank
-    tops = [min((j + 1) * b, n) - 1 for j in range(-(-n // b))]
-    return [(min(b, n - j * b), workload.prompt_len + (d.longest if i == n - 1 else d.quantile((i + 0.5) / n)))
-            for j, i in enumerate(tops)]
-
-
-def padded_seq_flops(pm: float, attn: float, workload: Workload, per_rank: int, b: int,
-                     attention_efficiency: float = 1.0) -> float:
-    """seq_flops per sequence of a rank's padded micro-batches (padded_widths): every row computes its
-    micro-batch's width."""
-    widths = padded_widths(workload, per_rank, b)
-    return sum(r * seq_flops(pm, attn, w, attention_efficiency) for r, w in widths) / per_rank
-
-
-def micro_batches(workload: Workload, sequences: int, steps: int, dp: int,
-                  micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> tuple[int, int, float]:
-    """(sequences per rank per step, micro-batches per step, tokens per micro-batch) of one data-parallel
-    rank. Rows (micro_batch_tokens None): micro_batch_size sequences per micro-batch, each padded to its
-    longest (padded_widths under a length distribution). Packed (a token budget; DEFAULT_BUDGET: the
-    planner's, micro_batch_size · seq_len, so activation memory stays the longest sequence's): sequences
-    packed into micro-batches of at most that many real tokens, about equal tokens each."""
-    per_rank = max(1, -(-sequences // (steps * dp)))
-    b = min(workload.micro_batch_size, per_rank)
-    if micro_batch_tokens == DEFAULT_BUDGET:
-        micro_batch_tokens = b * workload.seq_len if workload.response_lengths is not None else None
-    if micro_batch_tokens is None:
-        if workload.response_lengths is None:
-            return per_rank, -(-per_rank // b), float(b * workload.seq_len)
-        widths = padded_widths(workload, per_rank, b)
-        return per_rank, len(widths), sum(r * w for r, w in widths) / len(widths)
-    if workload.response_lengths is None:  # whole sequences of seq_len tokens per budget
-        return per_rank, -(-per_rank // max(1, micro_batch_tokens // workload.seq_len)), float(
-            min(per_rank, max(1, micro_batch_tokens // workload.seq_len)) * workload.seq_len)
-    rank_tokens = per_rank * (workload.prompt_len + workload.mean_response_len)
-    m = max(1, math.ceil(rank_tokens / micro_batch_tokens - 1e-9))
-    return per_rank, m, rank_tokens / m
 
 
 class CostModel(Collectives):
@@ -126,21 +84,23 @@ class CostModel(Collectives):
         # per_rank, m, rows: per group of sp ranks that shares its sequences (each device holds rows/sp tokens)
         per_rank, m, rows = micro_batches(workload, sequences, steps, dp // sp, micro_batch_tokens)
         rows /= sp
-        ae = self.params.attention_efficiency
-        one_seq, seq_work = seq_flops(pm, attn, s), seq_flops(pm, attn, s, ae)
+        # FLOPs count the causal half; the work a compute time is priced from counts what the kernel computes
+        ae, kb = self.params.attention_efficiency, self.params.attention_key_block
+        one_seq, seq_work = seq_flops(pm, attn, s), seq_flops(pm, attn, s, ae, kb)
         if workload.response_lengths is not None and micro_batch_tokens is None:  # rows padded to their bucket's longest
             b = min(workload.micro_batch_size, per_rank)
             one_seq = padded_seq_flops(pm, attn, workload, per_rank, b)
-            seq_work = padded_seq_flops(pm, attn, workload, per_rank, b, ae)
-        elif workload.response_lengths is not None:  # packed: attention per sequence, E over the lengths
-            one_seq, seq_work = mean_seq_flops(pm, attn, workload), mean_seq_flops(pm, attn, workload, ae)
+            seq_work = padded_seq_flops(pm, attn, workload, per_rank, b, ae, kb)
+        elif workload.response_lengths is not None:  # packed: attention per sequence, the slowest rank's
+            one_seq = mean_seq_flops(pm, attn, workload)
+            seq_work = packed_seq_flops(pm, attn, workload, per_rank, dp // sp, ae, kb)
         packed = micro_batch_tokens is not None and (micro_batch_tokens != DEFAULT_BUDGET
                                                      or workload.response_lengths is not None)
         if (workload.samples_per_prompt > 1 and not packed  # the engine shares prompts only without packing
                 and shares_prompts(head, par, model.attention_window, s)):  # each sample's share of its prompt
             share = 1.0 - 1.0 / workload.samples_per_prompt
             one_seq -= share * seq_flops(pm, attn, workload.prompt_len)
-            seq_work -= share * seq_flops(pm, attn, workload.prompt_len, ae)
+            seq_work -= share * seq_flops(pm, attn, workload.prompt_len, ae, kb)
         engine = self.params.deepspeed_efficiency if par.backend == "deepspeed" else 1.0
         compute = mult * seq_work * per_rank * steps / (tp * pp * sp) / (
             self.peak * self.matmul_efficiency(rows, model.hidden / tp) * engine)
@@ -250,18 +210,33 @@ class CostModel(Collectives):
             parts["optimizer"] = steps * local * p.adam_bytes_per_param / self.hbm
         return op_cost(flops, net, **parts)
 
+    def param_fetch(self, model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
+                    sequences: int, steps: int, passes: int,
+                    micro_batch_tokens: int | None | str = DEFAULT_BUDGET) -> OpCost:
+        """ZeRO-3 parameter offload (DeepSpeed's offload_param): the rank's shard of the bf16 weights lives in host
+        memory and is copied to the device at each of `passes` passes of every micro-batch (1 for a forward; 2 for
+        a training micro-batch, its forward and its backward, whose recomputed forward runs on the backward's
+        fetch) before the all-gather the pass pays anyway. DS-Chat's config leaves DeepSpeed's pin_memory off, so
+        the copies do not run ahead of the compute: exposed. `sequences` split into `steps` steps (micro_batches)."""
+        _, m, _ = micro_batches(workload, sequences, steps, parallel.dp // parallel.sp, micro_batch_tokens)
+        shard = BF16 * model_shape(model, head)[0] / parallel.world_size
+        link = self.cluster.hardware.host_bandwidth * self.params.host_link_efficiency
+        fetched = steps * m * passes * shard
+        return op_cost(0.0, fetched, host_gather=fetched / link)
+
     # ---- generation (generation.py) ------------------------------------------------------------
     def generate(self, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int | None = None,
                  free_bytes_per_device: float | None = None, batch_cap: int | None = None,
-                 gather_every_step: bool = False) -> OpCost:
+                 gather_every_step: bool = False, drain_calls: bool = False) -> OpCost:
         """Prefill + decode of `sequences` responses on gen.dp replicas in waves of the largest batch
         the KV cache holds. free_bytes_per_device: bytes left for the KV cache (everything else already
         resident); default: usable memory minus the generation weights. batch_cap: a static engine's batch
         per call (vocabulary/mechanics.py). gather_every_step: the weights stay ZeRO-3 shards over gen.dp and
-        every pass (the prefill and each decode step) all-gathers them layer by layer (HF generate under ZeRO-3)."""
+        every pass (the prefill and each decode step) all-gathers them layer by layer (HF generate under ZeRO-3).
+        drain_calls: a static call's finished sequences leave its running batch (a serving engine's calls)."""
         seqs = workload.sequences if sequences is None else sequences
         return generation.generate(self, model, gen, workload, seqs, free_bytes_per_device, batch_cap,
-                                   gather_every_step)
+                                   gather_every_step, drain_calls)
 
     def host_seconds_per_step(self, batch: int) -> float:
         """A decode step's seconds outside the GPU's work: its fixed overhead (a profile's engine terms add the
@@ -340,19 +315,28 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
         # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
         # A baseline's static batch or ZeRO-3 generation is its mechanics' (vocabulary/mechanics.py).
+        drain = {"drain_calls": True} if mech and mech.drain_calls else {}  # only a serving engine's calls drain
         one = cm.generate(rp.model, plan.generation_config(), w, -(-seqs // calls), kv_free_bytes(plan, p),
                           batch_cap=mech.generation_batch if mech else None,
-                          gather_every_step=bool(mech and mech.gather_every_step))
+                          gather_every_step=bool(mech and mech.gather_every_step), **drain)
         return times(times(one, calls), mech.decode_slowdown if mech else 1.0)
     # the role's packing budget as the plan sets it (None: rows padded); a planner's view has no knob yet
     budget = getattr(rp, "micro_batch_tokens", DEFAULT_BUDGET)
+    if mech and mech.rows_padded_per_batch and op in FORWARD_OPS + UPDATE_OPS:  # a call's rows; a micro-batch's
+        w = w.padded_per_batch(mech.generation_batch if op in FORWARD_OPS else w.micro_batch_size)
+    in_host = bool(mech and role in mech.param_offload)  # DS-Chat's --offload on a ZeRO-3 model
     if op in FORWARD_OPS:
-        return cm.forward(rp.model, head, rp.train, w, seqs, micro_batch_tokens=budget)
+        cost = cm.forward(rp.model, head, rp.train, w, seqs, micro_batch_tokens=budget)
+        return plus(cost, cm.param_fetch(rp.model, head, rp.train, w, seqs, 1, 1, budget)) if in_host else cost
     lora = getattr(rp, "lora", None)
     if op in UPDATE_OPS:
-        return cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False),
+        cost = cm.train(rp.model, head, rp.train, w, recompute=plan_recompute(plan, p).get(role, False),
                         optimizer_offload=bool(getattr(plan, "optimizer_offload", False)), lora=lora,
                         micro_batch_tokens=budget)
+        if not in_host:
+            return cost
+        steps = w.ppo_epochs * w.mini_batches
+        return plus(cost, cm.param_fetch(rp.model, head, rp.train, w, w.sequences * w.ppo_epochs, steps, 2, budget))
     if op in WEIGHT_SYNC_OPS:
         return times(cm.reshard(rp.model, rp.train, plan.generation_config(), plan.weight_sync_mode(),
                                  per_tensor=bool(mech and mech.weight_sync == "per-tensor"), lora=lora), calls)

@@ -4,7 +4,9 @@ A generation replica holds `slots` sequences at once (what its KV cache and max_
 Under continuous batching (vLLM, SGLang, the native engine) a finished sequence's slot takes the next
 prompt at once, so the batch stays full until the queue empties and then drains: the tail where a few
 long responses decode at a small batch. A static engine (HF generate, Megatron's loop, a fixed batch
-per call) runs each batch until its longest response ends, finished rows still in it. A replica's
+per call) runs each batch until its longest response ends, finished rows still in it. A serving engine
+handed a fixed batch per call (OpenRLHF v0.2's vLLM calls, `drain`) also waits for the call's longest,
+but a finished sequence leaves its running batch: each call drains like a continuous batch's tail. A replica's
 decode is a list of segments — runs of steps with the same sequences in flight — whose per-step price
 is linear in the context they hold, so cost.py prices each segment in closed form.
 
@@ -50,17 +52,20 @@ def slowest_replica_lengths(dist: LengthDistribution, sequences: int, dp: int) -
 
 
 @lru_cache(maxsize=256)
-def replica_decode(lengths: tuple[int, ...], slots: int, continuous: bool) -> ReplicaDecode:
+def replica_decode(lengths: tuple[int, ...], slots: int, continuous: bool, drain: bool = False) -> ReplicaDecode:
     """One replica's decode of `lengths` (arrival order) with `slots` sequences at most in flight. A
     response of L tokens takes L - 1 decode steps (its prefill yields the first), at contexts prompt + 1
-    … prompt + L - 1."""
+    … prompt + L - 1. Static (not `continuous`): batches of `slots`, each until its longest ends, its finished
+    rows still decoding, or, with `drain`, leaving the running batch as they finish."""
     if continuous:
         return _continuous(lengths, slots)
     segments, admissions = [], 0
-    for i in range(0, len(lengths), slots):  # static batches: each until its longest ends
+    for i in range(0, len(lengths), slots):
         wave = lengths[i:i + slots]
         admissions += 1
-        if max(wave) > 1:
+        if drain:  # no refill: the call's own sequences only
+            segments.extend(_continuous(wave, slots).segments)
+        elif max(wave) > 1:
             segments.append(Segment(max(wave) - 1, len(wave), len(wave)))
     return ReplicaDecode(tuple(segments), admissions, len(lengths), sum(lengths))
 

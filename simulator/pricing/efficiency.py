@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 from hybridflow.simulator.vocabulary.units import GiB
 
+CPU_ATTENTION_KEY_BLOCK = 512  # PyTorch's CPU flash-attention key block (attention_key_block)
+
 
 class EfficiencyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -40,6 +42,13 @@ class EfficiencyParams(BaseModel):
         1.0, gt=0, le=2,
         description="attention's FLOP/s relative to the matmuls' (QKᵀ and AV; flash-attention kernels reach a lower "
                     "share of peak than large GEMMs, most visibly at long sequences). 1: priced alike.")
+    attention_key_block: float = Field(
+        0.0, ge=0,
+        description="keys per block of the training passes' attention kernel: a causal query computes every key of "
+                    "each block it enters, the diagonal block whole, so a sequence of s tokens computes "
+                    "s·min(s, (s + block)/2) query-key pairs, not s(s + 1)/2 (op_cost.causal_keys). PyTorch's CPU "
+                    "flash-attention kernel walks keys in blocks of 512 (aten/src/ATen/native/cpu/"
+                    "FlashAttentionKernel.cpp, kv_split_size); a CPU profile's calibration sets it. 0: the causal half.")
     width_half: PositiveFloat = Field(
         256.0,
         description="shard width (hidden / tp) at which matmul efficiency is half its maximum: thin "
@@ -76,12 +85,12 @@ class EfficiencyParams(BaseModel):
                     "ranks (a ring or tree of more ranks takes more hops per small message). 0: the hardware's "
                     "latency whatever the group.")
     host_adam_bandwidth: PositiveFloat = Field(
-        10.7e9,
+        10.3e9,
         description="Adam bytes/s a node's CPU streams when the optimizer is offloaded (ZeRO-Offload's CPU-Adam: "
-                    "adam_bytes_per_param per parameter, the node's devices' shards one after another). From the one "
-                    "controlled pair published: OpenRLHF's benchmark ran DeepSpeed-Chat on 8 A800 with and without "
-                    "--offload, training 492.01 s vs 209.05 s for 8 steps of a 7B actor and critic: 283 s / 16 "
-                    "steps = 17.7 s for 6.74e9 parameters × 28 bytes (about 0.4 G parameters/s).")
+                    "adam_bytes_per_param per parameter, the node's devices' shards one after another). From the "
+                    "published pairs that change nothing but offload_optimizer (calibration/host_adam.py: a gist's "
+                    "LLaMA-7B ZeRO-2 and ZeRO-3 runs on 8 A800, 20.1 s and 16.8 s more per step of 64 sequences, less "
+                    "the priced gradient and weight copies): about 0.37 G parameters/s.")
     host_link_efficiency: float = Field(
         0.9, gt=0, le=1, description="achieved fraction of the device<->host copy bandwidth (pinned memory).")
     fsdp_overlap: float = Field(

@@ -162,23 +162,25 @@ def decode_waves(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Wo
 
 
 def slowest_replica(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
-                    free_bytes_per_device: float | None, batch_cap: int | None = None) -> ReplicaDecode:
+                    free_bytes_per_device: float | None, batch_cap: int | None = None,
+                    drain_calls: bool = False) -> ReplicaDecode:
     """The slowest replica's decode of a workload with response_lengths (decode_schedule.py): continuous
     batching over as many slots as the KV cache holds at the mean context, or a static engine's batches of
-    `batch_cap`, each until its longest response ends."""
+    `batch_cap`, each until its longest response ends (`drain_calls`: its finished sequences leaving)."""
     per_replica, slots = decode_slots(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap)
     lengths = slowest_replica_lengths(workload.response_lengths, sequences, gen.dp)
-    return replica_decode(lengths, min(slots, per_replica), batch_cap is None)
+    return replica_decode(lengths, min(slots, per_replica), batch_cap is None, drain_calls)
 
 
 def decode_counts(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
-                  free_bytes_per_device: float | None, batch_cap: int | None = None) -> tuple[int, int]:
+                  free_bytes_per_device: float | None, batch_cap: int | None = None,
+                  drain_calls: bool = False) -> tuple[int, int]:
     """(forward passes, response tokens) of the slowest replica: its prefills and decode steps, and the tokens
     it generates (what per-step and per-sequence engine overheads scale with)."""
     if workload.response_lengths is None:
         per_replica, waves, _ = decode_waves(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap)
         return waves * workload.response_len, per_replica * workload.response_len
-    d = slowest_replica(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap)
+    d = slowest_replica(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap, drain_calls)
     return d.admissions + sum(s.steps for s in d.segments), d.tokens
 
 
@@ -193,12 +195,12 @@ def _gather_every_pass(cm: Device, model: ModelSpec, gen: ParallelConfig, passes
 
 def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Workload, sequences: int,
              free_bytes_per_device: float | None = None, batch_cap: int | None = None,
-             gather_every_step: bool = False) -> OpCost:
+             gather_every_step: bool = False, drain_calls: bool = False) -> OpCost:
     """Prefill + decode of `sequences` responses on gen.dp replicas in waves of the largest batch the KV cache
     holds (cost.CostModel.generate says what the arguments mean)."""
     if workload.response_lengths is not None:
         return _generate_lengths(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap,
-                                 gather_every_step)
+                                 gather_every_step, drain_calls)
     _, pm, attn, kv_tok = model_shape(model, "lm")
     per_replica, waves, batch = decode_waves(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap)
     P, R = workload.prompt_len, workload.response_len
@@ -226,12 +228,13 @@ def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Worklo
 
 
 def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Workload, seqs: int,
-                      free_bytes_per_device: float | None, batch_cap: int | None, gather_every_step: bool) -> OpCost:
+                      free_bytes_per_device: float | None, batch_cap: int | None, gather_every_step: bool,
+                      drain_calls: bool = False) -> OpCost:
     """generate() for a distribution of response lengths: the slowest replica's prefills and its decode
     segments, each priced in closed form (the step's price is linear in the context its batch holds)."""
     _, pm, attn, kv_tok = model_shape(model, "lm")
     P = workload.prompt_len
-    d = slowest_replica(cm, model, gen, workload, seqs, free_bytes_per_device, batch_cap)
+    d = slowest_replica(cm, model, gen, workload, seqs, free_bytes_per_device, batch_cap, drain_calls)
     per_prefill = -(-d.sequences // d.admissions)
     pre = prefill(cm, model, gen, per_prefill, P)
     parts = {k: d.admissions * v for k, v in pre.items()}

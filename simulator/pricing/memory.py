@@ -107,6 +107,32 @@ def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int |
     return b, -(-per_rank // b)
 
 
+def micro_batch_tokens_held(workload: Workload, dp: int, mini_batches: int, micro_batch_tokens: int | None) -> float:
+    """Tokens one micro-batch of a data-parallel rank holds: b rows of seq_len, or packed (a token budget) the
+    budget, but never more than the rank holds in a step — per_rank sequences, about its even share under the
+    token-balanced partition: at most the mean share plus one longest sequence (the largest-first rule's bound)."""
+    b, _ = _microbatch(workload, dp, mini_batches)
+    if micro_batch_tokens is None:
+        return float(b * workload.seq_len)
+    per_rank = max(1, -(-workload.sequences // (mini_batches * dp)))
+    if workload.response_lengths is None:
+        held = per_rank * workload.seq_len
+    else:
+        held = per_rank * (workload.prompt_len + workload.mean_response_len) + workload.seq_len
+    return float(min(micro_batch_tokens, held))
+
+
+def at_element_bytes(m: MemoryBreakdown, element_bytes: int) -> MemoryBreakdown:
+    """`m`, counted in bf16 (module docstring), on a device that computes in `element_bytes` per element (a CPU
+    profile measured in fp32: 4): weights, gradients, activations, the KV cache and the gather buffers scale
+    with the element; Adam's m and v are fp32 either way, and fp32 weights are their own master copy (8 bytes
+    per trained parameter instead of 12). Leave the fixed reservation out of `m`: it is no element count."""
+    scale = element_bytes / BF16
+    optimizer = (OPTIMIZER_BYTES - (FP32 if element_bytes >= FP32 else 0)) / OPTIMIZER_BYTES
+    return memory_parts(weights=m.weights * scale, gradients=m.gradients * scale, optimizer=m.optimizer * optimizer,
+                        activations=m.activations * scale, kv_cache=m.kv_cache * scale, buffers=m.buffers * scale)
+
+
 def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig) -> float:
     """Parameters one Megatron rank holds whole over dp: the dense ones split by tp·pp, the experts also over ep."""
     params, experts = model.num_params(head), model.expert_params()
@@ -141,10 +167,11 @@ def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
 def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                     recompute: bool = False, lora: LoraConfig | None = None,
                     micro_batch_tokens: int | None = None) -> MemoryBreakdown:
-    """micro_batch_tokens: the role's packing budget (a packed micro-batch holds at most so many tokens)."""
+    """micro_batch_tokens: the role's packing budget (micro_batch_tokens_held)."""
     tp, pp, dp = parallel.tp, parallel.pp, parallel.dp
-    b, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
-    tokens = (micro_batch_tokens or b * workload.seq_len) / parallel.sp  # Ulysses: 1/sp of the sequences' tokens
+    _, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
+    # Ulysses: 1/sp of the sequences' tokens
+    tokens = micro_batch_tokens_held(workload, dp // parallel.sp, workload.mini_batches, micro_batch_tokens) / parallel.sp
     per_layer = activation_bytes_per_token_layer(model, tp) * tokens
     in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
     layers = model.layers / pp
@@ -165,8 +192,7 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
 
 def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                       micro_batch_tokens: int | None = None) -> MemoryBreakdown:
-    b, _ = _microbatch(workload, parallel.dp // parallel.sp, 1)
-    tokens = (micro_batch_tokens or b * workload.seq_len) / parallel.sp
+    tokens = micro_batch_tokens_held(workload, parallel.dp // parallel.sp, 1, micro_batch_tokens) / parallel.sp
     acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
     if head == "lm":
         acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES

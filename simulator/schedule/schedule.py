@@ -162,7 +162,8 @@ def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None, partial_rollo
     )
 
     # a plan of conversations (`Plan.agent`): its rollout priced multi-turn, unless the caller's model already is
-    cm = agent_cost_model(cost_model or default_cost_model(plan.cluster), plan.agent)
+    cm = agent_cost_model(cost_model or default_cost_model(plan.cluster), plan.agent, mode=plan.mode,
+                          staleness=plan.staleness)
     cache: dict[tuple[str, str, bool], object] = {}
     out = {}
     for n, a in graph.nodes(data=True):

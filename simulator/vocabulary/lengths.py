@@ -149,6 +149,11 @@ class LengthDistribution(BaseModel):
         return (xs, ys) if qs[0] == 0.0 else ((0.0, *xs), (ys[0], *ys))
 
     @property
+    def knots(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(shares, lengths) of the quantile function, linear between them."""
+        return self._knots
+
+    @property
     def longest(self) -> int:
         return self.quantiles[1.0]
 
@@ -161,6 +166,18 @@ class LengthDistribution(BaseModel):
             return ys[0]
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y1 if x1 == x0 else y0 + (y1 - y0) * (u - x0) / (x1 - x0)
+
+    def expected_longest(self, n: int) -> float:
+        """E[the longest of n independent draws] = ∫ quantile(u) d(uⁿ), exact on each linear piece: what a batch
+        of n rows padded to its own longest is as wide as (rows in no order)."""
+        xs, ys = self._knots
+        total = 0.0
+        for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:], strict=False):
+            if x1 == x0:
+                continue
+            slope = (y1 - y0) / (x1 - x0)  # ∫ (y0 + slope·(u - x0)) n·u^(n-1) du over [x0, x1]
+            total += (y0 - slope * x0) * (x1**n - x0**n) + slope * n / (n + 1) * (x1 ** (n + 1) - x0 ** (n + 1))
+        return total
 
     def sample(self, n: int) -> list[int]:
         """n lengths, ascending: the quantile function at shares (i + ½)/n, rounded; the last one is the

@@ -19,7 +19,10 @@ compares with (§8, and each system's own docs) differ in documented ways, each 
 - OpenRLHF v0.2 (its README; `_broadcast_to_vllm`): ZeRO-3 training on devices of its own, vLLM on others,
   and a weight sync that gathers and broadcasts the actor *one tensor at a time*, each with a Ray call to
   every engine (`weight_sync: per-tensor`). Each actor rank hands vLLM `micro_rollout_batch_size` prompts
-  per call and scores them before the next (its benchmark's "Generation micro_batch_size"): a static batch.
+  per call and scores them before the next (its benchmark's "Generation micro_batch_size"): a static batch,
+  whose finished sequences leave vLLM's running batch while the call waits for its longest (`drain_calls`).
+  Its experiences come out padded to their call's longest response and train in micro-batches drawn shuffled
+  from its replay buffer, each padded to its own longest (`rows_padded_per_batch`; replay_buffer.py).
 - NeMo-Aligner v0.2 (HybridFlow §8.2): generates in its training layout (the plan's generation config
   equals its training config, pipeline stages included) with a static batch of `rollout_micro_batch_size`
   per data-parallel rank, on Megatron's own eager generation loop (its authors later replaced it with
@@ -28,6 +31,9 @@ compares with (§8, and each system's own docs) differ in documented ways, each 
 
 Optimizer offload (ZeRO-Offload; DS-Chat's `--offload`, OpenRLHF's `--adam_offload`) is a plan option of
 its own (Plan.optimizer_offload), priced for any system; this runtime does not run it yet (check_runnable).
+DS-Chat's `--offload` also offloads the parameters of its ZeRO-3 models (`get_train_ds_config` and
+`get_eval_ds_config` set `offload_param` with `offload_optimizer`; DeepSpeed honours it at stage 3 only):
+`param_offload` names those roles.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ class Mechanics(BaseModel):
     generate_per_minibatch: bool = False  # one generation (and weight switch) per PPO mini-batch (DS-Chat)
     weight_sync: WeightSync = "bucketed"
     decode_slowdown: float = Field(1.0, ge=1.0)  # generation time relative to a serving engine's on the same layout
+    drain_calls: bool = False  # static calls on a serving engine: finished sequences leave, the call awaits its longest
+    # scoring and training rows padded to their own batch's longest (calls, shuffled micro-batches), not sorted buckets
+    rows_padded_per_batch: bool = False
+    # roles whose ZeRO-3 parameter shards live in host memory (DeepSpeed's offload_param: DS-Chat's --offload on a
+    # stage-3 model), copied to the device at every forward and backward pass
+    param_offload: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -79,4 +91,10 @@ class Mechanics(BaseModel):
             parts.append("per-tensor weight sync")
         if self.decode_slowdown != 1.0:
             parts.append(f"generation loop {self.decode_slowdown:g}x a serving engine's time")
+        if self.drain_calls:
+            parts.append("finished sequences leave their call")
+        if self.rows_padded_per_batch:
+            parts.append("rows padded to their batch's longest")
+        if self.param_offload:
+            parts.append(f"parameters in host memory ({', '.join(self.param_offload)})")
         return ", ".join(parts)

@@ -48,6 +48,9 @@ class ModelSpec(BaseModel):
     # The shortest sliding window of any layer (None: none). Priced as full attention; it only decides
     # whether the runtime can compute a prompt once for all of its samples (vocabulary/execution.py shares_prompts).
     attention_window: PositiveInt | None = None
+    # The longest sequence (prompt + response) the model takes: its HF config's max_position_embeddings.
+    # None: not stated (not checked). A plan's or search's prompt_len + response_len must fit in it.
+    context_len: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _shape(self):
@@ -134,7 +137,7 @@ class ModelSpec(BaseModel):
             tied_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.qkv_bias, o_bias=cfg.o_bias,
             mlp_bias=cfg.mlp_bias, qk_norm=cfg.qk_norm, head_dim=cfg.head_dim, family=cfg.family,
             experts=cfg.num_local_experts, experts_per_token=cfg.num_experts_per_tok,
-            attention_window=cfg.shortest_window,
+            attention_window=cfg.shortest_window, context_len=cfg.max_position_embeddings,
         )
 
     def decoder_config(self, **overrides) -> DecoderConfig:
@@ -146,6 +149,8 @@ class ModelSpec(BaseModel):
             o_bias=self.o_bias, mlp_bias=self.mlp_bias, qk_norm=self.qk_norm,
             num_local_experts=self.experts, num_experts_per_tok=self.experts_per_token,
         )
+        if self.context_len is not None:
+            fields["max_position_embeddings"] = self.context_len
         return DecoderConfig(**{**fields, **overrides})
 
     @classmethod
@@ -173,26 +178,30 @@ def _m(name, layers, hidden, heads, kv_heads, ffn, vocab, **kw) -> ModelSpec:
 _QWEN2 = dict(family="qwen2", attention_bias=True)
 _QWEN3 = dict(family="qwen3", qk_norm=True, head_dim=128)
 
-# Published configs (Hugging Face config.json of each release).
+# Published configs (Hugging Face config.json of each release: meta-llama/Llama-2-{7b,13b,70b}-hf,
+# codellama/CodeLlama-34b-hf, meta-llama/Meta-Llama-3-{8B,70B}, meta-llama/Llama-3.1-{8B,70B},
+# Qwen/Qwen2.5-{7B,32B,72B} (the base releases: max_position_embeddings 131072; the -Instruct ones say 32768),
+# Qwen/Qwen3-{8B,32B}, mistralai/Mixtral-8x7B-v0.1); context_len is each one's max_position_embeddings.
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
-        _m("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
-        _m("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
-        _m("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
-        _m("codellama-34b", 48, 8192, 64, 8, 22016, 32000),
-        _m("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
-        _m("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
-        _m("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256),
-        _m("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256),
-        _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, **_QWEN2),
-        _m("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, **_QWEN2),
-        _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, **_QWEN2),
-        _m("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, **_QWEN3),
-        _m("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, **_QWEN3),
-        _m("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, family="mixtral", experts=8, experts_per_token=2),
-        # The embedded default's policy: small enough to train on two CPU cores.
-        _m("tiny", 4, 128, 4, 4, 512, 64),
+        _m("llama2-7b", 32, 4096, 32, 32, 11008, 32000, context_len=4096),
+        _m("llama2-13b", 40, 5120, 40, 40, 13824, 32000, context_len=4096),
+        _m("llama2-70b", 80, 8192, 64, 8, 28672, 32000, context_len=4096),
+        _m("codellama-34b", 48, 8192, 64, 8, 22016, 32000, context_len=16384),
+        _m("llama3-8b", 32, 4096, 32, 8, 14336, 128256, context_len=8192),
+        _m("llama3-70b", 80, 8192, 64, 8, 28672, 128256, context_len=8192),
+        _m("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, context_len=131072),
+        _m("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, context_len=131072),
+        _m("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, context_len=131072, **_QWEN2),
+        _m("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, context_len=131072, **_QWEN2),
+        _m("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, context_len=131072, **_QWEN2),
+        _m("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, context_len=40960, **_QWEN3),
+        _m("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, context_len=40960, **_QWEN3),
+        _m("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, family="mixtral", experts=8, experts_per_token=2,
+           context_len=32768),
+        # The embedded default's policy: small enough to train on two CPU cores (the decoder's default context).
+        _m("tiny", 4, 128, 4, 4, 512, 64, context_len=2048),
     ]
 }
 

@@ -47,6 +47,12 @@ ROLLOUT_BACKENDS: tuple[str, ...] = get_args(RolloutBackend)
 # a bounded queue and trains on a batch whose policy is at most `max_staleness` updates old.
 ExecutionMode = Literal["sync", "one-step-off", "async"]
 EXECUTION_MODES: tuple[str, ...] = get_args(ExecutionMode)
+STREAM_CHUNKS = 2  # `async` launches each batch of prompts as this many rollout calls
+
+
+def stream_chunk_prompts(prompts: int) -> int:
+    """Prompts per rollout call in `async` mode: its groups stream into the queue at this grain."""
+    return max(1, -(-prompts // STREAM_CHUNKS))
 
 
 def known_algorithm(name: str) -> str:
@@ -63,7 +69,7 @@ AlgorithmName = Annotated[str, AfterValidator(known_algorithm)]
 
 def default_micro_batch_tokens(workload: Workload, train: ParallelConfig) -> int | None:
     """A role's sequence-packing budget for a workload of response_lengths: the padded micro-batch's tokens
-    (micro_batch_size · seq_len), as the simulator prices packed passes (pricing/cost.py micro_batches);
+    (micro_batch_size · seq_len), as the simulator prices packed passes (pricing/sequence_batches.py micro_batches);
     None for fixed lengths or where the engine does not pack (megatron, pipeline stages)."""
     if workload.response_lengths is None or train.backend != "fsdp" or train.pp > 1:
         return None
@@ -79,6 +85,17 @@ def token_budget_problem(role: str, rp, workload: Workload) -> None:
     if rp.train.backend != "fsdp" or rp.train.pp > 1:
         raise ValueError(f"role '{role}': sequence packing (micro_batch_tokens) runs on the fsdp backend with "
                          f"pp=1, not {rp.train}; drop micro_batch_tokens or train with backend fsdp, pp 1")
+
+
+def context_problem(role: str, model: ModelSpec, workload: Workload) -> None:
+    """ValueError (one line) when the workload's longest sequence (prompt_len + response_len, the latter at least
+    the response-length distribution's maximum) does not fit in `model`'s context (unknown: not checked)."""
+    if model.context_len is not None and workload.seq_len > model.context_len:
+        longest = "response_len" if workload.response_lengths is None else "the response lengths' maximum"
+        raise ValueError(f"role '{role}': prompt_len {workload.prompt_len} + response_len {workload.response_len} = "
+                         f"{workload.seq_len} tokens is beyond {model.name}'s context of {model.context_len} "
+                         f"(its max_position_embeddings); lower prompt_len or {longest} to fit, or use a model "
+                         "with a longer context")
 
 
 def lora_problem(role: str, rp) -> None:
@@ -214,6 +231,7 @@ class Plan(BaseModel):
                 raise ValueError(f"role '{role}': only the actor has a generation config and a rollout backend")
             if rp.lora is not None:
                 lora_problem(role, rp)
+            context_problem(role, rp.model, self.workload)
             if rp.micro_batch_tokens is not None:
                 token_budget_problem(role, rp, self.workload)
         if actor is not None and actor.lora is not None and "ref" in self.roles:

@@ -68,6 +68,14 @@ class Workload(BaseModel):
             return self.seq_len
         return self.prompt_len + max(1, math.ceil(self.response_lengths.mean - 1e-9))
 
+    def padded_per_batch(self, rows: int) -> Workload:
+        """This workload as a system that pads each batch of `rows` rows, drawn in no order, to its own longest
+        response sees it: every response the expected longest of `rows` (fixed lengths: unchanged)."""
+        if self.response_lengths is None:
+            return self
+        width = max(1, round(self.response_lengths.expected_longest(rows)))
+        return self.model_copy(update={"response_lengths": None, "response_len": width})
+
     @property
     def tokens_per_iteration(self) -> int:
         """The throughput numerator: the tokens really processed, prompts × samples × (prompt + mean response

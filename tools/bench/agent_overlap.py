@@ -5,8 +5,10 @@
 
 Builds (once, cached in --out) the tiny tool-calling model warmed up to call the calculator (or takes
 --model), gives it a calculator that sleeps --sleep seconds per call (in the driver's process, on
-`tool_workers` threads), asks the planner (agent-aware: simulator/agents/planning.py) for its best
-`sync` and `async` plans of GRPO on this machine's two devices, and runs each for --iterations
+`tool_workers` threads), probes the agent workload here (runtime/measure/agent_probe.py probe_workload:
+one batch's conversations run twice in process), asks the planner (agent-aware:
+simulator/agents/planning.py) for its best `sync` and `async` plans of GRPO on this machine's two devices
+with that workload, and runs each for --iterations
 iterations of the real trainer (`hflow-plan run`'s Trainer: Ray, the native engine, conversations), the
 two modes in turn for --rounds rounds in one Ray session (training of --ppo-epochs x --mini-batches steps,
 long enough for a rollout to hide behind). Measured: the median over rounds of the steady iteration of
@@ -82,9 +84,9 @@ def main(argv=None) -> int:
     from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
     from hybridflow.runtime.agents.word_problems import word_problems
     from hybridflow.runtime.controller.resource_pool import init_ray
+    from hybridflow.runtime.measure.agent_probe import probe_workload
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.runtime.rl.trainer import Trainer
-    from hybridflow.simulator.agents.planning import AgentWorkload
     from hybridflow.tools.reports.agent_prediction import agent_workload_from_metrics, multi_turn_prediction
     from hybridflow.tools.reports.comparison import Comparison
 
@@ -101,10 +103,11 @@ def main(argv=None) -> int:
                                for r in word_problems(256, seed=7)))
     settings = AgentSettings(tools=(f"{tool_file}:calculator@inprocess",), max_turns=3, max_tokens=64, turn_tokens=24,
                              tool_workers=args.tool_workers)
-    # the planner's view before any run: up to max_turns turns, the tool's sleep per call
-    guess = AgentWorkload(turns=[1, 2, 3], tool_seconds=[args.sleep], turn_tokens=[24], tool_turn_tokens=[16],
-                          tool_workers=args.tool_workers)
-    chosen = plans(folder, guess, args.profile, args.batch, 4, args.ppo_epochs, args.mini_batches, args.micro_batch)
+    # the planner's view before any run: the probe's (one batch's conversations run here on the native engine:
+    # turns, tokens, the tool's seconds, the runner's work between calls), as `search --agent-workload` reads it
+    problems = [{"prompt": r["prompt"], "answer": r["answer"]} for r in word_problems(4 * args.batch, seed=8)]
+    probed = probe_workload(folder, settings, problems, rollouts=2)
+    chosen = plans(folder, probed, args.profile, args.batch, 4, args.ppo_epochs, args.mini_batches, args.micro_batch)
     cfg = RunConfig(seed=0, data={"prompts_file": str(prompts)}, agent=settings.model_dump())
     from hybridflow.runtime.measure.profile_check import check_speed
     from hybridflow.simulator.calibration.profile import resolve_profile
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
     speed = check_speed(resolve_profile(args.profile), max_seconds=SPEED_CHECK_MAX_SECONDS).index
     init_ray(num_cpus=8)
     out = {"sleep_s": args.sleep, "tool_workers": args.tool_workers, "conversations": 4 * args.batch,
-           "speed_vs_profile": speed, "modes": {}}
+           "speed_vs_profile": speed, "probed_driver_seconds_per_row": probed.driver_seconds_per_row, "modes": {}}
     runs: dict[str, list] = {mode: [] for mode in chosen}
     for r in range(args.rounds):  # sync and async in turn, each round in the other order: load falls on both
         for mode in (list(chosen) if r % 2 == 0 else list(chosen)[::-1]):
@@ -143,7 +146,11 @@ def main(argv=None) -> int:
             "predicted_pooled_s": pooled.iteration_seconds(),
             "generate_measured_s": statistics.median(c.measured_ops.get("generate", 0.0) for c in cs),
             "generate_predicted_s": gen,
-            "turns_mean": statistics.mean(m["agent/turns_mean"] for ms, _ in runs[mode] for m in ms[1:] or ms)}
+            "turns_mean": statistics.mean(m["agent/turns_mean"] for ms, _ in runs[mode] for m in ms[1:] or ms),
+            # each op measured (the median over rounds) and predicted: where the iteration's error sits
+            "ops": {op: {"measured_s": statistics.median(c.measured_ops.get(op, 0.0) for c in cs),
+                         "predicted_s": cs[0].predicted_ops.get(op, 0.0)}
+                    for op in sorted(set(cs[0].predicted_ops) | {o for c in cs for o in c.measured_ops})}}
     m = out["modes"]
     out["speedup_measured"] = m["sync"]["measured_s"] / m["async"]["measured_s"]
     out["speedup_predicted"] = m["sync"]["predicted_pooled_s"] / m["async"]["predicted_pooled_s"]
@@ -156,7 +163,9 @@ def main(argv=None) -> int:
           f"{', '.join(f'{k}: {100 * agent.turns.count(k) // len(agent.turns)}%' for k in sorted(set(agent.turns)))} of conversations, "
           f"{statistics.median(agent.turn_tokens):g} tokens per calling "
           f"turn, {statistics.median(agent.final_turn_tokens or [0]):g} per answer, {max(agent.tool_seconds):.2f} s of tool in "
-          f"{sum(s > 0 for s in agent.tool_seconds)}/{len(agent.tool_seconds)} tool turns")
+          f"{sum(s > 0 for s in agent.tool_seconds)}/{len(agent.tool_seconds)} tool turns; runner's work between "
+          f"calls {1e3 * agent.driver_seconds_per_row:.2f} ms per conversation (the probe's before the runs: "
+          f"{1e3 * probed.driver_seconds_per_row:.2f} ms)")
     for name, v in m.items():
         print(f"{name:6s} (rollout devices {v['rollout_devices']}): iteration measured {v['measured_s']:.2f} s "
               f"(rounds {', '.join(f'{x:.2f}' for x in v['measured_rounds'])}), "

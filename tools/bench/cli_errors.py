@@ -88,6 +88,31 @@ def error_cases(folder: Path) -> list[ErrorCase]:
         (folder / f"{name}.jsonl").write_text(f"{row}\n{bad}\n")
     reward = str(folder / "reward.py")
     late = "after Ray and the weights loaded (issue 39: ~8 s in)"
+    # long-tail lengths (issue 34): beyond the model's context, a token budget below the longest sequence
+    for name, response_len, budget in (("too-long", 4096, None), ("small-budget", 8, 16), ("budget-64", 8, 64)):
+        doc = json.loads(Path(tiny).read_text())
+        doc["workload"]["response_len"] = response_len
+        if budget:
+            doc["roles"]["actor"]["micro_batch_tokens"] = budget
+        (folder / f"{name}.json").write_text(json.dumps(doc))
+    unchecked, checked = "accepted: the model's context was not checked", "refused in one line already (issue 34)"
+    length_cases = [
+        ErrorCase("search --response-lengths that does not parse", ["search", "--model", "tiny", "--algo", "grpo",
+                                                                      "--response-lengths", "p50=many,max=64"],
+                  "is not a length distribution", checked),
+        ErrorCase("search lengths beyond the model's context", ["search", "--model", "llama2-7b", "--algo", "grpo",
+                                                                "--response-lengths", "p50=1500,max=16000"],
+                  "beyond llama2-7b's context of 4096", unchecked),
+        ErrorCase("simulate a plan whose lengths pass the model's context", ["simulate", str(folder / "too-long.json")],
+                  "beyond tiny's context of 2048", unchecked),
+        ErrorCase("run --response-len beyond the model's context", ["run", tiny, "--response-len", "4096"],
+                  "beyond tiny's context of 2048", unchecked),
+        ErrorCase("simulate a token budget below the longest sequence", ["simulate", str(folder / "small-budget.json")],
+                  "below the longest sequence", checked),
+        ErrorCase("run --response-len past the plan's token budget", ["run", str(folder / "budget-64.json"),
+                                                                      "--response-len", "100"],
+                  "below the longest sequence", checked),
+    ]
     task_cases = [
         ErrorCase("run --prompts with a malformed JSONL line", ["run", tiny, "--prompts", str(folder / "malformed.jsonl")],
                   "line 2 is not JSON", late),
@@ -134,6 +159,7 @@ def error_cases(folder: Path) -> list[ErrorCase]:
         ErrorCase("search --algo ppp (near miss)", ["search", "--algo", "ppp", "--model", "tiny"], "did you mean 'ppo'",
                   "refused without a suggestion"),
         *task_cases,
+        *length_cases,
     ]
 
 

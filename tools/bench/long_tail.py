@@ -52,17 +52,23 @@ def packing_budget(micro: int, longest: int) -> int:
     return micro * (PROMPTS[1] + longest)
 
 
+def bench_workload(n: int, mean: int, longest: int, micro: int):
+    """The batch as the simulator sees it: the distribution's workload at the mean prompt length, one step."""
+    from hybridflow.simulator.vocabulary.workload import Workload
+
+    return Workload(prompts=n, prompt_len=round(sum(PROMPTS) / 2), micro_batch_size=micro, ppo_epochs=1,
+                    mini_batches=1, response_lengths=LengthDistribution.max_entropy(mean, longest))
+
+
 def predict(dp: int, n: int, mean: int, longest: int, micro: int, profile: str) -> dict[str, dict]:
     """Per side, the simulator's seconds for the log-prob pass plus one optimizer step of the batch, and the parts."""
     from hybridflow.simulator.calibration.fit import calibrate_file
     from hybridflow.simulator.vocabulary.model import model_preset
     from hybridflow.simulator.vocabulary.parallel import ParallelConfig
-    from hybridflow.simulator.vocabulary.workload import Workload
 
     cal = calibrate_file(profile)
     cm = cal.cost_model(cal.cluster(nodes=1, devices_per_node=dp))
-    w = Workload(prompts=n, prompt_len=round(sum(PROMPTS) / 2), micro_batch_size=micro, ppo_epochs=1, mini_batches=1,
-                 response_lengths=LengthDistribution.max_entropy(mean, longest))
+    w = bench_workload(n, mean, longest, micro)
     model, par = model_preset("tiny"), ParallelConfig(dp=dp)
     out = {}
     for side in SIDES:

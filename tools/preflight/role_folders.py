@@ -18,7 +18,7 @@ from hybridflow.runtime.models.folder_check import (
 )
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import ModelSpec, hf_folder
-from hybridflow.simulator.vocabulary.plan import Plan
+from hybridflow.simulator.vocabulary.plan import Plan, context_problem
 from hybridflow.tools.flags import role_flag
 
 
@@ -43,7 +43,7 @@ def resolve_role_paths(plan: Plan, overrides: dict[str, str] | None = None) -> P
 
 
 def _shape(spec: ModelSpec) -> dict:
-    d = spec.model_dump(exclude={"name", "head_dim"})
+    d = spec.model_dump(exclude={"name", "head_dim", "context_len"})  # the context is checked against the lengths
     d["head_dim"] = spec.dim_head  # an explicit head_dim equal to hidden / heads is the same shape
     return d
 
@@ -118,3 +118,9 @@ def check_role_folders(plan: Plan) -> None:
     """Every role folder the plan names (see check_folders); torch-free and Ray-free, for `run`'s preflight."""
     check_folders({r: rp.path for r, rp in plan.roles.items() if rp.path},
                   {r: rp.model for r, rp in plan.roles.items()})
+    for role, rp in plan.roles.items():  # the folder's own context (`run --actor DIR` may differ from the plan's)
+        if rp.path:
+            try:
+                context_problem(role, ModelSpec.from_hf_config(rp.path), plan.workload)
+            except ValueError as e:
+                raise HflowError(f"{rp.path}: {e}") from None

@@ -35,7 +35,8 @@ def agent_workload_from_metrics(metrics: list[dict], settings, skip_first: bool 
                                         multi_turn_share=mean("agent/multi_turn_share"),
                                         tool_turn_call_share=ran / tool_turns if turns > 1.0 else 1.0,
                                         tool_workers=settings.tool_workers, overlap=settings.overlap,
-                                        driver_seconds_per_row=_driver_seconds(rows))
+                                        driver_seconds_per_row=_driver_seconds(rows),
+                                        prompt_tokens=_prompt_tokens(rows))
     # each iteration's own turn shares: a draw prices one observed rollout (whether a second wave of tools comes)
     shares = [{int(k): s for k, s in m["agent/turns_share"].items()} for m in rows if m.get("agent/turns_share")]
     return workload.model_copy(update={"turns": _turns(rows) or workload.turns, "turn_tokens": calls or workload.turn_tokens,
@@ -47,6 +48,13 @@ def _driver_seconds(rows: list[dict]) -> float:
     driver starved by other processes in a few iterations would swing a mean); 0 without the metric."""
     seen = [float(m["agent/driver_seconds_per_row"]) for m in rows if "agent/driver_seconds_per_row" in m]
     return statistics.median(seen) if seen else 0.0
+
+
+def _prompt_tokens(rows: list[dict]) -> int | None:
+    """The prompts' padded width as the chat template rendered them (`agent/prompt_tokens`), the median over
+    the iterations; None without the metric (the plan's prompt_len)."""
+    seen = [float(m["agent/prompt_tokens"]) for m in rows if "agent/prompt_tokens" in m]
+    return max(1, round(statistics.median(seen))) if seen else None
 
 
 def _turns(rows: list[dict], n: int = 100) -> list[int]:

@@ -48,8 +48,7 @@ from hybridflow.runtime.rl.modes.base import Mode
 from hybridflow.runtime.rl.partial_rollouts import OpenGroup, PartialRollouts, partial_stats
 from hybridflow.runtime.rl.rollout import PendingRollout
 from hybridflow.simulator.errors import HflowError
-
-STREAM_CHUNKS = 2  # rollout calls per batch of prompts: groups stream into the queue at this granularity
+from hybridflow.simulator.vocabulary.plan import stream_chunk_prompts
 
 
 def concat_groups(parts: list[Batch]) -> Batch:
@@ -94,7 +93,7 @@ class Streaming(Mode):
         self.partial = partial  # partial rollouts (rl/partial_rollouts.py); None: every response in one call
         w = self.workload
         self.group_size = w.samples_per_prompt
-        self.chunk_prompts = chunk_prompts or max(1, -(-w.prompts // STREAM_CHUNKS))
+        self.chunk_prompts = chunk_prompts or stream_chunk_prompts(w.prompts)
         self.capacity = self.max_staleness * w.prompts  # groups ready + in flight
         self.queue = RolloutQueue(w.samples_per_prompt, self.max_staleness)
         self.in_flight: deque[PendingRollout] = deque()

@@ -42,11 +42,18 @@ lock.release()
 PLAN = Path(__file__).parents[3] / "examples" / "plans" / "tiny-local.json"
 
 
-def _holder(folder: Path, go: Path, release: Path | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(go), str(release or go.with_name("never"))],
+def _start_holder(folder: Path, go: Path, release: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(go), str(release or go.with_name("never"))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_ready(proc: subprocess.Popen) -> subprocess.Popen:
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
     return proc
+
+
+def _holder(folder: Path, go: Path, release: Path | None = None) -> subprocess.Popen:
+    return _wait_ready(_start_holder(folder, go, release))
 
 
 def _wait_holding(proc: subprocess.Popen) -> None:
@@ -57,7 +64,8 @@ def _wait_holding(proc: subprocess.Popen) -> None:
 def test_two_runs_started_together_never_both_hold_the_folder(tmp_path):
     for attempt in range(20):
         folder, go, release = tmp_path / f"ck{attempt}", tmp_path / f"go{attempt}", tmp_path / f"release{attempt}"
-        procs = [_holder(folder, go, release) for _ in range(2)]  # both imported, spinning on the start file
+        procs = [_start_holder(folder, go, release) for _ in range(2)]  # both import at once …
+        procs = [_wait_ready(p) for p in procs]  # … and spin on the start file
         go.touch()
         # each either holds the lock (and keeps it until released) or has ended: read both before releasing
         said = [p.stdout.readline().strip() for p in procs]

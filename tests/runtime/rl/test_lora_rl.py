@@ -40,7 +40,7 @@ def grpo_run(ray_local):
                        "position_ids": torch.arange(24).expand(8, 24).clone(), "responses": ids[:, 16:]})
         ref = t.groups["actor"].call("actor", "compute_ref_log_prob", batch)["ref_log_probs"]
         actor = t.groups["actor"].call("actor", "compute_log_prob", batch)["old_log_probs"]
-        path = t._model_path("actor")
+        path = t.workers.model_path("actor")
         timeline = t.timeline
     return dict(plan=plan, out=out, calls=calls, want_calls=want_calls, batch=batch, ref=ref, actor=actor, path=path,
                 timeline=timeline)

@@ -68,7 +68,7 @@ def test_the_trainer_hands_each_role_its_budget():
     from hybridflow.runtime.rl.trainer import Trainer
 
     trainer = Trainer(_packed_plan(96))
-    assert {r: trainer._role_spec(r).kwargs["micro_batch_tokens"] for r in ("actor", "ref")} == \
+    assert {r: trainer.workers.role_spec(r).kwargs["micro_batch_tokens"] for r in ("actor", "ref")} == \
         {"actor": 96, "ref": 96}
 
 
@@ -107,12 +107,12 @@ def test_the_vllm_rollout_takes_the_plans_memory_fraction_and_concurrency():
     from hybridflow.runtime.rl.trainer import Trainer
 
     trainer = Trainer(_packed_plan(48))
-    assert engine_knobs(trainer._rollout_settings(on_trainer=True)) == {}  # vLLM's defaults
+    assert engine_knobs(trainer.workers.rollout_settings(on_trainer=True)) == {}  # vLLM's defaults
     # (the plan swapped in after the start-up checks, which want vLLM installed to run it)
-    trainer.plan = _with_actor(_packed_plan(48), rollout="vllm", rollout_memory_fraction=0.6,
+    trainer.workers.plan = _with_actor(_packed_plan(48), rollout="vllm", rollout_memory_fraction=0.6,
                                max_concurrent_sequences=64)
     for on_trainer in (True, False):
-        settings = trainer._rollout_settings(on_trainer=on_trainer)
+        settings = trainer.workers.rollout_settings(on_trainer=on_trainer)
         assert engine_knobs(settings) == {"gpu_memory_utilization": 0.6, "max_num_seqs": 64}
 
 

@@ -113,16 +113,16 @@ def test_trainer_hands_the_chosen_backend_to_the_actor(tmp_path):
     CharTokenizer().save(tmp_path / "m")  # the tiny shape's vocabulary is the character tokenizer's
     paths = {"actor": str(tmp_path / "m"), "ref": str(tmp_path / "m")}
     plan = tiny_plan("grpo", [["actor", "ref"]], paths=paths)
-    spec = Trainer(plan)._role_spec("actor")
+    spec = Trainer(plan).workers.role_spec("actor")
     rollout = spec.kwargs["rollout"]
     assert rollout.backend == "native" and rollout.prompt_len == plan.workload.prompt_len
-    assert "rollout" not in Trainer(plan)._role_spec("ref").kwargs
+    assert "rollout" not in Trainer(plan).workers.role_spec("ref").kwargs
     data = plan.model_dump(mode="json")
     data["roles"]["actor"]["rollout"] = "vllm"
     vllm_plan = Plan.model_validate(data)
-    assert Trainer(vllm_plan, RunConfig(sampling={"rollout": "native"}))._role_spec("actor").kwargs["rollout"].backend == "native"
+    assert Trainer(vllm_plan, RunConfig(sampling={"rollout": "native"})).workers.role_spec("actor").kwargs["rollout"].backend == "native"
     if VLLM_INSTALLED:
-        assert Trainer(vllm_plan)._role_spec("actor").kwargs["rollout"].backend == "vllm"
+        assert Trainer(vllm_plan).workers.role_spec("actor").kwargs["rollout"].backend == "vllm"
     else:
         with pytest.raises(HflowError, match="not installed"):
             Trainer(vllm_plan)

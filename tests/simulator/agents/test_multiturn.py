@@ -60,14 +60,16 @@ def test_final_turn_lengths_and_tools_done_together_decode_together():
     assert simulate_rollout(workload(overlap=True), COST) == pytest.approx(1.24 + 2 * 0.235)
 
 
-def test_the_runners_work_between_calls_by_hand():
-    # lockstep: before decode 2 the runner handles decode 1's two turns and decode 2's two: 4 · 0.01
-    assert simulate_rollout(workload(driver_seconds_per_row=0.01), COST) == pytest.approx(0.24 + 1.0 + 0.04 + 0.27)
-    # overlap, one decode per conversation after the first: (2 + 1) · 0.01 before the second call, (1 + 1) · 0.01
-    # before the third
+def test_the_runners_work_around_calls_by_hand():
+    # lockstep: the two prompts rendered before decode 1 (2 · 0.01, so the tools end at 1.26); before decode 2
+    # the runner handles decode 1's two turns and decode 2's two (4 · 0.01); after it decode 2's two (2 · 0.01)
+    w = workload(driver_seconds_per_row=0.01)
+    assert simulate_rollout(w, COST) == pytest.approx(0.02 + 0.24 + 1.0 + 0.04 + 0.27 + 0.02)
+    # overlap, one decode per conversation after the first: the prompts (0.02), decode 1 ends 0.26, the tools
+    # 1.26; (2 + 1) · 0.01 before the second call, (1 + 1) · 0.01 before the third, 0.01 after it
     w = workload(overlap=True, driver_seconds_per_row=0.01)
-    assert simulate_rollout(w, COST) == pytest.approx(1.24 + 0.03 + 0.235 + 0.02 + 0.235)
-    assert simulate_rollout(workload(turns=[1], driver_seconds_per_row=0.01), COST) == pytest.approx(0.24)
+    assert simulate_rollout(w, COST) == pytest.approx(1.26 + 0.03 + 0.235 + 0.02 + 0.235 + 0.01)
+    assert simulate_rollout(workload(turns=[1], driver_seconds_per_row=0.01), COST) == pytest.approx(0.02 + 0.24 + 0.02)
 
 
 def test_each_draw_takes_one_observed_rollouts_turn_shares():
@@ -78,3 +80,19 @@ def test_each_draw_takes_one_observed_rollouts_turn_shares():
     # shares of an odd count still give every conversation its turns: 3 conversations at 1/2 each way
     w = workload(conversations=3, turn_shares=[{1: 0.5, 2: 0.5}], overlap=True)
     assert simulate_rollout(w, COST) > 1.0
+
+
+def test_runners_in_flight_share_the_engine_by_hand():
+    # two runners of one conversation each, each with its own tool worker; their calls take the engine in
+    # turn. Runner 0 decodes 0 → 0.22 (0.1 + 10·0.01 + 20·0.001); runner 1 waits for it, 0.22 → 0.44.
+    # Tools end at 1.22 and 1.44; runner 0's second turn 1.22 → 1.455 (0.1 + 0.1 + 35·0.001), runner 1's
+    # waits for it: 1.455 → 1.69
+    w = workload(tool_workers=1, overlap=True, runners=2)
+    assert simulate_rollout(w, COST) == pytest.approx(1.69)
+    # one runner, one worker: the second tool waits for the first (test_overlap_with_one_tool_worker_by_hand)
+    assert simulate_rollout(w.model_copy(update={"runners": 1}), COST) == pytest.approx(2.24 + 0.235)
+    # each runner pays its own work around its calls, 0.01 per conversation: its prompt (runner 0 decodes
+    # 0.01 → 0.23, runner 1 0.23 → 0.45), 2 rows before its second call (runner 0 1.25 → 1.485, runner 1 ready
+    # at 1.47, waits: 1.485 → 1.72) and its last call's row after it
+    w = w.model_copy(update={"driver_seconds_per_row": 0.01})
+    assert simulate_rollout(w, COST) == pytest.approx(1.73)

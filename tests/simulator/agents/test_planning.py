@@ -70,3 +70,32 @@ def test_from_means_keeps_the_means_and_the_tail():
     assert statistics.mean(a.tool_seconds) == pytest.approx(0.4)
     assert a.final_turn_tokens == [4] and a.turn_tokens == [20]
     assert AgentWorkload.from_means(1.0, 20, 30, 0.5).turns == [1] * 20
+
+
+def test_async_mode_runs_its_chunks_at_once_by_hand():
+    base = default_cost_model(CLUSTER)
+    agent = AgentWorkload(turns=[2], tool_seconds=[3.0], turn_tokens=[40], final_turn_tokens=[8], tool_turn_tokens=[24],
+                          tool_workers=8, overlap=False)
+    cm = MultiTurnCostModel(base, agent)
+    assert cm.in_mode("sync", 0) is cm and cm.in_mode("one-step-off", 1) is cm
+    t1, t2 = turn(base, 16, 96, 40), turn(base, 16, 96 + 40 + 24, 8)
+    # sync: one runner, 32 conversations, 8 tool workers: four waves of tools between the two turns
+    sync = turn(base, 32, 96, 40) + 4 * 3.0 + turn(base, 32, 96 + 40 + 24, 8)
+    assert cm.generate(MODEL, GEN, W).seconds == pytest.approx(sync)
+    # async: 16 prompts in two chunks of 8 (16 conversations), each chunk a runner with its own 8 workers (two
+    # waves); the chunks' calls take the engine in turn: chunk 0 [0, t1], chunk 1 [t1, 2·t1], chunk 0's second
+    # turn once its tools are done (t1 + 6), chunk 1's at 2·t1 + 6 or once the engine is free
+    second = max(2 * t1 + 6.0, t1 + 6.0 + t2)
+    assert cm.in_mode("async", 1).generate(MODEL, GEN, W).seconds == pytest.approx(second + t2)
+
+
+def test_prompts_as_the_template_renders_them():
+    # the chat template adds the tools' schemas: 128 tokens per prompt where the plan counts the task's 96, in
+    # the rollout's prefill and in every training op's rows
+    base = default_cost_model(CLUSTER)
+    cm = MultiTurnCostModel(base, AgentWorkload(turns=[1], tool_seconds=[0.0], turn_tokens=[40], prompt_tokens=128))
+    rendered = W.model_copy(update={"prompt_len": 128})
+    assert cm.generate(MODEL, GEN, W).seconds == pytest.approx(turn(base, W.sequences, 128, 40))
+    assert cm.train(MODEL, "lm", GEN, W).seconds == pytest.approx(base.train(MODEL, "lm", GEN, rendered).seconds)
+    assert cm.forward(MODEL, "lm", GEN, W, 8).seconds == pytest.approx(base.forward(MODEL, "lm", GEN, rendered, 8).seconds)
+    assert cm.train(MODEL, "lm", GEN, W).seconds > base.train(MODEL, "lm", GEN, W).seconds

@@ -19,15 +19,17 @@ from hybridflow.simulator.calibration.fit import (
 from hybridflow.simulator.calibration.profile import Fingerprint, Profile, ProfilePoint
 from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
 from hybridflow.simulator.pricing.cost import CostModel
-from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+from hybridflow.simulator.pricing.efficiency import CPU_ATTENTION_KEY_BLOCK, EfficiencyParams
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.workload import Workload
 
 TRUE_HW = HardwareSpec(name="cpu-x", peak_flops=4e10, hbm_bandwidth=5e9, hbm_bytes=8e9, intra_node_bandwidth=1e9,
                        inter_node_bandwidth=1e9, intra_node_latency=2e-4)
+# a CPU device's (the synthetic fingerprint's): its attention kernel's key blocks are not fitted but known
 TRUE_PARAMS = EfficiencyParams().model_copy(update={**PINNED, "tokens_half": 64.0, "width_half": 32.0,
-                                                    "decode_step_overhead": 2e-3, "adam_bytes_per_param": 6.0})
+                                                    "decode_step_overhead": 2e-3, "adam_bytes_per_param": 6.0,
+                                                    "attention_key_block": CPU_ATTENTION_KEY_BLOCK})
 TRUE_OVERHEADS = EngineOverheads(layer_seconds=3e-4, backward_layer_seconds=8e-4, decode_layer_seconds=2e-4,
                                  tp_layer_seconds=4e-3, tp_backward_layer_seconds=1.2e-2, tp_decode_layer_seconds=9e-3,
                                  dp_layer_seconds=2e-3,

@@ -5,9 +5,10 @@ import pytest
 
 from hybridflow.simulator import ClusterSpec, ModelSpec, ParallelConfig, Workload
 from hybridflow.simulator.pricing import generation
-from hybridflow.simulator.pricing.cost import CostModel, micro_batches
+from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.decode_schedule import Segment, replica_decode, slowest_replica_lengths
 from hybridflow.simulator.pricing.op_cost import model_shape, seq_flops
+from hybridflow.simulator.pricing.sequence_batches import micro_batches
 from hybridflow.simulator.vocabulary.hardware import hardware_preset
 from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 

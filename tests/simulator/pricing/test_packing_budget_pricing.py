@@ -5,8 +5,9 @@ import pytest
 
 from hybridflow.simulator import ClusterSpec, ModelSpec, ParallelConfig, Workload
 from hybridflow.simulator.calibration.fit import calibrate_file
-from hybridflow.simulator.pricing.cost import CostModel, micro_batches, padded_widths, price_op
+from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.op_cost import model_shape, seq_flops
+from hybridflow.simulator.pricing.sequence_batches import micro_batches, padded_widths
 from hybridflow.simulator.vocabulary.hardware import hardware_preset
 from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 from hybridflow.simulator.vocabulary.plan import Plan, default_micro_batch_tokens
@@ -72,16 +73,20 @@ def test_price_op_prices_the_plan_s_own_budget(op, role):
     assert price[default] == pytest.approx(priced.seconds, rel=1e-12)  # the planner's default is the plan's
 
 
-def test_the_memory_model_holds_a_packed_micro_batch_of_the_plan_s_budget():
-    from hybridflow.simulator.pricing.memory import train_transient
+def test_the_memory_model_holds_a_packed_micro_batch_of_the_budget_at_most_the_rank_s_share():
     from hybridflow.simulator.pricing.plan_memory import plan_memory
 
-    default = default_micro_batch_tokens(_plan(None).workload, ParallelConfig(dp=2))
-    own = {b: plan_memory(_plan(b))["actor"].own.activations for b in (default, 2 * default)}
-    assert own[2 * default] == pytest.approx(2 * own[default], rel=1e-12)  # activations and logits per token
-    w, model = _plan(None).workload, _plan(None).roles["actor"].model
-    assert plan_memory(_plan(default))["actor"].own.activations == pytest.approx(  # the default: the rows' tokens
-        train_transient(model, "lm", ParallelConfig(dp=2), w).activations, rel=1e-12)
+    w = _plan(None).workload
+    small = {b: plan_memory(_plan(b))["actor"].own.activations for b in (1072, 2144)}
+    assert small[2144] == pytest.approx(2 * small[1072], rel=1e-12)  # activations and logits per token
+    # each rank holds 64 / (mini_batches · 2) sequences a step: at most their mean share plus one longest,
+    # 8 · (48 + mean response) + (48 + 1024) tokens, below the planner's budget of 8 · 1072
+    assert (w.sequences, w.mini_batches) == (64, 4)
+    held = 8 * (48 + w.mean_response_len) + 1072
+    default = default_micro_batch_tokens(w, ParallelConfig(dp=2))
+    assert default == 8 * 1072 > held
+    for budget in (default, 2 * default):
+        assert plan_memory(_plan(budget))["actor"].own.activations == pytest.approx(small[1072] / 1072 * held, rel=1e-12)
 
 
 def test_packed_passes_compute_every_sample_s_prompt():

@@ -42,6 +42,10 @@ def test_workload_from_metrics_by_hand():
     timed = [{**m, "agent/driver_seconds_per_row": s} for m, s in zip(rows + rows[1:2], (9.0, 0.001, 0.5, 0.002),
                                                                         strict=True)]
     assert agent_workload_from_metrics(timed, settings).driver_seconds_per_row == pytest.approx(0.002)
+    # the prompts' rendered width: the median over the iterations (the first left out); None without the metric
+    assert w.prompt_tokens is None
+    wide = [{**m, "agent/prompt_tokens": n} for m, n in zip(rows + rows[1:2], (999.0, 74.0, 80.0, 76.0), strict=True)]
+    assert agent_workload_from_metrics(wide, settings).prompt_tokens == 76
     assert agent_workload_from_metrics([{"reward_mean": 1.0}], settings) is None
 
 

@@ -216,3 +216,16 @@ def test_a_safe_rlhf_plan_with_a_folder_per_role_passes_the_run_checks(tmp_path,
         (["run", plan_file, "--cost-critic", shallow],
          f"has layers = 2 but the plan's cost_critic has 4; re-plan with `hflow-plan search --cost-critic {shallow}`"),
     ])
+
+
+def test_a_folder_whose_context_the_workload_passes_is_one_line(tmp_path, folder):
+    """The folder's own max_position_embeddings bounds the run (`run --actor` may name another model than the
+    plan's): prompt_len 16 + response_len 8 against a context of 16 is one line, exit 2, before torch or Ray."""
+    short = _copy(folder, tmp_path / "short")
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(tiny_plan("grpo", [["actor", "ref"]]).model_dump_json())
+    assert_refused_before_torch_and_ray([
+        (["run", plan_file, "--actor", short], "= 24 tokens is beyond short's context of 16"),
+    ])
