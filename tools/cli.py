@@ -16,7 +16,8 @@ from hybridflow.tools.cli_help import OneLineErrorParser, examples
 
 # Subcommand modules, in help order. Each imports torch/ray only inside its `run`, so the
 # planning commands work without the [runtime] extra.
-SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay", "lengths"]
+SUBCOMMANDS = ["simulate", "search", "compare", "run", "export", "quickstart", "profile", "replay", "lengths",
+               "agent_probe"]
 
 
 def build_parser() -> argparse.ArgumentParser:

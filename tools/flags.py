@@ -246,3 +246,19 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--lora", type=positive_int, metavar="RANK", help="train LoRA adapters of this rank on the frozen "
                    "models (the actor's base is the reference: no ref model); `search` also compares full fine-tuning")
     add_profile_arg(s)
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """`--set KEY=VALUE` items as {dotted path: value}, each value read as YAML (1e-4, true, [0.9, 0.95])."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise HflowError(f"--set {item}: give KEY=VALUE with a dotted run-config path, e.g. optimizer.actor.lr=1e-4")
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise HflowError(f"--set {item}: the value is not valid YAML; quote it") from None
+    return out

@@ -26,9 +26,11 @@ class _TurnPrice:
     """multiturn.py's decode cost of one model turn as the wrapped cost model's `generate` of `rows`
     sequences, each re-prefilling its share of the context and decoding `steps` tokens."""
 
-    def __init__(self, base, model, gen, workload, free, batch_cap, gather_every_step):
+    def __init__(self, base, model, gen, workload, free, batch_cap, gather_every_step, drain_calls=False):
         self.base, self.model, self.gen, self.workload = base, model, gen, workload
         self.kw = {"free_bytes_per_device": free, "batch_cap": batch_cap, "gather_every_step": gather_every_step}
+        if drain_calls:  # only a serving engine's calls drain (the wrapped model's keyword, given only then)
+            self.kw["drain_calls"] = True
         self.memo: dict[tuple[int, int, int], float] = {}
         # each turn after the first is a call the driver makes once the last one's results (and tools) are in:
         # the single controller's dependent-call gap that a profile measures (the schedule prices the first's)
@@ -88,18 +90,19 @@ class MultiTurnCostModel:
         return self.base.train(model, head, parallel, self._rendered(workload), *args, **kwargs)
 
     def generate(self, model, gen, workload, sequences: int | None = None, free_bytes_per_device: float | None = None,
-                 batch_cap: int | None = None, gather_every_step: bool = False) -> OpCost:
+                 batch_cap: int | None = None, gather_every_step: bool = False, drain_calls: bool = False) -> OpCost:
         """The rollout of `sequences` conversations: model turns (priced by the wrapped `generate`) and tool
         calls, under the runner's policy; its parts are `generate` (the model's turns) and `tool_wait`."""
         seqs = workload.sequences if sequences is None else sequences
-        key = (model, gen, workload, seqs, free_bytes_per_device, batch_cap, gather_every_step)
+        key = (model, gen, workload, seqs, free_bytes_per_device, batch_cap, gather_every_step, drain_calls)
         try:
             hit = self._prices.get(key)
         except TypeError:  # a workload holding a length distribution's lists: priced every time
             hit, key = None, None
         if hit is not None:
             return hit
-        turn = _TurnPrice(self.base, model, gen, workload, free_bytes_per_device, batch_cap, gather_every_step)
+        turn = _TurnPrice(self.base, model, gen, workload, free_bytes_per_device, batch_cap, gather_every_step,
+                          drain_calls)
         k = max(self.staleness, 1)
         runners = async_chunks(workload.prompts, self.staleness) if self.staleness else 1
         rollout = self.agent.rollout(k * seqs, self._rendered(workload).prompt_len, workload.response_len, runners)

@@ -133,6 +133,18 @@ def error_cases(folder: Path) -> list[ErrorCase]:
                                                                   f"{folder / 'rewrd.py'}:last_number"],
                   "no file", "accepted: exit 0, plan written (issue 39)"),
     ]
+    # the agent workload probe (issue 36): its settings checked as `run` checks an agent section, before the folder
+    (folder / "agent-prompts.jsonl").write_text(row + "\n")
+    probe = ["agent-probe", str(folder / "no-model"), "--prompts", str(folder / "agent-prompts.jsonl"), "--out",
+             str(folder / "agent.yaml")]
+    new = "no command: probe_workload was a Python call (issue 36)"
+    agent_cases = [
+        ErrorCase("agent-probe with a tool that does not import", [*probe, "--tools", "no_such_module_here:lookup"],
+                  "cannot import module 'no_such_module_here'", new),
+        ErrorCase("agent-probe with neither tools nor an environment", probe, "needs agent.tools", new),
+        ErrorCase("agent-probe --out agent.txt", [*probe[:-1], str(folder / "agent.txt"), "--tools", "calculator"],
+                  "ending in .yaml or .json", new),
+    ]
     return [
         ErrorCase("run --resume without --checkpoint-dir", ["run", tiny, "--resume"], "--resume needs --checkpoint-dir",
                   slow),
@@ -160,6 +172,7 @@ def error_cases(folder: Path) -> list[ErrorCase]:
                   "refused without a suggestion"),
         *task_cases,
         *length_cases,
+        *agent_cases,
     ]
 
 

@@ -31,6 +31,7 @@ from hybridflow.tools.flags import (
     add_role_flags,
     mode_arg,
     non_negative_int,
+    parse_overrides,
     positive_float,
     positive_int,
     role_values,
@@ -176,22 +177,6 @@ def check_args(args) -> None:
     if args.tensorboard and Path(args.tensorboard).is_file():
         raise HflowError(f"--tensorboard {args.tensorboard}: is a file; give a folder for the event files")
     args.logger_names = parse_logger_names(",".join(filter(None, [args.logger, args.tensorboard and "tensorboard"])))
-
-
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    """`--set KEY=VALUE` items as {dotted path: value}, each value read as YAML (1e-4, true, [0.9, 0.95])."""
-    import yaml
-
-    out: dict[str, object] = {}
-    for item in items:
-        key, eq, text = item.partition("=")
-        if not eq or not key.strip():
-            raise HflowError(f"--set {item}: give KEY=VALUE with a dotted run-config path, e.g. optimizer.actor.lr=1e-4")
-        try:
-            out[key.strip()] = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise HflowError(f"--set {item}: the value is not valid YAML; quote it") from None
-    return out
 
 
 def run_config(args) -> RunConfig:
