@@ -45,7 +45,9 @@ def describe_validation_error(err: ValidationError, source: str = "") -> str:
     """One line from a pydantic ValidationError: the first problem, where it is, how many more."""
     problems = err.errors()
     first = problems[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    where = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")  # a validator's own sentence, as it wrote it
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     prefix = f"{source}: " if source else ""
-    return f"{prefix}field '{where}': {first['msg']}{more}"
+    field = f"field '{where}': " if where else ""  # a whole-object check names its fields itself
+    return f"{prefix}{field}{msg}{more}"

@@ -43,3 +43,20 @@ def test_the_search_refuses_lengths_beyond_the_models_context(workload, fits):
     SearchRequest.for_algorithm("grpo", model_preset("llama2-7b").model_copy(update={"context_len": None}), H100,
                                 workload)
     SearchRequest.for_algorithm("grpo", model_preset("qwen2.5-7b"), H100, workload)
+
+
+def test_a_plan_beyond_the_context_is_one_plain_sentence(tmp_path):
+    # the Plan's whole-object check names its own fields: no "field '(top level)'" and no pydantic "Value error, "
+    from pathlib import Path
+
+    from hybridflow.simulator.errors import HflowError
+    from hybridflow.simulator.vocabulary.plan import Plan
+
+    data = json.loads((Path(__file__).parents[2] / "examples/plans/tiny-local.json").read_text())
+    data["workload"]["response_len"] = 4000  # tiny's context is 2,048
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(HflowError) as e:
+        Plan.load(path)
+    text = str(e.value)
+    assert "context" in text and "(top level)" not in text and "Value error" not in text, text

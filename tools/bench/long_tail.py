@@ -186,15 +186,31 @@ def run(dp: int, n: int, mean: int, longest: int, micro: int, repeats: int, seed
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = OneLineErrorParser(prog="long_tail", description=__doc__.split("\n\n")[0])
+def add_batch_args(ap) -> None:
+    """The long-tail batch's flags, shared with role_memory.py (the same batch and packed plan)."""
     ap.add_argument("--dp", type=int, default=2, help="data-parallel gloo processes (default 2)")
     ap.add_argument("--sequences", type=int, default=64, help="sequences in the batch (default 64)")
     ap.add_argument("--mean", type=int, default=128, help="mean response length (default 128)")
     ap.add_argument("--max", type=int, default=1024, help="longest response (default 1024, 8× the mean)")
-    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows per padded micro-batch (default 8)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows per padded micro-batch, whose tokens are "
+                    "the packing budget (default 8)")
     ap.add_argument("--seed", type=int, default=0)
+
+
+def check_batch_args(a) -> None:
+    """One line naming the flag for a batch that cannot be built."""
+    if a.dp < 1 or a.sequences % a.dp or a.sequences < a.dp:
+        raise HflowError(f"--sequences {a.sequences} must be a positive multiple of --dp {a.dp}")
+    if not 1 <= a.mean < a.max:
+        raise HflowError(f"--mean {a.mean} must be at least 1 and below --max {a.max}")
+    if a.micro_batch_size < 1:
+        raise HflowError(f"--micro-batch-size {a.micro_batch_size} must be at least 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = OneLineErrorParser(prog="long_tail", description=__doc__.split("\n\n")[0])
+    add_batch_args(ap)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name to price with (default "
                     "cpu-2core)")
     ap.add_argument("--no-prediction", action="store_true", help="measure only: no price, no speed check")
@@ -202,12 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help=f"exit 1 when packed + balanced is below {GOAL}× padded, "
                     f"or its price at the machine's speed is more than {PRICE_GOAL:.0%} off")
     a = ap.parse_args(argv)
-    if a.dp < 1 or a.sequences % a.dp or a.sequences < a.dp:
-        raise HflowError(f"--sequences {a.sequences} must be a positive multiple of --dp {a.dp}")
-    if not 1 <= a.mean < a.max:
-        raise HflowError(f"--mean {a.mean} must be at least 1 and below --max {a.max}")
-    if a.micro_batch_size < 1 or a.repeats < 1:
-        raise HflowError(f"--micro-batch-size {a.micro_batch_size} and --repeats {a.repeats} must be at least 1")
+    check_batch_args(a)
+    if a.repeats < 1:
+        raise HflowError(f"--repeats {a.repeats} must be at least 1")
     profile = None
     if not a.no_prediction:
         from hybridflow.simulator.calibration.profile import resolve_profile

@@ -30,9 +30,8 @@ Goal: every role's increment within 20 % of the memory model's figure (pinned al
 
 from __future__ import annotations
 
-from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.io import write_json_atomic
-from hybridflow.tools.bench.long_tail import bench_workload, packing_budget
+from hybridflow.tools.bench.long_tail import add_batch_args, bench_workload, check_batch_args, packing_budget
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.outputs import run_main
 
@@ -125,23 +124,12 @@ def run(dp: int, n: int, mean: int, longest: int, micro: int, seed: int, element
 
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineErrorParser(prog="role_memory", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dp", type=int, default=2, help="data-parallel gloo processes per role (default 2)")
-    ap.add_argument("--sequences", type=int, default=64, help="sequences in the batch (default 64)")
-    ap.add_argument("--mean", type=int, default=128, help="mean response length (default 128)")
-    ap.add_argument("--max", type=int, default=1024, help="longest response (default 1024)")
-    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows per padded micro-batch, whose tokens are "
-                    "the packing budget (default 8)")
-    ap.add_argument("--seed", type=int, default=0)
+    add_batch_args(ap)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when a role's increment is more than {GOAL:.0%} "
                     "off the memory model's figure (pinned allocator)")
     a = ap.parse_args(argv)
-    if a.dp < 1 or a.sequences % a.dp or a.sequences < a.dp:
-        raise HflowError(f"--sequences {a.sequences} must be a positive multiple of --dp {a.dp}")
-    if not 1 <= a.mean < a.max:
-        raise HflowError(f"--mean {a.mean} must be at least 1 and below --max {a.max}")
-    if a.micro_batch_size < 1:
-        raise HflowError(f"--micro-batch-size {a.micro_batch_size} must be at least 1")
+    check_batch_args(a)
     out = run(a.dp, a.sequences, a.mean, a.max, a.micro_batch_size, a.seed)
     print(f"role memory: {a.sequences} sequences, responses mean {a.mean} max {a.max}, dp {a.dp}, packed "
           f"(budget {out['budget']:,} tokens), fp32 on CPU; MiB per process")
