@@ -48,3 +48,19 @@ def test_search_prints_the_knobs(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "best plan's knobs (`run` uses them): micro-batch token budget actor" in out
     assert "rollout memory fraction 0." in out and "sequences decoded at once per replica" in out
+    # beside it, what a search of fixed lengths at the longest response picks, slower, and its own knobs
+    assert "if every response were the longest, 8,000 tokens: the plan a fixed-length search picks" in out
+    assert "its knobs: micro-batch 1 rows" in out
+
+
+def test_search_json_carries_the_plan_at_the_longest(capsys):
+    import json
+
+    args = ["search", "--gpu", "h100-80g", "--model", "qwen2.5-7b", "--algo", "grpo", "--batch", "64",
+            "--samples", "8", "--prompt-len", "512", "--micro-batch", "1", "--top", "1", "--json"]
+    assert main(args + ["--response-lengths", "mean=2000,max=8000"]) == 0
+    tail = json.loads(capsys.readouterr().out)
+    assert main(args + ["--response-len", "8000"]) == 0
+    fixed = json.loads(capsys.readouterr().out)
+    assert tail["at_longest"] == fixed["best"]  # the same search as one asked at fixed lengths
+    assert tail["at_longest"]["iteration_seconds"] > tail["best"]["iteration_seconds"]

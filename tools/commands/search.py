@@ -78,6 +78,8 @@ def run(args) -> int:
     planner, result = run_search(req, cm)
     plans = [scored_to_plan(req, s) for s in result.top]
     best = plans[0]
+    # under a length distribution, what a fixed-length planner would pick and promise at the longest response
+    at_longest = _at_longest(req, cm) if req.workload.response_lengths is not None else None
     timeline = simulate(best, planner.cm)
     # the plan remembers the profile it was priced on (simulate and run price it the same) and names its
     # files relative to its own folder (run from anywhere, moved with them)
@@ -108,6 +110,9 @@ def run(args) -> int:
             from hybridflow.tools.reports.lora import lora_json
 
             out["lora"] = lora_json(variants)
+        if at_longest is not None:
+            plan, seconds = at_longest
+            out["at_longest"] = plan_summary(plan, seconds) if plan else {"fits": False, "reason": seconds}
         print(json.dumps(out))
         return 0
     from rich.console import Console
@@ -129,6 +134,15 @@ def run(args) -> int:
     console.print(top_plans_table([plan_summary(p, s.seconds) for p, s in zip(plans, result.top, strict=False)]))
     console.print(ops_table(timeline, iteration=0, title="best plan: ops (simulated, iteration 0)"))
     console.print(f"best plan's knobs (`run` uses them): {knobs_line(best)}")
+    if at_longest is not None:
+        plan, seconds = at_longest
+        longest = f"if every response were the longest, {req.workload.response_len:,} tokens"
+        if plan is None:
+            console.print(f"{longest}: {seconds}")
+        else:
+            console.print(top_plans_table([plan_summary(plan, seconds)], title=f"{longest}: the plan a fixed-length "
+                                          f"search picks ({seconds / result.top[0].seconds:.1f}× this one's time)"))
+            console.print(f"its knobs: {knobs_line(plan)}")
     extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
     if variants is not None:
@@ -136,6 +150,19 @@ def run(args) -> int:
 
         console.print(lora_table(variants, req.cluster))
     return 0
+
+
+def _at_longest(req, cm):
+    """(plan, seconds) of the search with every response at the distribution's longest, or (None, why not):
+    the plan and the price a planner of fixed lengths would give (docs/planner.md)."""
+    from hybridflow.planner.plans import scored_to_plan
+
+    fixed = req.model_copy(update={"workload": req.workload.model_copy(update={"response_lengths": None})})
+    try:
+        _, result = run_search(fixed, cm)
+    except HflowError as e:
+        return None, str(e).splitlines()[0]
+    return scored_to_plan(fixed, result.top[0]), result.top[0].seconds
 
 
 def knobs_line(plan) -> str:
