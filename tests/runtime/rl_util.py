@@ -65,3 +65,16 @@ def simulated_calls(plan: Plan, kl_in_reward: bool) -> list[tuple[str, str]]:
 def exact_sort_reward(prompt: str, response: str, **_) -> float:
     """1 for exactly the sorted digits, else 0: a reward whose groups are often all equal (dynamic sampling)."""
     return float(response.strip() == "".join(sorted(c for c in prompt.split(" ", 1)[-1] if c.isdigit())))
+
+
+def trained_batches(trainer) -> list:
+    """Spy on the dataflow's update: every batch the actor trains on, appended as it goes through."""
+    batches = []
+    update = trainer.df.update
+
+    def spy(batch):
+        batches.append(batch)
+        return update(batch)
+
+    trainer.df.update = spy
+    return batches

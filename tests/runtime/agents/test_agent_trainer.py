@@ -14,7 +14,7 @@ import statistics
 
 import pytest
 import torch
-from rl_util import tiny_plan
+from rl_util import tiny_plan, trained_batches
 
 from hybridflow.simulator import Device, DeviceGroup, Plan, Workload
 
@@ -52,19 +52,6 @@ def calculator_plan(folder, mode: str = "sync", workload: Workload = WORKLOAD) -
     doc["groups"].append(DeviceGroup(name="gen", devices=[Device(node=0, index=1)]).model_dump())
     doc["roles"]["actor"].update(generate_group="gen")
     return Plan.model_validate({**doc, "mode": mode}).validate_parallel()
-
-
-def trained_batches(trainer) -> list:
-    """Spy on the dataflow's update: every batch the actor trains on."""
-    batches = []
-    update = trainer.df.update
-
-    def spy(batch):
-        batches.append(batch)
-        return update(batch)
-
-    trainer.df.update = spy
-    return batches
 
 
 def check_conversations(batch, hf) -> None:

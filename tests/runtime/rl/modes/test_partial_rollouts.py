@@ -6,6 +6,7 @@ checkpoint saves the paused responses and a resumed run trains what the uninterr
 
 import pytest
 import torch
+from rl_util import trained_batches
 from test_async_rollout import WORKLOAD, async_plan
 
 from hybridflow.runtime.controller.batch import Batch
@@ -85,19 +86,6 @@ def test_partial_rollout_settings_refused_in_one_line():
         RunConfig(async_mode={"partial_rollout_tokens": 0})
 
 
-def _record_updates(trainer) -> list[Batch]:
-    """The batches the trainer's updates receive, appended as they go through."""
-    trained: list[Batch] = []
-    update = trainer.df.update
-
-    def spy(batch):
-        trained.append(batch)
-        return update(batch)
-
-    trainer.df.update = spy
-    return trained
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ray_local):
@@ -112,7 +100,7 @@ def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ra
     # one policy, so a continued response's behaviour log-probs must be those of one uninterrupted pass
     config = RunConfig(async_mode={"partial_rollout_tokens": budget}, optimizer={"actor": {"lr": 1e-30}})
     with Trainer(plan, config) as t:
-        trained = _record_updates(t)
+        trained = trained_batches(t)
         out = [t.step() for _ in range(4)]
         whole = concat_groups([b.select(*SEQ_FIELDS, *PROMPT_FIELDS, "response_mask", "behaviour_log_probs",
                                         "partial_segments", "token_policy_version", "data_row", meta=False)
@@ -146,7 +134,7 @@ def _run(plan, config, checkpoint_dir, steps: int, resume: bool = False) -> tupl
     with Trainer(plan, config, checkpoint_dir=checkpoint_dir) as t:
         if resume:
             t.resume()
-        trained = _record_updates(t)
+        trained = trained_batches(t)
         return trained, [t.step() for _ in range(steps)]
 
 
