@@ -28,9 +28,8 @@ class _TurnPrice:
 
     def __init__(self, base, model, gen, workload, free, batch_cap, gather_every_step, drain_calls=False):
         self.base, self.model, self.gen, self.workload = base, model, gen, workload
-        self.kw = {"free_bytes_per_device": free, "batch_cap": batch_cap, "gather_every_step": gather_every_step}
-        if drain_calls:  # only a serving engine's calls drain (the wrapped model's keyword, given only then)
-            self.kw["drain_calls"] = True
+        self.kw = {"free_bytes_per_device": free, "batch_cap": batch_cap, "gather_every_step": gather_every_step,
+                   "drain_calls": drain_calls}
         self.memo: dict[tuple[int, int, int], float] = {}
         # each turn after the first is a call the driver makes once the last one's results (and tools) are in:
         # the single controller's dependent-call gap that a profile measures (the schedule prices the first's)

@@ -315,10 +315,10 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
         # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
         # A baseline's static batch or ZeRO-3 generation is its mechanics' (vocabulary/mechanics.py).
-        drain = {"drain_calls": True} if mech and mech.drain_calls else {}  # only a serving engine's calls drain
         one = cm.generate(rp.model, plan.generation_config(), w, -(-seqs // calls), kv_free_bytes(plan, p),
                           batch_cap=mech.generation_batch if mech else None,
-                          gather_every_step=bool(mech and mech.gather_every_step), **drain)
+                          gather_every_step=bool(mech and mech.gather_every_step),
+                          drain_calls=bool(mech and mech.drain_calls))
         return times(times(one, calls), mech.decode_slowdown if mech else 1.0)
     # the role's packing budget as the plan sets it (None: rows padded); a planner's view has no knob yet
     budget = getattr(rp, "micro_batch_tokens", DEFAULT_BUDGET)
