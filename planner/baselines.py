@@ -12,7 +12,8 @@
   layer (simulator/pricing/baseline_mechanics.py).
 - openrlhf: OpenRLHF v0.2 on Ray. Every model on devices of its own (ZeRO-3, activation checkpointing) and
   vLLM engines on others, handed `generation_batch` prompts per call (micro_rollout_batch_size) by each
-  actor rank, a call's finished sequences leaving vLLM's batch while it waits for its longest; the actor's
+  actor rank, a call's finished sequences leaving vLLM's batch while it waits for its longest, and each call's
+  batch scored (by the rank and the reference, reward and critic groups) before the rank's next call; the actor's
   weights are gathered and broadcast one tensor at a time. Its experiences, and the shuffled micro-batches it
   trains on, are padded to their own batch's longest response. Without vLLM
   (`vllm: false`) the actor generates with HF generate (eager, FlashAttention-2) on its own devices, under
@@ -293,11 +294,12 @@ def openrlhf(req: SearchRequest, cost_model, settings: SystemSettings = SystemSe
         if gen is None:
             return Baseline("openrlhf", reason=f"no vLLM layout of the actor fits {sizes[-1]} devices")
         mech = Mechanics(system="openrlhf", batching="static", generation_batch=batch, weight_sync="per-tensor",
-                         drain_calls=True, rows_padded_per_batch=True)
+                         drain_calls=True, rows_padded_per_batch=True, score_per_call=True)
         roles = _role_plans(req, {r: r for r in req.roles}, train, gen=gen, gen_group="rollout")
         reshard, what = "broadcast", "vLLM rollout, per-tensor broadcast"
     else:
-        mech = _hf_generate("openrlhf", settings.model_copy(update={"generation_batch": batch}))
+        mech = _hf_generate("openrlhf", settings.model_copy(update={"generation_batch": batch})).model_copy(
+            update={"score_per_call": True})
         roles = _role_plans(req, {r: r for r in req.roles}, train, gen=train["actor"].generation_layout())
         reshard, what = "ds-chat", f"HF generate under ZeRO-{settings.actor_zero_stage}"
     plan = _plan(req, groups, roles, reshard, f"baseline: OpenRLHF (separate devices per model, {what})", mech,

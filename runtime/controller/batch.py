@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
+from hybridflow.runtime.controller.tensordict_import import TensorDict
 from hybridflow.simulator.errors import HflowError
 
 

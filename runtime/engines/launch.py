@@ -28,9 +28,10 @@ def _installed(module: str) -> bool:
 # Imported once in the forkserver, which every group of a session shares (the first run_local
 # starts it with its preload list): megatron.core takes seconds to import, so where it is
 # installed it is preloaded too, rather than imported again by each rank of a megatron group.
-ENGINE_PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp", "tensordict",
-                  "hybridflow.runtime.engines.train.fsdp.engine", "hybridflow.runtime.engines.rollout.reshard",
-                  "hybridflow.runtime.engines.rollout.generation", "hybridflow.runtime.models.decoder"]
+ENGINE_PRELOAD = ["torch", "torch.distributed.tensor", "torch.distributed.fsdp",
+                  "hybridflow.runtime.controller.tensordict_import", "hybridflow.runtime.engines.train.fsdp.engine",
+                  "hybridflow.runtime.engines.rollout.reshard", "hybridflow.runtime.engines.rollout.generation",
+                  "hybridflow.runtime.models.decoder"]
 MEGATRON_PRELOAD = ["hybridflow.runtime.engines.train.megatron.preload", "hybridflow.runtime.engines.train.megatron.engine"]
 PRELOAD = ENGINE_PRELOAD + (MEGATRON_PRELOAD if _installed("megatron.core") else [])
 

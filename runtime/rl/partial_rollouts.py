@@ -8,6 +8,9 @@ response no longer holds its whole chunk back — the round ends after b decode 
 devices' next round continues it beside new prompts at a fuller batch (AReaL's interruptible generation,
 verl's and slime's partial rollouts).
 
+With imposed lengths (a benchmark's FORCED_LENGTH_FIELD column, engines/rollout/generation.py) a row's call
+asks for its remaining tokens and the row ends at its length, an EOS inside it not ending it.
+
 Per token the buffer keeps the sampler's log-prob (the behaviour policy's: the weights that generated
 that token) and that policy's version. A prompt group enters the queue when all its responses have ended;
 its rows then carry `behaviour_log_probs` per token (the actor's loss corrects each token for its own
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridflow.runtime.controller.batch import Batch
-from hybridflow.runtime.engines.rollout.generation import left_pad
+from hybridflow.runtime.engines.rollout.generation import FORCED_LENGTH_FIELD, left_pad
 from hybridflow.runtime.models.decoder import positions_from_mask
 
 
@@ -83,17 +86,23 @@ class PartialRollouts:
         return n
 
     def launch(self, groups: list[OpenGroup]) -> Batch:
-        """The prompts of one generate call: every open row of `groups` (its prompt + tokens so far), left-padded."""
-        rows, seqs = [], []
+        """The prompts of one generate call: every open row of `groups` (its prompt + tokens so far), left-padded;
+        with imposed lengths (FORCED_LENGTH_FIELD) each row's remaining tokens."""
+        rows, seqs, left = [], [], []
         for g in groups:
             g.in_flight = True
             ids, mask = g.prompts["prompt_ids"], g.prompts["prompt_mask"]
             for i in g.open_rows():
                 rows.append((g, i))
                 seqs.append(ids[i][mask[i].bool()].tolist() + g.tokens[i])
+                if FORCED_LENGTH_FIELD in g.prompts:
+                    left.append(int(g.prompts[FORCED_LENGTH_FIELD][i]) - len(g.tokens[i]))
         self.flights.append(rows)
         ids, mask = left_pad(seqs, self.pad_id)
-        return Batch({"prompt_ids": ids, "prompt_mask": mask})
+        out = {"prompt_ids": ids, "prompt_mask": mask}
+        if left and len(left) == len(rows):
+            out[FORCED_LENGTH_FIELD] = torch.tensor(left, dtype=torch.long)
+        return Batch(out)
 
     def absorb(self, out: Batch) -> list[Batch]:
         """The oldest launched call's output appended to its rows; returns the groups now finished, as batches."""
@@ -106,8 +115,11 @@ class PartialRollouts:
             g.logprobs[i] += out["behaviour_log_probs"][k, :len(new)].tolist()
             g.versions[i] += [int(out["policy_version"][k])] * len(new)
             g.segments[i] += 1
-            g.done[i] = (bool(new) and new[-1] in eos) or len(g.tokens[i]) >= self.response_len \
-                or n < out["responses"].shape[1]  # ended before the call's budget: an EOS
+            if FORCED_LENGTH_FIELD in g.prompts:  # an imposed length: EOS does not end it, its length does
+                g.done[i] = len(g.tokens[i]) >= min(self.response_len, int(g.prompts[FORCED_LENGTH_FIELD][i]))
+            else:
+                g.done[i] = (bool(new) and new[-1] in eos) or len(g.tokens[i]) >= self.response_len \
+                    or n < out["responses"].shape[1]  # ended before the call's budget: an EOS
         finished = []
         for g in {id(g): g for g, _ in rows}.values():
             g.in_flight = False

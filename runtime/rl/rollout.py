@@ -38,6 +38,7 @@ from hybridflow.runtime.controller.resource_pool import ResourcePool
 from hybridflow.runtime.controller.timing import merge_timings, timing_of
 from hybridflow.runtime.controller.worker_group import RoleSpec, WorkerGroup
 from hybridflow.runtime.engines.rollout.base import RolloutSettings
+from hybridflow.runtime.engines.rollout.generation import FORCED_LENGTH_FIELD
 from hybridflow.runtime.engines.rollout.weight_sync import DEFAULT_BUCKET_BYTES
 from hybridflow.runtime.rl.batches import PROMPT_FIELDS
 from hybridflow.runtime.rl.plan_support import rollout_parallel
@@ -151,7 +152,8 @@ class RolloutDevices:
 
     def submit(self, batch: Batch, iteration: int, greedy: bool, sample_round: int) -> PendingRollout:
         """One `generate` call on the group: the prompts sharded over the replicas."""
-        shards, pad = shard(batch.select(*PROMPT_FIELDS, meta=False), self.replicas)
+        fields = (*PROMPT_FIELDS, *((FORCED_LENGTH_FIELD,) if FORCED_LENGTH_FIELD in batch else ()))
+        shards, pad = shard(batch.select(*fields, meta=False), self.replicas)
         future = self.group.call_async(self.role, "generate", [shards[rep] for rep, _ in self._ranks],
                                        iteration=iteration, greedy=greedy, sample_round=sample_round)
         return PendingRollout(batch, future, pad, iteration)

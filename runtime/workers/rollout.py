@@ -34,6 +34,7 @@ from hybridflow.runtime.controller.timing import timed, with_timing
 from hybridflow.runtime.controller.worker import Worker
 from hybridflow.runtime.engines.rollout.backends import ROLLOUT_ENGINES
 from hybridflow.runtime.engines.rollout.base import RolloutSettings
+from hybridflow.runtime.engines.rollout.generation import FORCED_LENGTH_FIELD
 from hybridflow.runtime.engines.rollout.weight_sync import DEFAULT_BUCKET_BYTES, TensorSpec, WeightSyncGroup
 from hybridflow.runtime.workers.common import generation_seed, rollout_fields
 from hybridflow.simulator.errors import HflowError
@@ -95,8 +96,9 @@ class RolloutWorker(Worker):
                                                                             sample_round))
         params = self.sampling.model_copy(update={"greedy": True}) if greedy else self.sampling
         with timed(timing, "generate_baseline" if greedy else "generate"):
+            lengths = shard[FORCED_LENGTH_FIELD] if FORCED_LENGTH_FIELD in shard else None  # imposed lengths
             out = self.engine.generate(shard["prompt_ids"].to(self.device), shard["prompt_mask"].to(self.device),
-                                       params, g)
+                                       params, g, lengths)
         n = out.response.shape[0]
         return with_timing(Batch({**rollout_fields(out), "behaviour_log_probs": out.response_logprobs.float().cpu(),
                                   "policy_version": torch.full((n,), self.version, dtype=torch.long)}), timing)

@@ -31,6 +31,7 @@ from hybridflow.simulator.schedule.dataflow import (
     unroll,
 )
 from hybridflow.simulator.schedule.neighbours import NodeShare, node_share, reprice
+from hybridflow.simulator.schedule.per_call import interleave_scoring, lane_group, merge_rounds
 from hybridflow.simulator.schedule.pipeline import (
     copies_needed,
     partial_rollout_workload,
@@ -236,14 +237,22 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     big, big_lanes = unroll(graph, lane_of, copies)
     if pipelined:
         pipeline(graph, big, big_lanes, copies, k)
+    elif plan.mechanics.score_per_call:
+        interleave_scoring(plan, big, big_lanes)  # per_call.py: each call's scoring before the rank's next call
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))
-    times = schedule_shared(big, big_lanes, {n: costs[n[1]].seconds for n in big}, gaps, plan_share(plan, cost_model))
-    events = []
+    # a node split into calls (per_call.py) is a `share` of its iteration node's (`base`) price
+    cost_of = {n: (costs[a.get("base", n[1])], a.get("share", 1.0)) for n, a in big.nodes(data=True)}
+    times = schedule_shared(big, big_lanes, {n: c.seconds * f for n, (c, f) in cost_of.items()}, gaps,
+                            plan_share(plan, cost_model))
+    events, rounds = [], []
     for n in call_order(big):
-        a, c = big.nodes[n], costs[n[1]]
+        a, (c, f) = big.nodes[n], cost_of[n]
         start, end = times[n]
-        events.append(Event(op=a["op"], role=a["role"], group="+".join(lanes_tuple(big_lanes[n])), start=start,
-                            end=end, iteration=a["iteration"], bytes=c.bytes, flops=c.flops, breakdown=dict(c.breakdown)))
+        events.append(Event(op=a["op"], role=a["role"], group="+".join(lane_group(x) for x in lanes_tuple(big_lanes[n])),
+                            start=start, end=end, iteration=a["iteration"], bytes=c.bytes * f, flops=c.flops * f,
+                            breakdown={p: v * f for p, v in c.breakdown.items()}))
+        rounds.append(((n[0], a["base"], a["round"]), big_lanes[n]) if "round" in a else None)
+    events = merge_rounds(events, rounds)
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),

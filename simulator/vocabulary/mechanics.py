@@ -23,6 +23,10 @@ compares with (§8, and each system's own docs) differ in documented ways, each 
   whose finished sequences leave vLLM's running batch while the call waits for its longest (`drain_calls`).
   Its experiences come out padded to their call's longest response and train in micro-batches drawn shuffled
   from its replay buffer, each padded to its own longest (`rows_padded_per_batch`; replay_buffer.py).
+  Each rank scores its call's batch before its next call (`RemoteExperienceMaker.make_experience`: its own
+  log-probs locally, the reference, reward and value by Ray calls to those groups, round-robin by rank), so
+  the scoring interleaves with the generation instead of following it (`score_per_call`; the schedule's
+  simulator/schedule/per_call.py).
 - NeMo-Aligner v0.2 (HybridFlow §8.2): generates in its training layout (the plan's generation config
   equals its training config, pipeline stages included) with a static batch of `rollout_micro_batch_size`
   per data-parallel rank, on Megatron's own eager generation loop (its authors later replaced it with
@@ -66,6 +70,8 @@ class Mechanics(BaseModel):
     # roles whose ZeRO-3 parameter shards live in host memory (DeepSpeed's offload_param: DS-Chat's --offload on a
     # stage-3 model), copied to the device at every forward and backward pass
     param_offload: tuple[str, ...] = ()
+    # each actor rank scores its generate call's batch before its next call (OpenRLHF's make_experience)
+    score_per_call: bool = False
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -95,6 +101,8 @@ class Mechanics(BaseModel):
             parts.append("finished sequences leave their call")
         if self.rows_padded_per_batch:
             parts.append("rows padded to their batch's longest")
+        if self.score_per_call:
+            parts.append("each call's batch scored before the rank's next call")
         if self.param_offload:
             parts.append(f"parameters in host memory ({', '.join(self.param_offload)})")
         return ", ".join(parts)

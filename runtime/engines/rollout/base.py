@@ -79,9 +79,11 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:
+                 params: SamplingParams | None = None, generator: torch.Generator | None = None,
+                 lengths: torch.Tensor | None = None) -> Rollout:
         """Responses to left-padded prompts. The ranks of one generation replica pass the same prompts
-        and an identically seeded generator, and all return the same rollout."""
+        and an identically seeded generator, and all return the same rollout. `lengths` [B]: each row's
+        response exactly that long, EOS not ending it (GenerationEngine.generate)."""
 
     @abstractmethod
     def generation_ranks(self, rank: int) -> tuple[int, int]:

@@ -27,6 +27,10 @@ from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.models.decoder import KVCache, attention_bias_mask, positions_from_mask
 from hybridflow.simulator.errors import HflowError
 
+# A rollout batch's optional column of per-row response lengths, each at least 1 (`generate`'s `lengths`):
+# a benchmark's imposed lengths (tools/bench/partial_rollouts.py)
+FORCED_LENGTH_FIELD = "forced_response_len"
+
 
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -77,7 +81,7 @@ class Rollout:
 
     def to_tensordict(self):
         """The rollout as a TensorDict (batch size [B]) with tokens/attention_mask/position_ids added."""
-        from tensordict import TensorDict
+        from hybridflow.runtime.controller.tensordict_import import TensorDict
 
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(tokens=self.tokens, attention_mask=self.attention_mask, position_ids=self.position_ids)
@@ -188,7 +192,11 @@ class GenerationEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:
+                 params: SamplingParams | None = None, generator: torch.Generator | None = None,
+                 lengths: torch.Tensor | None = None) -> Rollout:
+        """`lengths` [B] (optional): each row's response is exactly that many tokens (at most
+        max_new_tokens): EOS does not end it (vLLM's per-request `max_tokens` with `ignore_eos`, how
+        serving benchmarks impose output lengths); the sampling is unchanged."""
         params = params or SamplingParams()
         device = prompt_ids.device
         b, p = prompt_ids.shape
@@ -213,7 +221,9 @@ class GenerationEngine:
         response = torch.full((b, r), params.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(b, r, dtype=torch.float32, device=device)
         eos = torch.tensor(params.eos_token_id or [], dtype=torch.long, device=device)
-        resp_mask = torch.zeros(b, r, dtype=torch.long, device=device) if eos.numel() else \
+        stop_at = None if lengths is None else lengths.to(device).clamp(max=r)  # rows end there, not at EOS
+        ends = bool(eos.numel()) or stop_at is not None  # rows can end before max_new_tokens
+        resp_mask = torch.zeros(b, r, dtype=torch.long, device=device) if ends else \
             torch.ones(b, r, dtype=torch.long, device=device)
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         alive = None  # the rows still in the batch (their original indices); None: all of them
@@ -225,22 +235,22 @@ class GenerationEngine:
                 response[rows, t] = tokens
                 logprobs[rows, t] = logp
                 keep = None
-                if eos.numel():  # rows that had finished before this step stay masked out
+                if ends:  # rows that had finished before this step stay masked out
                     done = finished[rows]
                     resp_mask[rows, t] = (~done).long()
-                    done |= torch.isin(tokens, eos)
+                    done |= torch.isin(tokens, eos) if stop_at is None else stop_at[rows] <= t + 1
                     finished[rows] = done
                     n_done = int(done.sum())  # the one host sync per step
                     if n_done < done.numel() and compact and n_done * 4 >= done.numel():
                         keep = (~done).nonzero().squeeze(1)  # a quarter finished: drop them (one KV copy)
                         alive = keep if alive is None else alive[keep]
-            if eos.numel() and n_done == done.numel():  # every row has finished: the rest stays padding
+            if ends and n_done == done.numel():  # every row has finished: the rest stays padding
                 break
             if t + 1 < r:
                 logits = step.send((tokens, keep))
                 self.last_batch_sizes.append(len(logits.tokens) if isinstance(logits, Picked) else logits.shape[0])
         step.close()
-        if eos.numel():
+        if ends:
             response.masked_fill_(resp_mask == 0, params.pad_token_id)
             logprobs.masked_fill_(resp_mask == 0, 0.0)
         return Rollout(prompt_ids=prompt_ids, prompt_mask=mask.long(), response=response,

@@ -129,8 +129,9 @@ class HybridEngine(RolloutEngine):
         return stats
 
     def generate(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 params: SamplingParams | None = None, generator: torch.Generator | None = None) -> Rollout:
-        return self.engine.generate(prompt_ids, attention_mask, params, generator)
+                 params: SamplingParams | None = None, generator: torch.Generator | None = None,
+                 lengths: torch.Tensor | None = None) -> Rollout:
+        return self.engine.generate(prompt_ids, attention_mask, params, generator, lengths)
 
     def generation_ranks(self, rank: int) -> tuple[int, int]:
         lay = self.resharder.layout

@@ -32,9 +32,9 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 from hybridflow.runtime.controller.locations import Location
+from hybridflow.runtime.controller.tensordict_import import TensorDict
 from hybridflow.runtime.engines.phase_clock import PhaseClock
 from hybridflow.runtime.engines.registry import Registry
 from hybridflow.runtime.engines.train.optim import OptimConfig

@@ -23,8 +23,9 @@ the last ones the sampler drew, so the checkpoint rewinds the data order by them
 weights (the policy version the checkpoint holds), training every prompt exactly once.
 
 Partial rollouts (run config `async_mode.partial_rollout_tokens`, rl/partial_rollouts.py): each refill is a
-round of at most that many new tokens per response; the paused responses of open groups are continued
-first, in the round's first chunk, and a group enters the queue once all its responses have ended. Each
+round of at most that many new tokens per response, in one call: the paused responses of open groups
+beside the new prompts (chunks would only decode one after another, each within the budget, and the next
+iteration collects the whole round anyway); a group enters the queue once all its responses have ended. Each
 iteration first collects the whole last round (launched while the batch before trained), so a paused
 response goes on once per iteration, and more often while the trainers wait for groups; the queue hands
 out the groups with the oldest first token first. Open
@@ -156,8 +157,11 @@ class Streaming(Mode):
         self.rollout.sync_weights(self.version, self.stats)
         if self.partial is not None:
             self.partial.restart_stale(self.version if trained_at is None else trained_at, self.max_staleness)
+        # with partial rollouts a round is one call: every call of it stops within the budget and the next
+        # iteration collects the whole round anyway, so chunks would only decode one after another
+        chunk = self.chunk_prompts if self.partial is None else max(room, 1)
         while room > 0 or paused:
-            prompts = self._next_prompts(min(self.chunk_prompts, room)) if room > 0 else None
+            prompts = self._next_prompts(min(chunk, room)) if room > 0 else None
             if prompts is None and not paused:
                 return
             if self.partial is not None:

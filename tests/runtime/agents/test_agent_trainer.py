@@ -24,16 +24,16 @@ AGENT = {"tools": ["calculator"], "max_turns": 3, "max_tokens": 64, "turn_tokens
 
 
 @pytest.fixture(scope="module")
-def calculator_run(tmp_path_factory):
+def calculator_run(tmp_path_factory, call_format_tool_model):
     """(the tool model's folder, warmed up to call the calculator; a prompts file of word problems with their
     answers)."""
-    from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
+    import shutil
+
     from hybridflow.runtime.agents.word_problems import word_problems
 
     root = tmp_path_factory.mktemp("agent-trainer")
-    folder = build_tool_model(root / "model", seed=0)
+    folder = shutil.copytree(call_format_tool_model, root / "model")  # the call format (tests/conftest.py)
     torch.set_num_threads(1)
-    warm_up(folder, steps=120, tool_share=1.0, seed=0, batch=8, problems=150)  # the call format
     prompts = root / "problems.jsonl"
     prompts.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "answer")}) + "\n"
                                for r in word_problems(256, seed=7)))

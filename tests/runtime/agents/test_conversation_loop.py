@@ -17,7 +17,7 @@ from hybridflow.runtime.agents.conversation import ConversationRunner, conversat
 from hybridflow.runtime.agents.environments import GuessNumber
 from hybridflow.runtime.agents.loading import load_tools
 from hybridflow.runtime.agents.settings import AgentSettings
-from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
+from hybridflow.runtime.agents.tiny_tool_model import build_tool_model
 from hybridflow.runtime.agents.tool_calls import parse_tool_calls
 from hybridflow.runtime.agents.train import response_log_probs
 from hybridflow.runtime.agents.word_problems import word_problems
@@ -29,10 +29,11 @@ from hybridflow.runtime.tasks.model_tokenizer import generation_ids
 pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
-def tool_model(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("agents") / "tool-model"
-    build_tool_model(folder, seed=0)
-    warm_up(folder, steps=120, tool_share=1.0, seed=0, batch=8, problems=150)  # learns the call format
+def tool_model(tmp_path_factory, call_format_tool_model):
+    import shutil
+
+    # it has learnt the call format (tests/conftest.py)
+    folder = shutil.copytree(call_format_tool_model, tmp_path_factory.mktemp("agents") / "tool-model")
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -39,6 +39,33 @@ while not release.exists():  # held until the test has seen what the other proce
 lock.release()
 """
 
+# The race's two contenders: each one process for all the rounds (a process start costs more than a round), a
+# fresh folder per round; a refusal printed as a JSON string (one line, whatever the message holds).
+CONTEND = """
+import json, sys, time
+from pathlib import Path
+from hybridflow.runtime.rl.checkpoint_lock import CheckpointLock
+from hybridflow.simulator.errors import HflowError
+root, rounds = Path(sys.argv[1]), int(sys.argv[2])
+for r in range(rounds):
+    go, release = root / f"go{r}", root / f"release{r}"
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.001)
+    lock = CheckpointLock(root / f"ck{r}")
+    try:
+        lock.acquire()
+    except HflowError as e:
+        print("refused", json.dumps(str(e)), flush=True)
+        continue
+    print("holding", flush=True)
+    while not release.exists():  # held until the test has seen what the other process did
+        time.sleep(0.01)
+    lock.release()
+    print("released", flush=True)
+"""
+ROUNDS = 20
+
 PLAN = Path(__file__).parents[3] / "examples" / "plans" / "tiny-local.json"
 
 
@@ -62,22 +89,30 @@ def _wait_holding(proc: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_two_runs_started_together_never_both_hold_the_folder(tmp_path):
-    for attempt in range(20):
-        folder, go, release = tmp_path / f"ck{attempt}", tmp_path / f"go{attempt}", tmp_path / f"release{attempt}"
-        procs = [_start_holder(folder, go, release) for _ in range(2)]  # both import at once …
-        procs = [_wait_ready(p) for p in procs]  # … and spin on the start file
-        go.touch()
-        # each either holds the lock (and keeps it until released) or has ended: read both before releasing
-        said = [p.stdout.readline().strip() for p in procs]
-        release.touch()
+    procs = [subprocess.Popen([sys.executable, "-c", CONTEND, str(tmp_path), str(ROUNDS)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for attempt in range(ROUNDS):
+            folder, go, release = tmp_path / f"ck{attempt}", tmp_path / f"go{attempt}", tmp_path / f"release{attempt}"
+            for p in procs:  # both spin on the start file
+                assert p.stdout.readline().strip() == "ready", (attempt, p.communicate())
+            go.touch()
+            # each either holds the lock (and keeps it until released) or was refused: read both before releasing
+            said = [p.stdout.readline().strip().split(" ", 1) for p in procs]
+            release.touch()
+            assert sorted(s[0] for s in said) == ["holding", "refused"], (attempt, said)
+            winner = next(p for p, s in zip(procs, said, strict=True) if s[0] == "holding")
+            assert winner.stdout.readline().strip() == "released", attempt
+            refusal = json.loads(next(s[1] for s in said if s[0] == "refused"))
+            assert "\n" not in refusal and "in use by another run" in refusal, refusal
+            assert f"pid {winner.pid} on host {socket.gethostname()}" in refusal
+            assert (folder / LOCK).read_text() == ""  # released: emptied, never deleted
         outs = [p.communicate(timeout=60) for p in procs]
-        codes = sorted(p.returncode for p in procs)
-        assert sorted(said) == ["", "holding"] and codes == [0, 2], (attempt, said, codes, outs)
-        loser = next(err for p, (_, err) in zip(procs, outs, strict=True) if p.returncode == 2)
-        winner = next(p for p in procs if p.returncode == 0)
-        assert len(loser.strip().splitlines()) == 1 and "in use by another run" in loser
-        assert f"pid {winner.pid} on host {socket.gethostname()}" in loser
-        assert (folder / LOCK).read_text() == ""  # released: emptied, never deleted
+        assert [p.returncode for p in procs] == [0, 0], outs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_a_killed_holder_is_taken_over_naming_it(tmp_path):

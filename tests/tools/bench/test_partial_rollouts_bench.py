@@ -17,3 +17,33 @@ def test_partial_rollouts_pay_only_where_the_rollout_is_the_longer_side(capsys):
         else:  # the round's tail ends at the budget: the rollout, the longer side, shortens
             assert r["partial"]["rollout_trainers"][0] < rollout / 1.5 and r["speedup"] > 1.05, r
     assert {r["speedup"] > 1.0 for r in rows} == {True, False}  # both kinds of shape are in the sweep
+
+
+def test_imposed_lengths_give_every_batch_the_whole_tail_however_the_prompts_are_drawn():
+    from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+    from hybridflow.tools.bench.partial_rollouts import SHORTEST, ImposedLengths
+
+    dist = LengthDistribution.max_entropy(64, 512, shortest=SHORTEST)
+    whole = ImposedLengths(dist, 16, seed=0).next(48)
+    drawn = ImposedLengths(dist, 16, seed=0)
+    pieces = [drawn.next(n) for n in (8, 4, 20, 16)]  # a mode draws a chunk at a time
+    assert [int(x) for p in pieces for x in p] == whole.tolist()
+    for b in range(3):  # each batch's worth: the distribution's quantiles, the longest among them, shuffled
+        block = whole[16 * b:16 * (b + 1)].tolist()
+        assert sorted(block) == dist.sample(16) and max(block) == 512 and block != sorted(block)
+    assert ImposedLengths(dist, 16, seed=1).next(16).tolist() != whole[:16].tolist()
+
+
+def test_the_tail_past_the_answer_is_out_of_the_loss_and_in_the_sequence():
+    import torch
+
+    from hybridflow.runtime.controller.batch import Batch
+    from hybridflow.tools.bench.partial_rollouts import tail_out_of_loss
+
+    eos = 2
+    responses = torch.tensor([[5, 6, eos, 7, eos, 8], [5, 6, 7, 8, 0, 0], [eos, 9, 9, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]])
+    attention = torch.cat([torch.ones(3, 2, dtype=torch.long), mask], 1)
+    out = tail_out_of_loss(Batch({"responses": responses, "response_mask": mask, "attention_mask": attention}), [eos])
+    assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]]
+    assert torch.equal(out["attention_mask"], attention)

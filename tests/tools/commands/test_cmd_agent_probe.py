@@ -24,12 +24,12 @@ def calculator(expression: str):
 
 
 @pytest.mark.slow
-def test_probe_writes_the_workload_search_prices(tmp_path, capsys):
-    from hybridflow.runtime.agents.tiny_tool_model import build_tool_model, warm_up
+def test_probe_writes_the_workload_search_prices(tmp_path, capsys, call_format_tool_model):
+    import shutil
+
     from hybridflow.runtime.agents.word_problems import word_problems
 
-    folder = build_tool_model(tmp_path / "model", seed=0)
-    warm_up(folder, steps=120, tool_share=1.0, seed=0, batch=8, problems=150)  # learns the call format
+    folder = shutil.copytree(call_format_tool_model, tmp_path / "model")  # knows the call format (tests/conftest.py)
     prompts = tmp_path / "problems.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in word_problems(8, seed=3)))
     (tmp_path / "mytools.py").write_text(TOOL)

@@ -34,7 +34,7 @@ read: the LM head and the log-softmax then run from the first position any row n
 LoRA (`lora=`, engines/train/lora.py): peft's adapters are injected before the model is sharded, only they
 (and a critic's scalar head) train and reach the optimizer; `base_policy()` switches them off (a LoRA
 actor's reference log-probs). The tensor-parallel shards the 3D-HybridEngine reads are the merged weights
-under the plain model's names (`gathered_tp_shards`), so generation runs the plain decoder.
+under the plain model's names (`gathered_tp_shards`, weight_views.py), so generation runs the plain decoder.
 
 Ulysses sequence parallelism (`parallel.sp > 1`, ulysses.py): each micro-batch's sequence is split over the
 rank's sp group (which holds the same rows), attention exchanges heads for sequence by all-to-all, the
@@ -46,23 +46,18 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from hybridflow.runtime.controller.tensordict_import import TensorDict
 from hybridflow.runtime.engines.parallelize import (
     build_mesh,
-    load_tp_local,
     parallelize,
     resolve_mixed_precision,
-    tp_local,
-    tp_shard_dim,
 )
 from hybridflow.runtime.engines.train.base import (
     TRAIN_ENGINES,
@@ -80,6 +75,7 @@ from hybridflow.runtime.engines.train.fsdp.shared_prompts import (
     share_prompts,
 )
 from hybridflow.runtime.engines.train.fsdp.ulysses import SequenceSplit, apply_ulysses, check_sp, new_sp_group
+from hybridflow.runtime.engines.train.fsdp.weight_views import FsdpWeightViews
 from hybridflow.runtime.engines.train.logits import (
     entropy_of,
     first_scored_logit,
@@ -87,10 +83,9 @@ from hybridflow.runtime.engines.train.logits import (
     token_entropy,
     token_log_probs,
 )
-from hybridflow.runtime.engines.train.lora import adapters_disabled, apply_lora
+from hybridflow.runtime.engines.train.lora import apply_lora
 from hybridflow.runtime.engines.train.optim import OptimConfig
 from hybridflow.runtime.engines.train.packing import inverse_order, pack, pack_sequences
-from hybridflow.runtime.models.lora_files import is_adapter, merged_state, plain_name
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.execution import shares_prompts
 from hybridflow.simulator.vocabulary.lora import LoraConfig
@@ -103,7 +98,7 @@ warnings.filterwarnings("ignore", message=".*returned a view tensor.*", module=r
 
 
 @TRAIN_ENGINES.register("fsdp")
-class FsdpEngine(FsdpCheckpoint, TrainEngine):
+class FsdpEngine(FsdpCheckpoint, FsdpWeightViews, TrainEngine):
     """A model sharded as `parallel` says (pp·tp·dp = the process group), with AdamW.
 
     Without an initialised process group (or with `parallel=None`) the model runs unsharded in
@@ -356,92 +351,3 @@ class FsdpEngine(FsdpCheckpoint, TrainEngine):
             else:
                 self.optimizer.step()
         return norm
-
-    @contextmanager
-    def base_policy(self) -> Iterator[None]:
-        """The frozen base model inside the `with` (LoRA: adapters off); without LoRA, the model itself."""
-        if self.lora is None:
-            yield
-            return
-        with adapters_disabled(self.model):
-            self._adapters_off = True
-            try:
-                yield
-            finally:
-                self._adapters_off = False
-
-    @torch.no_grad()
-    def adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """Every adapter's whole tensor (gathered over dp and tp: a collective on every rank), our names."""
-        return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach()
-                for n, p in self.model.named_parameters() if is_adapter(n)}
-
-    # ---- tensor-parallel shards (the 3D-HybridEngine's input and output) ------------------------
-    def tp_shard_dims(self) -> dict[str, int | None]:
-        """For each parameter, the dimension split over tensor parallelism (None: replicated); under LoRA,
-        of the plain model's weights (a wrapped layer's as its base layer's)."""
-        dims = {n: tp_shard_dim(p) for n, p in self.model.named_parameters()}
-        return dims if self.lora is None else {plain_name(n): d for n, d in dims.items() if not is_adapter(n)}
-
-    @contextmanager
-    def gathered_tp_shards(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This rank's tensor-parallel shard of every parameter, gathered over dp under FSDP; valid
-        inside the `with` only. FSDP2's own unshard moves each FSDP unit (a decoder layer, the root)
-        in one all-gather, all units in flight at once: a collective per parameter instead is latency-
-        bound on gloo (tiny model, dp 2: ~40 all-gathers, 71 ms, vs 5 in 19 ms). Under LoRA: the merged
-        weights W + scale·B·A under the plain model's names (new tensors; B's or A's local slice is the shard's),
-        or inside base_policy() the frozen base's."""
-        def view():
-            shards = {n: tp_local(p.detach()) for n, p in self.model.named_parameters()}
-            if self.lora is None:
-                return shards
-            if self._adapters_off:  # base_policy(): the frozen weights themselves
-                return {plain_name(n): t for n, t in shards.items() if not is_adapter(n)}
-            return merged_state(shards, self.lora)
-
-        with torch.no_grad():
-            if not self._fsdp_units:
-                yield view()
-                return
-            handles = [unit.unshard(async_op=True) for unit in self._fsdp_units]
-            try:
-                for h in handles:
-                    h.wait()
-                yield view()
-            finally:
-                for unit in self._fsdp_units:
-                    unit.reshard()
-
-    def tp_shards(self) -> dict[str, torch.Tensor]:
-        """gathered_tp_shards, kept: under FSDP copied out of the gather buffers, which are freed."""
-        with self.gathered_tp_shards() as shards:
-            return {n: t.clone() for n, t in shards.items()} if self._fsdp_units else shards
-
-    @torch.no_grad()
-    def load_tp_shards(self, shards: Mapping[str, torch.Tensor]) -> None:
-        for n, p in self.model.named_parameters():
-            load_tp_local(p.data if not isinstance(p, DTensor) else p, shards[n])
-
-    # ---- the hybrid engine's zero-redundancy switch (engines/rollout/hybrid.py) -------------------
-    @torch.no_grad()
-    def release_weights(self, held_elsewhere: set[str]) -> dict[str, int]:
-        freed = {}
-        if self.lora is not None:  # the generation weights are merged, not the frozen base: keep it
-            return freed
-        for n, p in self.model.named_parameters():
-            if n in held_elsewhere:  # a slice of the generation weights
-                storage = _storage(p)
-                freed[n] = storage.nbytes()
-                storage.resize_(0)
-        return freed
-
-    @torch.no_grad()
-    def restore_weights(self, freed: dict[str, int]) -> None:
-        for n, p in self.model.named_parameters():
-            if n in freed:
-                _storage(p).resize_(freed[n])
-
-
-def _storage(p: torch.Tensor):
-    """The storage of this rank's own part of a parameter (its local shard under FSDP or TP)."""
-    return (p.to_local() if isinstance(p, DTensor) else p.data).untyped_storage()

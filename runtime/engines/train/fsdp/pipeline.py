@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tensordict import TensorDict
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from hybridflow.runtime.controller.tensordict_import import TensorDict
 from hybridflow.runtime.engines.parallelize import resolve_mixed_precision
 from hybridflow.runtime.engines.train.base import as_tensordict
 from hybridflow.runtime.engines.train.fsdp.clip import clip_grad_norm_

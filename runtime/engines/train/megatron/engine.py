@@ -29,8 +29,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tensordict import TensorDict
 
+from hybridflow.runtime.controller.tensordict_import import TensorDict
 from hybridflow.runtime.engines.train.base import (
     TRAIN_ENGINES,
     LossFn,

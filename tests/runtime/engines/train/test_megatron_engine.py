@@ -149,7 +149,8 @@ def _profile_points(rank, world):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return run_distributed(_all_cases, 4, str(tmp_path_factory.mktemp("megatron") / "ckpt"), timeout=600,
-                           preload=["torch", "tensordict", "hybridflow.runtime.engines.train.megatron.preload",
+                           preload=["torch", "hybridflow.runtime.controller.tensordict_import",
+                                    "hybridflow.runtime.engines.train.megatron.preload",
                                     "hybridflow.runtime.engines.train.megatron.engine"],
                            daemon=False)  # dist_checkpointing forks its file writers
 

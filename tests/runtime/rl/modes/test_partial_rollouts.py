@@ -69,6 +69,50 @@ def test_buffer_pauses_continues_and_restarts_stale_responses():
     assert g.tokens == [[], []] and g.done == [False, False]
 
 
+def test_imposed_lengths_end_each_response_at_its_length_past_eos_with_the_same_draws():
+    """The engine's `lengths` (a benchmark's imposed response lengths, FORCED_LENGTH_FIELD): each row exactly that
+    long, an EOS inside it not ending it, and until a row's first EOS the same tokens and log-probs as a call
+    without them (the sampling is unchanged)."""
+    from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams, left_pad
+    from hybridflow.runtime.models.decoder import CausalLM
+    from hybridflow.simulator.vocabulary.model import model_preset
+
+    torch.manual_seed(0)
+    model = CausalLM(model_preset("tiny").decoder_config(num_hidden_layers=2)).eval()
+    ids, mask = left_pad([[5, 9, 2, 33, 7, 1], [4, 8], [60, 3, 3, 11], [7, 7, 7]])
+    lengths = torch.tensor([3, 40, 17, 40])
+    eos = list(range(10, 40))  # many ids end a response, so that most rows meet one early
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, eos_token_id=eos)
+    free = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(3))
+    forced = GenerationEngine(model).generate(ids, mask, params, torch.Generator().manual_seed(3), lengths)
+    assert forced.response_mask.sum(-1).tolist() == lengths.tolist()
+    ended_early = 0
+    for i in range(4):
+        n = int(free.response_mask[i].sum())  # up to and including its first EOS
+        k = min(n, int(lengths[i]))
+        assert torch.equal(forced.response[i, :k], free.response[i, :k])
+        assert torch.allclose(forced.response_logprobs[i, :k], free.response_logprobs[i, :k])
+        ended_early += int(n < lengths[i] and free.response[i, n - 1].item() in eos)
+    assert ended_early >= 2  # EOS came before the imposed length, and the response went on
+
+
+def test_buffer_continues_a_response_of_imposed_length_past_its_eos():
+    from hybridflow.runtime.engines.rollout.generation import FORCED_LENGTH_FIELD
+
+    buf = PartialRollouts(budget=3, response_len=7, eos_ids=[EOS])
+    prompts = _group([2, 3])
+    prompts[FORCED_LENGTH_FIELD] = torch.tensor([2, 5])
+    g = OpenGroup.new(prompts)
+    buf.open.append(g)
+    assert buf.launch([g])[FORCED_LENGTH_FIELD].tolist() == [2, 5]
+    assert buf.absorb(_call_output([[4, EOS], [5, EOS, 7]], 3, version=0)) == []  # row 1's EOS does not end it
+    assert g.done == [True, False]
+    assert buf.launch([g])[FORCED_LENGTH_FIELD].tolist() == [2]  # its 2 tokens left
+    (done,) = buf.absorb(_call_output([[8, 8]], 3, version=1))
+    assert done["responses"].tolist() == [[4, EOS, 0, 0, 0, 0, 0], [5, EOS, 7, 8, 8, 0, 0]]
+    assert done["partial_segments"].tolist() == [1, 2] and done[FORCED_LENGTH_FIELD].tolist() == [2, 5]
+
+
 def test_partial_rollout_settings_refused_in_one_line():
     plan = async_plan("async", ParallelConfig(dp=1), max_staleness=2)
     check_runnable(plan, RunConfig(async_mode={"partial_rollout_tokens": 4}))  # 8 tokens in 2 rounds, k = 2
@@ -101,7 +145,10 @@ def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ra
     config = RunConfig(async_mode={"partial_rollout_tokens": budget}, optimizer={"actor": {"lr": 1e-30}})
     with Trainer(plan, config) as t:
         trained = trained_batches(t)
-        out = [t.step() for _ in range(4)]
+        out = []
+        for _ in range(4):
+            out.append(t.step())
+            assert len(t.df.mode.in_flight) == 1  # the next round, launched while this batch trained: one call
         whole = concat_groups([b.select(*SEQ_FIELDS, *PROMPT_FIELDS, "response_mask", "behaviour_log_probs",
                                         "partial_segments", "token_policy_version", "data_row", meta=False)
                                for b in trained])  # the batches' prompts left-padded to one width
@@ -190,7 +237,8 @@ def test_simulator_prices_the_rounds_of_partial_rollouts():
 def test_bench_refuses_bad_arguments_in_one_line():
     from hybridflow.tools.bench.partial_rollouts import main
 
-    for argv, says in [(["--budget", "256"], "below --response-len 256"), (["--iterations", "2"], "at least 3"),
-                       (["--temperature", "0"], "above 0"), (["--samples", "1"], "at least 2")]:
+    for argv, says in [(["--budget", "512"], "below --response-len 512"), (["--iterations", "2"], "at least 3"),
+                       (["--temperature", "0"], "above 0"), (["--samples", "1"], "at least 2"),
+                       (["--mean", "600"], "--mean 600 must lie between"), (["--staleness", "1"], "at least 2")]:
         with pytest.raises(HflowError, match=says):
             main(argv)
