@@ -37,8 +37,8 @@ is reported, with the spread of its runs.
 model kept, lengths as the policy samples them at temperature 1.5 (mean about 13, a few rambling to the
 cap). It is training-bound on this machine (a trained token costs about 0.2 ms, a generated one 0.04 ms at
 a full batch), so shortening the rollout's tail cannot pay: measured 0.88–1.14× there (docs/rl.md).
-`--predict` runs nothing: the simulator's price of a few tails whose maximum is 8× the mean, at 16 and 2
-prompts, without and with partial rollouts.
+`--predict` runs nothing: the simulator's price of a few tails whose maximum is 8× the mean, at 16, 4 and 2
+prompts (the default workload's plan otherwise), without and with partial rollouts.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from hybridflow.tools.outputs import run_main
 PACKED_SEQUENCES = 8  # the trainers' micro-batch token budget, in longest sequences
 SHORTEST = 8  # the shortest imposed response: room for the sort task's longest answer (6 digits) and its EOS
 # `--predict`'s shapes: (prompts, mean response, longest response), each tail's maximum 8× its mean, the budget a
-# quarter of the longest (the most rounds k = 4 allows)
-PREDICT_SHAPES = ((16, 16, 128), (16, 64, 512), (16, 128, 1024), (2, 64, 512), (2, 128, 1024))
+# quarter of the longest (the most rounds k = 4 allows); the default workload's is (4, 64, 512)
+PREDICT_SHAPES = ((16, 16, 128), (16, 64, 512), (4, 16, 128), (4, 64, 512), (4, 128, 1024), (2, 64, 512))
 
 
 def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness: int, reference: bool = True):
@@ -81,9 +81,9 @@ def predict_shapes(cal, cluster, samples: int, staleness: int) -> list[dict]:
 
     cm, rows = cal.cost_model(cluster), []
     for prompts, mean, longest in PREDICT_SHAPES:
-        plan = bench_plan(cluster, longest, prompts, samples, staleness)
+        plan = bench_plan(cluster, longest, prompts, samples, staleness, reference=False)
         plan = plan.model_copy(update={"workload": plan.workload.model_copy(
-            update={"response_lengths": LengthDistribution.max_entropy(mean, longest)})})
+            update={"response_lengths": LengthDistribution.max_entropy(mean, longest, shortest=SHORTEST)})})
         row = {"prompts": prompts, "mean": mean, "longest": longest, "budget": longest // staleness}
         for key, budget in (("async", None), ("partial", longest // staleness)):
             t = simulate(plan, cm, iterations=3, partial_rollout_tokens=budget)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="sampling temperature (default 1.5)")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per batch (default 4; 16 with --natural-lengths)")
     ap.add_argument("--samples", type=int, default=None,
-                    help="responses per prompt (default 4; 8 with --natural-lengths or --predict)")
+                    help="responses per prompt (default 4; 8 with --natural-lengths)")
     ap.add_argument("--staleness", type=int, default=4, help="the async plan's bound k (default 4)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per side, taking turns; the median run is reported")
     ap.add_argument("--seed", type=int, default=0)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     natural = a.natural_lengths
     a.temperature = a.temperature if a.temperature is not None else 1.5
     a.prompts = a.prompts if a.prompts is not None else 16 if natural else 4
-    a.samples = a.samples if a.samples is not None else 8 if natural or a.predict else 4
+    a.samples = a.samples if a.samples is not None else 8 if natural else 4
     a.response_len = a.response_len if a.response_len is not None else 256 if natural else 512
     if a.staleness < 2:
         raise HflowError(f"--staleness {a.staleness}: give at least 2 (a paused response goes on in a later round)")

@@ -1,5 +1,6 @@
 """The partial-rollouts benchmark's `--predict`: on the CPU profile the simulator prices partial rollouts as no
-gain where the trainers are the longer side and as a gain where the rollout's tail is (docs/rl.md)."""
+gain where the trainers are the longer side, and as a gain only where the rollout's tail is longer (docs/rl.md):
+the bench's own workload among them."""
 
 import json
 
@@ -14,8 +15,10 @@ def test_partial_rollouts_pay_only_where_the_rollout_is_the_longer_side(capsys):
         rollout, trainers = r["async"]["rollout_trainers"]
         if trainers > rollout:  # training-bound: the per-iteration sync costs, the shorter rollout saves nothing
             assert r["speedup"] <= 1.0, r
-        else:  # the round's tail ends at the budget: the rollout, the longer side, shortens
-            assert r["partial"]["rollout_trainers"][0] < rollout / 1.5 and r["speedup"] > 1.05, r
+        if r["speedup"] > 1.0:  # a gain only where the round's tail, ending at the budget, shortens the longer side
+            assert rollout > trainers and r["partial"]["rollout_trainers"][0] < rollout, r
+    default = next(r for r in rows if (r["prompts"], r["mean"], r["longest"]) == (4, 64, 512))
+    assert default["speedup"] > 1.05, default  # the bench's workload (4 prompts × 4, mean 64, max 512)
     assert {r["speedup"] > 1.0 for r in rows} == {True, False}  # both kinds of shape are in the sweep
 
 
