@@ -42,8 +42,6 @@ from hybridflow.simulator.schedule.dataflow import Lanes, forget_order
 from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 from hybridflow.simulator.vocabulary.workload import Workload
 
-SEGMENT_SAMPLES = 1024  # responses drawn (deterministically) to price partial rollouts' segments
-
 
 def _actor_node(graph: nx.DiGraph, op: str) -> Hashable:
     found = [n for n, a in graph.nodes(data=True) if a["op"] == op and a["role"] == "actor"
@@ -114,19 +112,31 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
 
 def partial_rollout_workload(workload: Workload, budget: int) -> Workload:
     """What one steady round of the async mode's generation decodes with partial rollouts of `budget` tokens
-    (runtime/rl/partial_rollouts.py), per trained batch: each response is cut into segments of at most
-    `budget` tokens, one generated per round, so a batch's responses take S·E[segments] segment generations
-    (the continued ones' and the new ones', in one call) — the same tokens, but none longer than the
-    budget: the tail a few long responses decode at a small batch ends at the budget. A segment's prompt is
-    its prompt plus the tokens before it (a continued one prefills them again): the mean of those."""
+    (runtime/rl/partial_rollouts.py), per trained batch. A round is one call: the paused responses and new
+    prompt groups filling the queue's room (runtime/rl/modes/streaming.py `refill`); each iteration trains a
+    batch, which leaves a batch's room, and collects the last round whole, so in the steady state (the open
+    groups fit the room the queue keeps for them) each round starts a batch's responses and continues the
+    earlier ones': it decodes one batch's segments — each response cut into segments of at most `budget`
+    tokens, one per round — the batch's lengths drawn as a generate call's (`LengthDistribution.sample`: the
+    tail it meets). The same tokens, but none longer than the budget. A segment's prompt is its prompt plus
+    the tokens before it, and the continued segments are the long ones, still decoding when the new short
+    ones have ended: the prompt is widened by the prefix a decode step's rows hold on average over the
+    round's steps (each step is priced at its rows' context)."""
     dist = workload.response_lengths or LengthDistribution.fixed(workload.response_len)
-    lengths = dist.sample(SEGMENT_SAMPLES)
+    lengths = dist.sample(workload.sequences)
     segments = [(start, min(budget, n - start)) for n in lengths for start in range(0, n, budget)]
-    per_response = len(segments) / len(lengths)
     counts = Counter(length for _, length in segments)
+    steps = max(counts)
+    starts = Counter()
+    for start, length in segments:
+        starts[length] += start
+    prefix_sum, alive, step_prefixes = 0, 0, 0.0  # step j decodes the segments longer than j tokens
+    for j in range(steps - 1, -1, -1):
+        prefix_sum, alive = prefix_sum + starts[j + 1], alive + counts[j + 1]
+        step_prefixes += prefix_sum / alive  # the mean prefix of step j's rows
     hist = {"lengths": sorted(counts), "counts": [counts[k] for k in sorted(counts)]}
     return Workload.model_validate({
         **workload.model_dump(exclude={"response_lengths", "response_len"}),
-        "prompts": math.ceil(workload.prompts * per_response - 1e-9),
-        "prompt_len": workload.prompt_len + round(sum(s for s, _ in segments) / len(segments)),
-        "response_len": max(counts), "response_lengths": {"histogram": hist}})
+        "prompts": math.ceil(len(segments) / workload.samples_per_prompt - 1e-9),
+        "prompt_len": workload.prompt_len + round(step_prefixes / steps),
+        "response_len": steps, "response_lengths": {"histogram": hist}})
