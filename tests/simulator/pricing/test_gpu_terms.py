@@ -5,6 +5,7 @@ tensor count, the weight broadcast through the sender's own NIC across nodes, an
 (the shipped fit on a GPU family, the analytic model elsewhere)."""
 
 import pytest
+from pricing_toys import HW, LAYER, PARAMS, TOY, cluster
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload, hardware_preset, model_preset
 from hybridflow.simulator.calibration.gpu_fit import FAMILIES, default_cost_model, stored_terms
@@ -14,23 +15,10 @@ from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams, engine_params
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.model import ModelSpec
-from hybridflow.simulator.vocabulary.units import GiB
 
-# A toy device of round figures: 1 TFLOP/s, 100 GB/s HBM, 10 GB/s NVLink, a 8 GB/s NIC per node.
-HW = HardwareSpec(name="toy-gpu", peak_flops=1e12, hbm_bandwidth=1e11, hbm_bytes=64 * GiB,
-                  intra_node_bandwidth=1e10, inter_node_bandwidth=8e9, intra_node_latency=1e-5,
-                  inter_node_latency=2e-5)
-# A llama-like toy: 2 layers, hidden 64, 4 heads of 16, MHA, SwiGLU 128 wide, vocabulary 100, untied head.
-TOY = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100)
-LAYER = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k, v, o; gate, up, down; two norms
 PM = 2 * LAYER + 100 * 64  # matmul parameters: the layers and the LM head (the embedding lookup is no matmul)
-PARAMS = 100 * 64 + 2 * LAYER + 64 + 100 * 64  # embedding, layers, final norm, head
 ATTN = 4 * 2 * 4 * 16  # attention FLOPs per token per context token: 2·2·layers·heads·head_dim
 KV_TOKEN = 2 * 2 * 4 * 16 * 2  # k and v · layers · kv heads · head_dim · bf16 bytes
-
-
-def cluster(nodes=1, per_node=8, hw=HW):
-    return ClusterSpec(hardware=hw, nodes=nodes, devices_per_node=per_node)
 
 
 def test_the_toy_shape_by_hand():

@@ -3,24 +3,17 @@ shard of the bf16 weights copied from host memory at every pass of every micro-b
 forward and update ops by price_op and to no other op or role."""
 
 import pytest
+from pricing_toys import HW as TOY_GPU
+from pricing_toys import PARAMS, TOY
 from rl_util import tiny_plan
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Plan, Workload
 from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.op_cost import op_cost, plus
-from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.mechanics import Mechanics
-from hybridflow.simulator.vocabulary.model import ModelSpec
-from hybridflow.simulator.vocabulary.units import GiB
 
-# round figures: a 20 GB/s host link, used at half its rate (10 GB/s)
-HW = HardwareSpec(name="toy-gpu", peak_flops=1e12, hbm_bandwidth=1e11, hbm_bytes=64 * GiB,
-                  intra_node_bandwidth=1e10, inter_node_bandwidth=8e9, intra_node_latency=1e-5,
-                  inter_node_latency=2e-5, host_bandwidth=20e9)
-TOY = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100)
-LAYER = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64
-PARAMS = 100 * 64 + 2 * LAYER + 64 + 100 * 64  # embedding, layers, final norm, untied head
+HW = TOY_GPU.model_copy(update={"host_bandwidth": 20e9})  # round figures: a 20 GB/s host link, used at half (10 GB/s)
 HALF_LINK = EfficiencyParams(host_link_efficiency=0.5)
 
 

@@ -3,21 +3,15 @@ each step (efficiency.EfficiencyParams.sampler_history_seconds), the GPU idle me
 histories the slowest replica holds at each pass, on hand-computed values, for fixed lengths and a distribution."""
 
 import pytest
+from pricing_toys import TOY, cluster
 
-from hybridflow.simulator import ClusterSpec, ParallelConfig, Workload
+from hybridflow.simulator import ParallelConfig, Workload
 from hybridflow.simulator.pricing import generation
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.simulator.pricing.efficiency import HISTORY_TOKEN_SECONDS, EfficiencyParams, engine_params
-from hybridflow.simulator.vocabulary.hardware import HardwareSpec
 from hybridflow.simulator.vocabulary.lengths import LengthDistribution
-from hybridflow.simulator.vocabulary.model import ModelSpec
-from hybridflow.simulator.vocabulary.units import GiB
 
-HW = HardwareSpec(name="toy-gpu", peak_flops=1e12, hbm_bandwidth=1e11, hbm_bytes=64 * GiB,
-                  intra_node_bandwidth=1e10, inter_node_bandwidth=8e9, intra_node_latency=1e-5,
-                  inter_node_latency=2e-5)
-TOY = ModelSpec(name="toy", layers=2, hidden=64, heads=4, kv_heads=4, ffn=128, vocab=100)
-CLUSTER = ClusterSpec(hardware=HW, nodes=1, devices_per_node=8)
+CLUSTER = cluster()
 S = 1e-3  # seconds per history token: round, so the figures below are token counts in ms
 
 
