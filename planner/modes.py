@@ -67,9 +67,8 @@ def search_modes(req, cost_model, modes: Sequence[str], max_staleness: int,
     for mode in modes:
         planners, results = [], []
         for rollout in mode_rollouts(mode, max_staleness):
-            # conversations run as the mode runs them (the async mode's chunks at once: planning.async_chunks)
-            priced = agent_cost_model(cost_model, req.agent, mode=rollout.mode, staleness=rollout.staleness)
-            planner = Planner(req, priced, rollout=rollout)
+            # the Planner prices rollouts as the mode makes them (planning.rollout_cost_model)
+            planner = Planner(req, cost_model, rollout=rollout)
             planners.append(planner)
             results.append(planner.run(progress))
         top = sorted((s for r in results for s in r.top), key=lambda s: s.seconds)[:req.top_k]

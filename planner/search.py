@@ -45,6 +45,7 @@ from hybridflow.planner.pricing import RolePricer
 from hybridflow.planner.request import SearchRequest
 from hybridflow.planner.scored import Rollout, Scored
 from hybridflow.planner.sets import SetPricer, offload_key
+from hybridflow.simulator.agents.planning import rollout_cost_model
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.schedule.dataflow import DRIVER, add_offload_ops, build_dataflow, unroll
@@ -101,7 +102,9 @@ class Planner:
         if offload and rollout.staleness:
             raise HflowError(f"offload of idle models is planned for sync mode only, not '{rollout.mode}'")
         self.req, self.rollout, self.offload = req, rollout, offload
-        self.cm = cost_model or default_cost_model(req.cluster)
+        # rollouts priced as the mode makes them: conversations, the async mode's calls in turn
+        self.cm = rollout_cost_model(cost_model or default_cost_model(req.cluster), req.agent, req.cluster,
+                                     mode=rollout.mode, staleness=rollout.staleness)
         self.graph = build_dataflow(req.algorithm, req.roles, reward_model="reward" in req.models,
                                     cost_model="cost" in req.models, hybrid_engine=not rollout.separate,
                                     ref_from_actor=req.lora is not None,

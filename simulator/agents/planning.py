@@ -17,6 +17,7 @@ import math
 from hybridflow.simulator.agents.multiturn import price_rollout
 from hybridflow.simulator.agents.workload import AgentWorkload
 from hybridflow.simulator.pricing.op_cost import OpCost, op_cost
+from hybridflow.simulator.pricing.rollout_calls import StreamedRollout
 from hybridflow.simulator.vocabulary.plan import stream_chunk_prompts
 
 CONTEXT_BUCKET = 16  # re-prefilled context per row rounded up to this many tokens: turn prices memoized
@@ -126,3 +127,19 @@ def agent_cost_model(cost_model, agent: AgentWorkload | None, cluster=None, mode
     if not isinstance(cost_model, MultiTurnCostModel):
         cost_model = MultiTurnCostModel(cost_model, agent)
     return cost_model.in_mode(mode, staleness)
+
+
+def rollout_cost_model(cost_model, agent: AgentWorkload | None, cluster=None, mode: str = "sync", staleness: int = 1,
+                       partial_rollouts: bool = False):
+    """`cost_model` with its rollout priced as a plan of `mode` makes it: conversations (`agent`: agent_cost_model),
+    the `async` mode's calls one after another (pricing/rollout_calls.py; not with partial rollouts, whose round is
+    one call), else unchanged. Both the planner and the simulator's schedule price a plan's rollout through it."""
+    if agent is not None or isinstance(cost_model, MultiTurnCostModel):
+        return agent_cost_model(cost_model, agent, cluster, mode, staleness)
+    if cost_model is None:
+        from hybridflow.simulator.calibration.gpu_fit import default_cost_model
+
+        cost_model = default_cost_model(cluster)
+    if isinstance(cost_model, StreamedRollout):  # the caller's choice, but for partial rollouts' one call per round
+        return cost_model.base if partial_rollouts else cost_model
+    return StreamedRollout(cost_model) if mode == "async" and not partial_rollouts else cost_model

@@ -36,6 +36,7 @@ from hybridflow.simulator.pricing.op_cost import (
 )
 from hybridflow.simulator.pricing.plan_memory import engine_memory_fraction, kv_free_bytes, plan_recompute
 from hybridflow.simulator.pricing.reshard import IN_PLACE, reshard_spec, weight_sync_buckets
+from hybridflow.simulator.pricing.rollout_calls import sequential_generate
 from hybridflow.simulator.pricing.sequence_batches import (
     DEFAULT_BUDGET,
     micro_batches,
@@ -315,11 +316,12 @@ def price_op(cm: CostModel, plan, op: str, role: str, *, baseline: bool = False,
         # Both rollout backends (native, vllm) are priced alike: the decode model above is the engine-
         # agnostic roofline and no profile measures vLLM apart yet. Their weight syncs differ (reshard).
         # A baseline's static batch or ZeRO-3 generation is its mechanics' (vocabulary/mechanics.py).
-        one = cm.generate(rp.model, plan.generation_config(), w, -(-seqs // calls), kv_free_bytes(plan, p),
-                          batch_cap=mech.generation_batch if mech else None,
-                          gather_every_step=bool(mech and mech.gather_every_step),
-                          drain_calls=bool(mech and mech.drain_calls))
-        return times(times(one, calls), mech.decode_slowdown if mech else 1.0)
+        made = sequential_generate(cm, rp.model, plan.generation_config(), w, seqs, calls,
+                                   free_bytes_per_device=kv_free_bytes(plan, p),
+                                   batch_cap=mech.generation_batch if mech else None,
+                                   gather_every_step=bool(mech and mech.gather_every_step),
+                                   drain_calls=bool(mech and mech.drain_calls))
+        return times(made, mech.decode_slowdown if mech else 1.0)
     # the role's packing budget as the plan sets it (None: rows padded); a planner's view has no knob yet
     budget = getattr(rp, "micro_batch_tokens", DEFAULT_BUDGET)
     if mech and mech.rows_padded_per_batch and op in FORWARD_OPS + UPDATE_OPS:  # a call's rows; a micro-batch's

@@ -134,9 +134,9 @@ def partial_rollout_workload(workload: Workload, budget: int) -> Workload:
     for j in range(steps - 1, -1, -1):
         prefix_sum, alive = prefix_sum + starts[j + 1], alive + counts[j + 1]
         step_prefixes += prefix_sum / alive  # the mean prefix of step j's rows
-    hist = {"lengths": sorted(counts), "counts": [counts[k] for k in sorted(counts)]}
     return Workload.model_validate({
         **workload.model_dump(exclude={"response_lengths", "response_len"}),
         "prompts": math.ceil(len(segments) / workload.samples_per_prompt - 1e-9),
         "prompt_len": workload.prompt_len + round(step_prefixes / steps),
-        "response_len": steps, "response_lengths": {"histogram": hist}})
+        # the segments themselves (a call of as many rows draws exactly them), not a histogram read between bins
+        "response_len": steps, "response_lengths": {"observed": [length for _, length in segments]}})

@@ -156,22 +156,24 @@ def price_dataflow(plan: Plan, graph: nx.DiGraph, cost_model=None, partial_rollo
                    ) -> dict[Hashable, object]:
     """The OpCost of every op of one iteration (cost.price_op; each distinct (op, role) once);
     `partial_rollout_tokens`: the async mode's rollout as partial rollouts' rounds (pipeline.partial_rollout_workload)."""
-    from hybridflow.simulator.agents.planning import agent_cost_model
+    from hybridflow.simulator.agents.planning import rollout_cost_model
     from hybridflow.simulator.calibration.gpu_fit import default_cost_model
     from hybridflow.simulator.pricing.cost import (
         price_op,  # the cost model prices; this module only schedules
     )
 
-    # a plan of conversations (`Plan.agent`): its rollout priced multi-turn, unless the caller's model already is
-    cm = agent_cost_model(cost_model or default_cost_model(plan.cluster), plan.agent, mode=plan.mode,
-                          staleness=plan.staleness)
+    # the rollout as the plan's mode makes it: conversations (`Plan.agent`, priced multi-turn unless the caller's
+    # model already is), the async mode's calls in turn, or partial rollouts' one call per round
+    partial = bool(partial_rollout_tokens) and plan.mode == "async"
+    cm = rollout_cost_model(cost_model or default_cost_model(plan.cluster), plan.agent, mode=plan.mode,
+                            staleness=plan.staleness, partial_rollouts=partial)
     cache: dict[tuple[str, str, bool], object] = {}
     out = {}
     for n, a in graph.nodes(data=True):
         key = (a["op"], a["role"], bool(a.get("baseline")), bool(a.get("resampled")))
         if key not in cache:
             priced = plan
-            if partial_rollout_tokens and plan.mode == "async" and key[:2] == ("generate", "actor") and not key[2]:
+            if partial and key[:2] == ("generate", "actor") and not key[2]:
                 priced = plan.model_copy(update={"workload": partial_rollout_workload(plan.workload,
                                                                                       partial_rollout_tokens)})
             cache[key] = price_op(cm, priced, a["op"], a["role"], baseline=key[2], resampled=key[3])
@@ -213,12 +215,14 @@ def _ranges(xs: list[int]) -> str:
 def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float]] | None:
     """Per op the controller's gaps (after an input, after the lane's previous op), from a profiled
     cost model's overheads (None: no gaps, the analytic model). Every call on a worker group pays
-    them; the driver's own ops do not, nor does `generate`, which runs in the same call as the
-    reshard before it."""
+    them; the driver's own ops do not, nor does the hybrid engine's `generate`, which runs in the same
+    call as the reshard before it (a rollout on devices of its own, after a weight sync, is a call of its own)."""
     if overheads is None or (overheads.dispatch_seconds == 0.0 and overheads.queued_call_seconds == 0.0):
         return None
     pair = (overheads.dispatch_seconds, overheads.queued_call_seconds)
-    return {n: pair for n, a in graph.nodes(data=True) if not a["driver"] and a["op"] != "generate"}
+    in_reshard_call = any(a["op"] == "reshard" for _, a in graph.nodes(data=True))
+    return {n: pair for n, a in graph.nodes(data=True)
+            if not a["driver"] and not (a["op"] == "generate" and in_reshard_call)}
 
 
 def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_reward: bool | None = None,

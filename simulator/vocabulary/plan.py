@@ -55,6 +55,11 @@ def stream_chunk_prompts(prompts: int) -> int:
     return max(1, -(-prompts // STREAM_CHUNKS))
 
 
+def stream_calls(prompts: int) -> int:
+    """Rollout calls per batch in `async` mode (without partial rollouts, whose round is one call)."""
+    return -(-prompts // stream_chunk_prompts(prompts))
+
+
 def known_algorithm(name: str) -> str:
     """Pydantic validator: an algorithm name the registry knows (ValueError with the known names)."""
     try:

@@ -170,7 +170,10 @@ def test_modes_side_by_side_pick_the_fastest_within_the_staleness_limit(tmp_path
         assert m["rollout_devices"] + m["training_devices"] == 16
         assert name == "sync" or m["rollout_devices"] > 0  # overlapping needs rollout devices apart
     fastest = min(out["modes"].values(), key=lambda m: (m["iteration_seconds"], m["staleness"]))
-    assert out["mode"] == fastest["mode"] == "async"  # on two nodes the sync crosses the network: k = 2 halves it
+    # async's k = 2 halves the weight sync across the network, but it makes each batch's rollout in two calls of
+    # half the batch, one after another (pricing/rollout_calls.py): at this batch that costs more than it saves
+    assert out["mode"] == fastest["mode"] == "one-step-off"
+    assert out["modes"]["async"]["iteration_seconds"] > fastest["iteration_seconds"]
     assert {**out["best"], "within_max_staleness": True} == fastest
     plan = Plan.load(plan_path)
     assert plan.mode == out["mode"] and plan.staleness == out["best"]["staleness"]

@@ -50,3 +50,28 @@ def test_gaps_change_the_price_and_the_pick():
     assert with_gaps.seconds >= gapless.seconds + 2 * GAPS.dispatch_seconds
     # ranked without them, the pick is one that pays more gaps than the best plan does
     assert simulate(scored_to_plan(req, gapless), cm).iteration_seconds(0) > with_gaps.seconds * 1.05
+
+
+@pytest.mark.parametrize("mode,k", [("sync", 0), ("one-step-off", 1), ("async", 2)])
+def test_a_rollout_on_devices_of_its_own_is_a_call_after_the_weight_sync(mode, k):
+    """The hybrid engine generates inside its reshard's call; on rollout devices of their own the rollout is a call
+    of its own, dispatched after the weight sync (the async mode's second call queued behind the first), and the
+    search still prices every listed plan as `simulate` does."""
+    from hybridflow.planner.scored import Rollout
+
+    req = _request("grpo", 4)
+    cm = ProfiledCostModel(req.cluster, overheads=GAPS)
+    found = search(req, cm, rollout=Rollout(mode, k, separate=True))
+    assert found.top
+    for s in found.top:
+        plan = scored_to_plan(req, s)
+        timeline = simulate(plan, cm, iterations=3)
+        assert math.isclose(s.seconds, timeline.iteration_seconds(), rel_tol=1e-9)
+        for it in timeline.iterations():
+            syncs = [e for e in timeline.events if e.op == "weight_sync" and e.iteration == it]
+            gens = [e for e in timeline.events if e.op == "generate" and e.iteration == it]
+            for sync in syncs:  # the rollout right after a sync starts no sooner than a dispatch later
+                after = [g for g in gens if g.start >= sync.end - 1e-12]
+                assert all(g.start >= sync.end + GAPS.dispatch_seconds - 1e-9 for g in after)
+        gen = next(e for e in timeline.events if e.op == "generate")
+        assert ("dispatch" in gen.breakdown) == (mode == "async")  # the second call's queued gap

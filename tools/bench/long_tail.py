@@ -124,7 +124,8 @@ def _bench_rank(rank, world, n, mean, longest, micro, repeats, seed):
     whole = Batch(data)
     order = dp_balanced_order(data["attention_mask"], world)
     split = get_protocol("DP_COMPUTE").split
-    shards = {"padded": split(whole, parallel)[0][rank], "balanced": split(whole[order], parallel)[0][rank]}
+    balanced = whole if order is None else whole[order]  # one rank: nothing to balance
+    shards = {"padded": split(whole, parallel)[0][rank], "balanced": split(balanced, parallel)[0][rank]}
     engines = {}
     for side in SIDES:
         torch.manual_seed(0)

@@ -3,7 +3,7 @@ predicted (issue 34, item 4).
 
     python -m hybridflow.tools.bench.partial_rollouts [--iterations 24] [--repeats 1] [--prompts 4] [--samples 4]
         [--mean 64] [--response-len 512] [--budget LONGEST/k] [--staleness 4] [--temperature 1.5]
-        [--natural-lengths] [--profile cpu-2core] [--seed 0] [--json]
+        [--natural-lengths] [--profile cpu-2core] [--seed 0] [--no-speed-check] [--json]
     python -m hybridflow.tools.bench.partial_rollouts --predict      # the simulator alone, a few long-tail shapes
 
 The regime partial rollouts are for: the rollout is the longer side and its tail decodes at a small batch —
@@ -31,7 +31,9 @@ prediction (the simulator with the profile's cost model and the imposed distribu
 one per iteration with a weight sync before each: simulator/schedule/pipeline.py partial_rollout_workload,
 sync_period), the staleness (max over iterations, bound k), the mean reward of the first and last thirds,
 and the responses continued across rounds; with `--repeats` the two take turns and each side's median run
-is reported, with the spread of its runs.
+is reported, with the spread of its runs. Before each run a few of the profile's own points are re-timed (as
+`hflow-plan run` does; `--no-speed-check` skips it): the prediction's error is also given at the machine's speed
+then (the prediction scaled by now / profiled), since a shared machine's speed drifts between minutes.
 
 `--natural-lengths` runs the old workload: 16 prompts × 8 responses of at most 256 tokens, the reference
 model kept, lengths as the policy samples them at temperature 1.5 (mean about 13, a few rambling to the
@@ -162,6 +164,21 @@ def tail_out_of_loss(batch, eos_ids: list[int]):
     return batch
 
 
+def machine_speed(profile: str) -> float:
+    """This machine's speed now against `profile`'s: its quick reference points re-timed (seconds now / then, the
+    median; `hflow-plan profile --check`'s quick form, as `run` makes it)."""
+    from hybridflow.runtime.measure.profile_check import check_speed
+    from hybridflow.simulator.calibration.profile import resolve_profile
+    from hybridflow.tools.reports.run import SPEED_CHECK_MAX_SECONDS
+
+    return check_speed(resolve_profile(profile), max_seconds=SPEED_CHECK_MAX_SECONDS).index
+
+
+def at_speed(run: dict) -> str:
+    """`, X at speed S` for a run with a speed check, else nothing."""
+    return "" if run.get("error_at_speed") is None else f", {run['error_at_speed']:+.0%} at speed {run['speed']:.2f}"
+
+
 def busy_sides(timeline, plan) -> tuple[float, float]:
     """(rollout, trainers): each side's busy seconds per iteration between the end of the first iteration and the
     end of the last, by the clock. Not by the iteration an op serves, as `sides` counts: the rounds in flight that
@@ -217,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--staleness", type=int, default=4, help="the async plan's bound k (default 4)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per side, taking turns; the median run is reported")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-speed-check", action="store_true", help="skip re-timing a few of the profile's points "
+                    "before each run (the machine's speed then against the profile's: the predictions at that speed)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the lines")
     ap.add_argument("--predict", action="store_true", help="run nothing: the simulator's price of a few long-tail "
                     "shapes (max 8× mean) without and with partial rollouts — where they pay on this machine")
@@ -272,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     all_runs: dict[str, list[dict]] = {name: [] for name in sides_run}
     for round_ in range(1, a.repeats + 1):  # the two take turns: a shared machine's speed drifts
         for name, budget in sides_run.items():
+            speed = None if a.no_speed_check else machine_speed(a.profile)  # right before the run
             print(f"{name}: run {round_} of {a.repeats}, {a.iterations} iterations…", file=sys.stderr)
             config = RunConfig(seed=a.seed, optimizer={"actor": {"lr": 5e-4 if natural else 2e-4}},
                                sampling={"temperature": a.temperature}, async_mode={"partial_rollout_tokens": budget})
             lengths = None if imposed is None else ImposedLengths(imposed, a.prompts * a.samples, a.seed)
-            all_runs[name].append({"budget": budget, **measure(plan, config, a.iterations, lengths)})
+            all_runs[name].append({"budget": budget, "speed": speed, **measure(plan, config, a.iterations, lengths)})
     runs = {name: {**median_run(rs), "measured_runs": [r["seconds"] for r in rs]} for name, rs in all_runs.items()}
     # the simulator's lengths: those imposed, or those the policy produced (the first run's steady iterations)
     lengths = imposed or LengthDistribution.from_recorded(next(iter(runs.values()))["lengths"])
@@ -292,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         r["balance"] = balance_word(r["rollout_seconds"], r["trainer_seconds"])
         r["predicted_balance"] = balance_word(r["predicted_rollout_seconds"], r["predicted_trainer_seconds"])
         r["error"] = r["predicted"] / r["seconds"] - 1
+        r["error_at_speed"] = r["predicted"] * r["speed"] / r["seconds"] - 1 if r["speed"] else None
         del r["lengths"]
     (base, part) = runs.values()
     out = {"profile": cal.profile, "imposed": imposed is not None, "response_lengths": lengths.describe(),
@@ -307,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in runs.items():
         spread = f" ({min(r['measured_runs']):.3f}–{max(r['measured_runs']):.3f})" if a.repeats > 1 else ""
         print(f"  {name:<36} measured {r['seconds']:6.3f} s/iteration{spread}, predicted {r['predicted']:6.3f} s "
-              f"({r['error']:+.0%}); staleness max {r['staleness']:.0f} (bound {a.staleness}: "
+              f"({r['error']:+.0%}{at_speed(r)}); staleness max {r['staleness']:.0f} (bound {a.staleness}: "
               f"{'held' if r['staleness_held'] else 'BROKEN'}); reward {r['reward_first_third']:.3f} → "
               f"{r['reward_last_third']:.3f} ({'rising' if r['reward_rose'] else 'NOT rising'}); continued "
               f"{r['continued']:.0f}, restarted {r['restarted']:.0f}, dropped groups {r['dropped_groups']:.0f}")

@@ -161,23 +161,44 @@ class FusedDecoder:
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` (indices into the current batch) in the KV cache: finished
         sequences leave the batch, so later steps compute (and read the cache of) live rows only.
-        Copies the filled slots of the kept rows once."""
-        n, pages = self.length, cpu_kernels.pages(self.length)
-        for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
-            if self.c is None:  # slots: the keys' last dim, the values' third
+        Copies the filled slots of the kept rows once — in the compact cache (each row's tokens from slot 0)
+        each row's own, not the prompts' padded width: a row continued from a long prefix costs its own
+        slots, not every row's."""
+        if self.c is None:  # slots: the keys' last dim, the values' third
+            n = self.length
+            for i, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
                 self.keys[i] = keys.new_empty((len(rows), *keys.shape[1:]))
                 self.keys[i][..., :n] = keys[rows, ..., :n]
                 self.values[i] = values.new_empty((len(rows), *values.shape[1:]))
                 self.values[i][:, :, :n] = values[rows, :, :n]
-            else:  # pages first, then rows
-                self.keys[i] = keys.new_empty((keys.shape[0], len(rows), *keys.shape[2:]))
-                self.keys[i][:pages] = keys[:pages, rows]
-                self.values[i] = values.new_empty((values.shape[0], len(rows), *values.shape[2:]))
-                self.values[i][:pages] = values[:pages, rows]
+        else:  # pages first, then rows
+            need = (self.slots[rows] if self.compact else torch.full((len(rows),), self.length)).tolist()
+            bands = self._page_bands(need)
+            for cache in (self.keys, self.values):
+                for i, old in enumerate(cache):
+                    cache[i] = new = old.new_empty((old.shape[0], len(rows), *old.shape[2:]))
+                    for lo, hi, kept in bands:  # pages lo..hi-1 of the kept rows that fill them
+                        if kept is None:  # every kept row: gathered straight into place
+                            torch.index_select(old[lo:hi], 1, rows, out=new[lo:hi])
+                        else:
+                            new[lo:hi].index_copy_(1, kept, old[lo:hi].index_select(1, rows[kept]))
         if self.slots is not None:
             self.slots = self.slots[rows]
         if self._loop is not None:
             self._loop.retarget(self.keys, self.values)
+
+    @staticmethod
+    def _page_bands(slots: list[int]) -> list[tuple[int, int, torch.Tensor | None]]:
+        """(first page, end page, the kept rows (new indices) that fill them, None: all) covering each kept
+        row's filled pages once: rows grouped by how many pages they fill, from the fewest."""
+        filled = [cpu_kernels.pages(n) for n in slots]
+        bands, lo = [], 0
+        for hi in sorted(set(filled)):
+            if hi > lo:
+                kept = None if lo == 0 else torch.tensor([j for j, f in enumerate(filled) if f >= hi])
+                bands.append((lo, hi, kept))
+                lo = hi
+        return bands
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
         """RoPE of integer positions [..., S] as unit complex numbers [..., S, 1, head_dim/2]

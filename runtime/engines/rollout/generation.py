@@ -296,7 +296,9 @@ def _fused_steps(model, prompt_ids, key_mask, positions, r, clock: PhaseClock, m
         fused = FusedDecoder(model, b, p + r, memory=memory, greedy=greedy)
         dtype, device = fused.embed.dtype, prompt_ids.device
         prefill_mask = step_mask = None
-        if key_mask is not None:  # additive masks (0 or dtype min); decode's has one row per (batch, kv head)
+        # additive masks (0 or dtype min); decode's has one row per (batch, kv head). The C kernels need none: their
+        # prefill reads each row's real tokens and stores them from slot 0 (B·P² of mask for nothing)
+        if key_mask is not None and fused.c is None:
             neg = torch.finfo(dtype).min
             prefill_mask = torch.zeros(b, 1, p, p, dtype=dtype, device=device).masked_fill_(
                 ~attention_bias_mask(key_mask, p, 0), neg)

@@ -5,6 +5,8 @@ training of batch k in the Timeline, weights come from two updates back (stalene
 import pytest
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
+from hybridflow.simulator.calibration.gpu_fit import default_cost_model
+from hybridflow.simulator.pricing.rollout_calls import StreamedRollout
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.model import model_preset
 
@@ -103,12 +105,20 @@ def test_staleness_never_exceeds_the_bound(gen, train, k):
     assert max(lags) == k and min(lags[1:]) >= 1
 
 
-def test_async_with_k_1_is_one_step_off():
-    off = simulate(disaggregated("one-step-off"), iterations=3)
+def test_async_with_k_1_is_one_step_off_with_its_rollout_in_two_calls():
+    """k = 1 schedules as one-step-off; only the rollout differs: the async mode makes a batch's in STREAM_CHUNKS
+    calls, one after another (runtime/rl/modes/streaming.py), each at its share of the batch."""
+    plan = disaggregated("one-step-off")
+    cm = default_cost_model(plan.cluster)
+    off = simulate(plan, StreamedRollout(cm), iterations=3)
     k1 = simulate(disaggregated("async"), iterations=3)  # max_staleness defaults to 1
     assert [(e.op, e.iteration, e.start, e.end) for e in off.events] == \
            [(e.op, e.iteration, e.start, e.end) for e in k1.events]
     assert k1.iteration_seconds() == off.iteration_seconds()
+    # two calls of half the batch each: more decode steps than one call of the whole batch
+    one_call = _seconds(simulate(plan, cm, iterations=3), "generate")
+    half = cm.generate(plan.roles["actor"].model, plan.generation_config(), plan.workload, plan.workload.sequences // 2)
+    assert _seconds(k1, "generate") == pytest.approx(2 * half.seconds) and _seconds(k1, "generate") > one_call
 
 
 def test_async_timeline_overlaps_rollout_and_training_across_iterations():

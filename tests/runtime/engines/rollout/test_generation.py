@@ -134,6 +134,25 @@ def test_finished_rows_leave_the_batch_with_the_same_outputs():
         assert all(n >= int(k) for n, k in zip(dropping.last_batch_sizes, live, strict=True))
 
 
+def test_rows_of_very_different_prompt_widths_leave_the_batch_with_the_same_outputs():
+    """Partial rollouts' calls: continued rows carry long prefixes beside short new prompts, so the rows
+    fill different numbers of the C cache's pages; a dropped batch copies each kept row's own pages
+    (FusedDecoder.keep_rows) and decodes exactly what the run keeping every row decodes."""
+    model = _model()
+    g = torch.Generator().manual_seed(4)
+    widths = [3, 200, 5, 130, 70, 9, 2, 150, 40, 95]  # 1 to 7 pages of cpu_kernels.CHUNK slots
+    ids, mask = left_pad([torch.randint(1, 64, (n,), generator=g).tolist() for n in widths])
+    lengths = torch.tensor([2, 30, 4, 6, 30, 3, 9, 12, 5, 20])  # rows end at different steps: several drops
+    params = SamplingParams(max_new_tokens=30, temperature=1.0)
+    dropping, keeping = GenerationEngine(model), GenerationEngine(model, drop_finished=False)
+    a = dropping.generate(ids, mask, params, torch.Generator().manual_seed(5), lengths)
+    b = keeping.generate(ids, mask, params, torch.Generator().manual_seed(5), lengths)
+    assert torch.equal(a.response, b.response) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.allclose(a.response_logprobs, b.response_logprobs, rtol=0, atol=1e-5)
+    assert torch.equal(a.response_lengths, lengths)
+    assert len(set(dropping.last_batch_sizes)) >= 3  # rows left the batch more than once
+
+
 def test_seeded_generation_is_deterministic():
     model = _model()
     ids, mask = left_pad(PROMPTS)
