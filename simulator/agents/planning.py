@@ -133,13 +133,10 @@ def rollout_cost_model(cost_model, agent: AgentWorkload | None, cluster=None, mo
                        partial_rollouts: bool = False):
     """`cost_model` with its rollout priced as a plan of `mode` makes it: conversations (`agent`: agent_cost_model),
     the `async` mode's calls one after another (pricing/rollout_calls.py; not with partial rollouts, whose round is
-    one call), else unchanged. Both the planner and the simulator's schedule price a plan's rollout through it."""
+    one call), else unchanged (`cluster`: agent_cost_model's, for a None model). Both the planner and the simulator's
+    schedule price a plan's rollout through it."""
     if agent is not None or isinstance(cost_model, MultiTurnCostModel):
         return agent_cost_model(cost_model, agent, cluster, mode, staleness)
-    if cost_model is None:
-        from hybridflow.simulator.calibration.gpu_fit import default_cost_model
-
-        cost_model = default_cost_model(cluster)
     if isinstance(cost_model, StreamedRollout):  # the caller's choice, but for partial rollouts' one call per round
         return cost_model.base if partial_rollouts else cost_model
     return StreamedRollout(cost_model) if mode == "async" and not partial_rollouts else cost_model
