@@ -17,7 +17,7 @@ from hybridflow.simulator.calibration.profile import Profile
 from hybridflow.simulator.errors import HflowError
 
 REFERENCE_OPS = ("train", "forward", "generate")
-REFERENCE_MODEL = "tiny"  # the default grid's middle model (14 one-device points)
+REFERENCE_MODEL = "tiny"  # the default grid's middle model (17 one-device points)
 JOB_KEYS = ("op", "head", "batch", "micro_batch", "steps", "prompt_len", "response_len")
 
 

@@ -73,6 +73,8 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("params", "tokens_half", 1e-2, 1e6),
     Term("params", "width_half", 1e-2, 1e6),
     Term("params", "decode_step_overhead", 1e-7, 1.0),
+    Term("params", "kv_read_efficiency", 1e-3, 1.0),
+    Term("params", "prefill_attention_efficiency", 1e-3, 2.0),
     Term("params", "fsdp_overlap", 1e-4, 1.0),
     Term("params", "adam_bytes_per_param", 1e-2, 1e3),
     Term("overheads", "layer_seconds", 1e-8, 1.0),
@@ -89,6 +91,10 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("overheads", "backward_ratio", 0.25, 8.0),
     *(Term("overheads", f, *((0.25, 8.0) if f.endswith("ratio") else (1e-8, 10.0))) for f in MEGATRON_OVERHEADS),
 )
+# A generate point whose context reaches this many tokens prices the decode's KV reads (kv_read_efficiency) and,
+# with a prompt that long, the prefill's attention (prefill_attention_efficiency) above the rest; with shorter
+# ones only the weights and the per-step costs show, and both keep their defaults.
+KV_CONTEXT_TOKENS = 256
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
 PINNED = {"matmul_efficiency": 1.0, "hbm_efficiency": 1.0, "intra_link_efficiency": 1.0,
@@ -194,6 +200,7 @@ def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) ->
     start = {"hardware": hw, "params": base, "overheads": _START_OVERHEADS}
     for t in terms:
         v = getattr(start[t.where], t.field)
+        v = 1.0 if v is None else v  # an optional efficiency (None: another's) starts at par
         vals.append(min(max(float(v), t.lower * 1.0001), t.upper * 0.9999))
     return np.log(np.array(vals))
 
@@ -284,6 +291,9 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "tokens_half": ops & {"train", "forward", "generate"},
         "width_half": ops & {"train", "forward", "generate"},
         "decode_step_overhead": "generate" in ops,
+        "kv_read_efficiency": any(p.op == "generate" and p.prompt_len + p.response_len >= KV_CONTEXT_TOKENS
+                                  and p.response_len > 1 for p in points),
+        "prefill_attention_efficiency": any(p.op == "generate" and p.prompt_len >= KV_CONTEXT_TOKENS for p in points),
         "adam_bytes_per_param": "train" in ops,
         "fsdp_overlap": any(p.op in ("train", "forward") and p.parallel.dp > 1 for p in points),
         "layer_seconds": ops & {"train", "forward"},

@@ -80,6 +80,9 @@ class CostModel(Collectives):
         recompute) over `sequences` split evenly into `steps` optimizer steps; `micro_batch_tokens` as
         micro_batches takes it."""
         n_params, pm, attn, _ = model_shape(model, head)
+        if workload.response_lengths is not None and micro_batch_tokens is not None:
+            # packed: the tokens the rollout made, its batch's lengths (padded: padded_widths' rows are the batch's)
+            workload = workload.drawn_batch()
         tp, pp, dp, world = par.tp, par.pp, par.dp, par.world_size
         s, sp = workload.seq_len, par.sp
         # per_rank, m, rows: per group of sp ranks that shares its sequences (each device holds rows/sp tokens)

@@ -42,6 +42,11 @@ class EfficiencyParams(BaseModel):
         1.0, gt=0, le=2,
         description="attention's FLOP/s relative to the matmuls' (QKᵀ and AV; flash-attention kernels reach a lower "
                     "share of peak than large GEMMs, most visibly at long sequences). 1: priced alike.")
+    prefill_attention_efficiency: float | None = Field(
+        None, gt=0, le=2,
+        description="the rollout engine's prefill attention FLOP/s relative to the matmuls', where its kernel is not "
+                    "the training passes' (the native engine's own C kernel on CPU, whose rate falls as the prompts' "
+                    "score rows outgrow the caches). None: attention_efficiency.")
     attention_key_block: float = Field(
         0.0, ge=0,
         description="keys per block of the training passes' attention kernel: a causal query computes every key of "

@@ -96,7 +96,8 @@ def prefill(cm: Device, model: ModelSpec, gen: ParallelConfig, batch: int, promp
     chunks = tokens / chunk
     fill = 1.0 + (pp - 1) / chunks
     eff = cm.matmul_efficiency(chunk, model.hidden / tp)
-    work = batch * seq_flops(pm, attn, prompt_len, cm.params.attention_efficiency)
+    ae = cm.params.prefill_attention_efficiency or cm.params.attention_efficiency
+    work = batch * seq_flops(pm, attn, prompt_len, ae)
     compute = work / (tp * pp * cm.peak * eff) * fill
     memory = chunks * BF16 * pm / (tp * pp) / cm.hbm * fill  # every weight read once per chunk
     layers = model.layers / pp

@@ -76,6 +76,16 @@ class Workload(BaseModel):
         width = max(1, round(self.response_lengths.expected_longest(rows)))
         return self.model_copy(update={"response_lengths": None, "response_len": width})
 
+    def drawn_batch(self) -> Workload:
+        """This workload with its responses as one iteration's batch holds them: the lengths its rollout is priced
+        on (LengthDistribution.sample of its sequences, the longest among them), so the trainers are priced on the
+        tokens the rollout made — a small batch's mean lies above the distribution's (its longest weighs 1/n).
+        Fixed lengths: itself."""
+        d = self.response_lengths
+        if d is None:
+            return self
+        return self.model_copy(update={"response_lengths": _drawn(d, self.sequences)})
+
     @property
     def tokens_per_iteration(self) -> int:
         """The throughput numerator: the tokens really processed, prompts × samples × (prompt + mean response
@@ -96,3 +106,16 @@ class Workload(BaseModel):
         times the expected rollouts for a dynamically sampled generation (rounded up)."""
         seqs = self.prompts if baseline else self.sequences
         return math.ceil(seqs * self.expected_rollouts - 1e-9) if resampled else seqs
+
+
+_DRAWN: dict[tuple, LengthDistribution] = {}
+
+
+def _drawn(dist: LengthDistribution, n: int) -> LengthDistribution:
+    """`dist.sample(n)` as observed lengths, cached (the planner prices the same batch for many layouts)."""
+    key = (tuple(sorted(dist.quantiles.items())), n)
+    if key not in _DRAWN:
+        if len(_DRAWN) > 256:
+            _DRAWN.clear()
+        _DRAWN[key] = LengthDistribution(observed=dist.sample(n))
+    return _DRAWN[key]

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prediction", action="store_true", help="measure only: no price, no speed check")
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when packed + balanced is below {GOAL}× padded, "
-                    f"or its price at the machine's speed is more than {PRICE_GOAL:.0%} off")
+                    f"or its price at the machine's speed is more than {PRICE_GOAL * 100:.0f} %% off")
     a = ap.parse_args(argv)
     check_batch_args(a)
     if a.repeats < 1:

@@ -31,9 +31,10 @@ prediction (the simulator with the profile's cost model and the imposed distribu
 one per iteration with a weight sync before each: simulator/schedule/pipeline.py partial_rollout_workload,
 sync_period), the staleness (max over iterations, bound k), the mean reward of the first and last thirds,
 and the responses continued across rounds; with `--repeats` the two take turns and each side's median run
-is reported, with the spread of its runs. Before each run a few of the profile's own points are re-timed (as
-`hflow-plan run` does; `--no-speed-check` skips it): the prediction's error is also given at the machine's speed
-then (the prediction scaled by now / profiled), since a shared machine's speed drifts between minutes.
+is reported, with the spread of its runs. Before each run the profile's one-device points of the tiny model are
+re-timed (`hflow-plan profile --check`; `--no-speed-check` skips it): the prediction's error is also given at the
+machine's speed then (the prediction scaled by now / profiled), since a shared machine's speed drifts between
+minutes.
 
 `--natural-lengths` runs the old workload: 16 prompts × 8 responses of at most 256 tokens, the reference
 model kept, lengths as the policy samples them at temperature 1.5 (mean about 13, a few rambling to the
@@ -165,13 +166,14 @@ def tail_out_of_loss(batch, eos_ids: list[int]):
 
 
 def machine_speed(profile: str) -> float:
-    """This machine's speed now against `profile`'s: its quick reference points re-timed (seconds now / then, the
-    median; `hflow-plan profile --check`'s quick form, as `run` makes it)."""
+    """This machine's speed now against `profile`'s: all its one-device reference points re-timed (seconds now /
+    then, the median; `hflow-plan profile --check`). All, not the quick form `run` makes: the quick points are the
+    short ones (small batches, 16-token prompts), and on a shared VM their speed moves more than a long tail's
+    work does — the long-prompt prefill and long-context decode points are this workload's regime."""
     from hybridflow.runtime.measure.profile_check import check_speed
     from hybridflow.simulator.calibration.profile import resolve_profile
-    from hybridflow.tools.reports.run import SPEED_CHECK_MAX_SECONDS
 
-    return check_speed(resolve_profile(profile), max_seconds=SPEED_CHECK_MAX_SECONDS).index
+    return check_speed(resolve_profile(profile)).index
 
 
 def at_speed(run: dict) -> str:
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--staleness", type=int, default=4, help="the async plan's bound k (default 4)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per side, taking turns; the median run is reported")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-speed-check", action="store_true", help="skip re-timing a few of the profile's points "
+    ap.add_argument("--no-speed-check", action="store_true", help="skip re-timing the profile's one-device points "
                     "before each run (the machine's speed then against the profile's: the predictions at that speed)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the lines")
     ap.add_argument("--predict", action="store_true", help="run nothing: the simulator's price of a few long-tail "

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineErrorParser(prog="role_memory", description=__doc__.split("\n\n")[0])
     add_batch_args(ap)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    ap.add_argument("--check", action="store_true", help=f"exit 1 when a role's increment is more than {GOAL:.0%} "
+    ap.add_argument("--check", action="store_true", help=f"exit 1 when a role's increment is more than {GOAL * 100:.0f} %% "
                     "off the memory model's figure (pinned allocator)")
     a = ap.parse_args(argv)
     check_batch_args(a)

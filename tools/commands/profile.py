@@ -62,7 +62,10 @@ def grid(devices: int, quick: bool = False) -> list[dict]:
     fwd = [(8, 32, 8)] if quick else [(8, 32, 8), (16, 24, 8), (32, 64, 16)]  # (batch, seq, micro)
     trn = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)]  # (+ optimizer steps)
     gen = ([(2, 8, 1), (2, 8, 4)] if quick  # (batch, prompt, new)
-           else [(4, 16, 1), (4, 16, 16), (16, 12, 8), (32, 16, 32)])
+           else [(4, 16, 1), (4, 16, 16), (16, 12, 8), (32, 16, 32),
+                 # long prompts' prefill (its attention), a decode over a long context (the KV reads per step)
+                 # and a long decode of two rows (the per-step cost): a long tail's continued and last sequences
+                 (8, 384, 1), (4, 384, 64), (2, 16, 128)])
     jobs: list[dict] = []
     for m in models:
         md = m.model_dump()

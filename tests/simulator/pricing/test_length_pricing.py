@@ -82,7 +82,7 @@ def test_the_tail_costs_more_than_the_mean_and_less_than_the_longest():
 def test_packed_training_counts_real_tokens_and_per_sequence_attention():
     w = Workload(prompts=64, prompt_len=128, micro_batch_size=4, response_lengths=TAIL)
     _, pm, attn, _ = model_shape(MODEL, "lm")
-    lengths = LengthDistribution(**TAIL).sample(20000)
+    lengths = LengthDistribution(**TAIL).sample(w.sequences)  # the batch's lengths, as its rollout draws them
     by_sample = sum(seq_flops(pm, attn, 128 + n) for n in lengths) / len(lengths)
     cm = CostModel(CLUSTER)
     flops = cm.forward(MODEL, "lm", ParallelConfig(dp=8), w).flops / w.sequences

