@@ -25,8 +25,9 @@ slot, or the trainers for a batch). For k = 1 this is one-step-off exactly. As i
 (timeline.py), batch j's rollout is iteration j's — it runs during the ones before — and the sync
 before it is iteration j − 1's, whose trainers wait for it; so an iteration's seconds are from one
 trained batch's end to the next. The first iteration, whose rollout nothing overlaps, is a warm-up
-(Timeline meta `warmup_iterations`). Rollouts past the last trained batch are left out: nothing
-trained waits for them.
+(Timeline meta `warmup_iterations`). Of the rollouts past the last trained batch only the next one is
+scheduled (its devices work beside the last batch's trainers, as in every iteration before) and none is
+reported: nothing trained waits for them.
 """
 
 from __future__ import annotations
@@ -80,8 +81,11 @@ def is_sync_batch(j: int, staleness: int) -> bool:
 def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes], copies: int,
              staleness: int) -> None:
     """Rewire `big` (in place; `copies` unrolled copies of `graph`) for a pipeline with staleness bound
-    `staleness`, then drop the last copy but for the weight sync the last trained batch waits for:
-    `copies − 2` trained iterations remain after the warm-up."""
+    `staleness`, then drop the last copy but for the weight sync the last trained batch waits for and its
+    rollout (marked `lookahead`): `copies − 2` trained iterations remain after the warm-up. The lookahead
+    rollout is what the rollout devices run while the last trained batch trains, as in every steady
+    iteration before it: without it those trainers would be priced with their neighbours idle
+    (simulator/schedule/neighbours.py). It is scheduled, not reported (`simulate` leaves it out)."""
     if staleness < 1:
         raise HflowError(f"a pipelined mode needs a staleness bound of at least 1, got {staleness}")
     sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
@@ -104,9 +108,10 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
             del big_lanes[s]
             if period_sync is not None:
                 big.add_edge(period_sync, g)
-    for n in [n for n in big if n[0] == copies - 1 and n[1] != sync]:
+    for n in [n for n in big if n[0] == copies - 1 and n[1] not in (sync, gen)]:
         big.remove_node(n)
         del big_lanes[n]
+    big.nodes[(copies - 1, gen)]["lookahead"] = True
     forget_order(big)
 
 

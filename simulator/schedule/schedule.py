@@ -251,6 +251,8 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     events, rounds = [], []
     for n in call_order(big):
         a, (c, f) = big.nodes[n], cost_of[n]
+        if a.get("lookahead"):  # priced beside the last trained batch, not one of the iterations (pipeline.py)
+            continue
         start, end = times[n]
         events.append(Event(op=a["op"], role=a["role"], group="+".join(lane_group(x) for x in lanes_tuple(big_lanes[n])),
                             start=start, end=end, iteration=a["iteration"], bytes=c.bytes * f, flops=c.flops * f,

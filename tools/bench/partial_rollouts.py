@@ -32,9 +32,9 @@ one per iteration with a weight sync before each: simulator/schedule/pipeline.py
 sync_period), the staleness (max over iterations, bound k), the mean reward of the first and last thirds,
 and the responses continued across rounds; with `--repeats` the two take turns and each side's median run
 is reported, with the spread of its runs. Before each run the profile's one-device points of the tiny model are
-re-timed (`hflow-plan profile --check`; `--no-speed-check` skips it): the prediction's error is also given at the
-machine's speed then (the prediction scaled by now / profiled), since a shared machine's speed drifts between
-minutes.
+re-timed (`hflow-plan profile --check`), and again after it (`--no-speed-check` skips both): the prediction's
+error is also given at the machine's speed then (the prediction scaled by now / profiled, the geometric mean of
+the two checks), since a shared machine's speed drifts between minutes.
 
 `--natural-lengths` runs the old workload: 16 prompts × 8 responses of at most 256 tokens, the reference
 model kept, lengths as the policy samples them at temperature 1.5 (mean about 13, a few rambling to the
@@ -293,12 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     all_runs: dict[str, list[dict]] = {name: [] for name in sides_run}
     for round_ in range(1, a.repeats + 1):  # the two take turns: a shared machine's speed drifts
         for name, budget in sides_run.items():
-            speed = None if a.no_speed_check else machine_speed(a.profile)  # right before the run
+            speed = None if a.no_speed_check else machine_speed(a.profile)  # right before the run…
             print(f"{name}: run {round_} of {a.repeats}, {a.iterations} iterations…", file=sys.stderr)
             config = RunConfig(seed=a.seed, optimizer={"actor": {"lr": 5e-4 if natural else 2e-4}},
                                sampling={"temperature": a.temperature}, async_mode={"partial_rollout_tokens": budget})
             lengths = None if imposed is None else ImposedLengths(imposed, a.prompts * a.samples, a.seed)
-            all_runs[name].append({"budget": budget, "speed": speed, **measure(plan, config, a.iterations, lengths)})
+            run = measure(plan, config, a.iterations, lengths)
+            if speed is not None:  # and right after it: the run's speed is the two checks' geometric mean
+                speed = (speed * machine_speed(a.profile)) ** 0.5
+            all_runs[name].append({"budget": budget, "speed": speed, **run})
     runs = {name: {**median_run(rs), "measured_runs": [r["seconds"] for r in rs]} for name, rs in all_runs.items()}
     # the simulator's lengths: those imposed, or those the policy produced (the first run's steady iterations)
     lengths = imposed or LengthDistribution.from_recorded(next(iter(runs.values()))["lengths"])

@@ -139,3 +139,18 @@ def test_op_seconds_count_a_sync_paid_once_per_k_iterations_as_its_share():
     total = sum(tl.op_seconds(i).get("weight_sync", 0.0) for i in steady)
     assert tl.op_seconds()["weight_sync"] == pytest.approx(total / len(steady))
     assert tl.op_seconds()["actor_update"] == pytest.approx(_seconds(tl, "actor_update", steady[0]))  # every one: median
+
+
+@pytest.mark.parametrize("response_len", [16, 1024])
+def test_the_last_trained_batch_trains_beside_the_next_rollout(response_len):
+    """A device whose neighbours idle runs faster (neighbours.py): the rollout after the last trained batch is
+    scheduled (not reported), so the last iteration is priced as busy as the ones before it."""
+    from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+    from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+
+    plan = disaggregated("one-step-off", response_len)
+    cm = ProfiledCostModel(plan.cluster, EfficiencyParams(), EngineOverheads(alone_speedup=1.5))
+    tl = simulate(plan, cm, iterations=3)
+    steady = [tl.iteration_seconds(i) for i in tl.steady_iterations()]
+    assert steady == pytest.approx([steady[0]] * 3, rel=1e-9)
+    assert max(e.iteration for e in tl.events) == 3  # the look-ahead rollout is not one of the iterations
