@@ -262,7 +262,8 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     return Timeline(
         source="simulated", events=events, tokens_per_iteration=plan.workload.tokens_per_iteration,
         meta={"algorithm": plan.algorithm, "iterations": iterations, "lanes": lane_names(plan),
-              "makespan": makespan(times), "mode": plan.mode, "staleness": k if pipelined else plan.staleness,
+              "makespan": makespan({n: t for n, t in times.items() if not big.nodes[n].get("lookahead")}),
+              "mode": plan.mode, "staleness": k if pipelined else plan.staleness,
               "warmup_iterations": int(pipelined)},
     )
 
