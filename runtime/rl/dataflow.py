@@ -320,6 +320,7 @@ class Dataflow:
             # a KL loss term, or the KL statistic of a one-pass update
             extra.append("ref_log_probs")
         calls.append(self._call_balanced("actor_update", "actor", "update", batch.select(*fields, *extra, meta=False)))
+        self.mode.update_submitted()
         metrics: dict[str, float] = {}
         for p in calls:
             per_rank = p.future.get()

@@ -9,7 +9,9 @@ Two places (the plan's `generate_group`), one interface for the execution modes 
   and every rollout rank (engines/rollout/weight_sync.py) — the `weight_sync` op in the measured
   Timeline, on the lane of both groups ("actor_group+rollout_group"), its bytes those each rollout
   rank receives (the simulator's convention: bytes per receiving device); the metric
-  `weight_sync/bytes` is the sum over the rollout ranks.
+  `weight_sync/bytes` is the sum over the rollout ranks. `hand_over` submits a sync ahead, behind the
+  update that makes its weights (the async mode's partial rollouts, which sync every iteration), and the
+  next `sync_weights` waits for it.
 
 A rollout is split into one prompt shard per generation replica; each replica's tp rank 0 is read.
 
@@ -109,12 +111,15 @@ class WeightSync:
                  rollout.call_async(ROLLOUT, "init_weight_sync", addr, port, world)], actor.call_timeout)
         self.lane = f"{actor.name}+{rollout.name}"
 
-    def send(self, version: int) -> tuple[list, list]:
-        """Both sides at once, watched together: a worker lost on either is reported at once, not after
-        the other side's collective times out. Returns (the senders' outputs, the receivers')."""
-        send = self.actor.call_async("actor", "send_weights", self.specs, self.bucket_bytes)
-        receive = self.rollout.call_async(ROLLOUT, "receive_weights", version, self.bucket_bytes)
-        return get_all([send, receive], self.actor.call_timeout)
+    def submit(self, version: int) -> list[CallFuture]:
+        """Both sides' calls, each queued behind the calls its workers have in hand (`finish` waits)."""
+        return [self.actor.call_async("actor", "send_weights", self.specs, self.bucket_bytes),
+                self.rollout.call_async(ROLLOUT, "receive_weights", version, self.bucket_bytes)]
+
+    def finish(self, calls: list[CallFuture]) -> tuple[list, list]:
+        """Both sides watched together: a worker lost on either is reported at once, not after the other
+        side's collective times out. Returns (the senders' outputs, the receivers')."""
+        return get_all(calls, self.actor.call_timeout)
 
 
 class RolloutDevices:
@@ -128,16 +133,37 @@ class RolloutDevices:
         self.group = groups[self.role]
         self.sync = WeightSync(groups["actor"], self.group) if separate else None
         self.synced_version = -1  # the actor updates the rollout weights have seen (-1: not yet synced)
+        self.handover: tuple[int, list[CallFuture]] | None = None  # a sync submitted ahead (hand_over): version, calls
         self._ranks: list[tuple[int, int]] | None = None  # (replica, tp rank) of each rank
         self.call_lock = threading.Lock()  # conversation rollouts' calls, one at a time
         self._threads: ThreadPoolExecutor | None = None  # where conversation rollouts run
 
+    def hand_over(self, version: int) -> None:
+        """Submit the sync of the weights after `version` updates now, while the update that makes them is
+        still running: each side's call queues behind the one its workers have in hand (the actor's update,
+        the rollout's call in flight), so the trainers hand over the moment their update ends, without a
+        round trip through the driver. `sync_weights` waits for it (and records it)."""
+        if self.sync is not None and self.handover is None and self.synced_version != version:
+            self.handover = (version, self.sync.submit(version))
+
     def sync_weights(self, version: int, stats: dict[str, float]) -> None:
         """The weights after `version` actor updates onto the rollout devices (no-op when there already,
-        or when the actor generates itself)."""
-        if self.sync is None or self.synced_version == version:
+        or when the actor generates itself); a sync handed over ahead is waited for first."""
+        if self.sync is None:
             return
-        sent, received = self.sync.send(version)
+        self.finish_handover(stats)
+        if self.synced_version != version:
+            self._synced(version, self.sync.submit(version), stats)
+
+    def finish_handover(self, stats: dict[str, float]) -> None:
+        """Wait for the sync handed over ahead, if one is on its way (recorded in this iteration)."""
+        if self.handover is not None:
+            handed, calls = self.handover
+            self.handover = None
+            self._synced(handed, calls, stats)
+
+    def _synced(self, version: int, calls: list[CallFuture], stats: dict[str, float]) -> None:
+        sent, received = self.sync.finish(calls)
         got = [timing_of(r) for r in received]
         self.recorder.log("weight_sync", "actor")
         self.recorder.record("actor", self.sync.lane, merge_timings([timing_of(s) for s in sent] + got))

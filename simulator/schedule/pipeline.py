@@ -79,13 +79,16 @@ def is_sync_batch(j: int, staleness: int) -> bool:
 
 
 def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes], copies: int,
-             staleness: int) -> None:
+             staleness: int, handed_over: bool = False) -> None:
     """Rewire `big` (in place; `copies` unrolled copies of `graph`) for a pipeline with staleness bound
     `staleness`, then drop the last copy but for the weight sync the last trained batch waits for and its
     rollout (marked `lookahead`): `copies − 2` trained iterations remain after the warm-up. The lookahead
     rollout is what the rollout devices run while the last trained batch trains, as in every steady
     iteration before it: without it those trainers would be priced with their neighbours idle
-    (simulator/schedule/neighbours.py). It is scheduled, not reported (`simulate` leaves it out)."""
+    (simulator/schedule/neighbours.py). It is scheduled, not reported (`simulate` leaves it out).
+    `handed_over` (partial rollouts): each sync is submitted with the update it carries and queues behind it
+    on the trainers and behind the round on the rollout devices (runtime/rl/rollout.py hand_over), so no
+    driver round trip comes between them (marked `queued`: schedule.call_gaps)."""
     if staleness < 1:
         raise HflowError(f"a pipelined mode needs a staleness bound of at least 1, got {staleness}")
     sync, gen = _actor_node(graph, "weight_sync"), _actor_node(graph, "generate")
@@ -98,7 +101,7 @@ def pipeline(graph: nx.DiGraph, big: nx.DiGraph, big_lanes: dict[Hashable, Lanes
         prev_order = big.nodes[(j - 1, gen)]["order"]
         big.nodes[g].update(order=prev_order + 0.2)  # issued right after the rollout before it
         if is_sync_batch(j, staleness):
-            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1)
+            big.nodes[s].update(order=prev_order + 0.1, iteration=j - 1, queued=handed_over)
             big.add_edge((j - 2, update), s)
             # the trainers hand over before they score batch j−1 (the controller waits for both sides)
             big.add_edges_from((s, (j - 1, n)) for n in after_gen if (j - 1, n) in big)

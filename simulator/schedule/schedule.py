@@ -216,12 +216,15 @@ def call_gaps(graph: nx.DiGraph, overheads) -> dict[Hashable, tuple[float, float
     """Per op the controller's gaps (after an input, after the lane's previous op), from a profiled
     cost model's overheads (None: no gaps, the analytic model). Every call on a worker group pays
     them; the driver's own ops do not, nor does the hybrid engine's `generate`, which runs in the same
-    call as the reshard before it (a rollout on devices of its own, after a weight sync, is a call of its own)."""
+    call as the reshard before it (a rollout on devices of its own, after a weight sync, is a call of its own).
+    An op submitted ahead (`queued`: pipeline.py's handed-over sync) waits for its inputs on the workers, as a
+    queued call: the queued gap after them too."""
     if overheads is None or (overheads.dispatch_seconds == 0.0 and overheads.queued_call_seconds == 0.0):
         return None
-    pair = (overheads.dispatch_seconds, overheads.queued_call_seconds)
+    queued = overheads.queued_call_seconds
+    pair = (overheads.dispatch_seconds, queued)
     in_reshard_call = any(a["op"] == "reshard" for _, a in graph.nodes(data=True))
-    return {n: pair for n, a in graph.nodes(data=True)
+    return {n: (queued, queued) if a.get("queued") else pair for n, a in graph.nodes(data=True)
             if not a["driver"] and not (a["op"] == "generate" and in_reshard_call)}
 
 
@@ -234,13 +237,14 @@ def simulate(plan: Plan, cost_model=None, iterations: int | None = None, kl_in_r
     graph, lane_of = plan_dataflow(plan, kl_in_reward)
     costs = price_dataflow(plan, graph, cost_model, partial_rollout_tokens)
     pipelined = plan.mode != "sync"
-    k = sync_period(plan.staleness, partial_rollout_tokens if plan.mode == "async" else None)
+    partial = plan.mode == "async" and bool(partial_rollout_tokens)
+    k = sync_period(plan.staleness, partial_rollout_tokens if partial else None)
     if iterations is None:
         iterations = priced_iterations(k) if pipelined else 1
     copies = copies_needed(iterations, k) if pipelined else iterations
     big, big_lanes = unroll(graph, lane_of, copies)
     if pipelined:
-        pipeline(graph, big, big_lanes, copies, k)
+        pipeline(graph, big, big_lanes, copies, k, handed_over=partial)
     elif plan.mechanics.score_per_call:
         interleave_scoring(plan, big, big_lanes)  # per_call.py: each call's scoring before the rank's next call
     gaps = call_gaps(big, getattr(cost_model, "overheads", None))

@@ -52,6 +52,10 @@ class Mode:
             batch = Batch(batch.tensors.exclude("behaviour_log_probs"), batch.non_tensors, batch.meta)
         return batch
 
+    def update_submitted(self) -> None:
+        """The actor's update of this iteration is on its way (a mode that syncs the weights it makes every
+        iteration hands them over behind it, streaming.py)."""
+
     def prompts_in_flight(self) -> int:
         """Prompts drawn for rollouts not yet trained on (a checkpoint rewinds the data order by them)."""
         return 0

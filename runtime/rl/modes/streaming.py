@@ -105,6 +105,14 @@ class Streaming(Mode):
         super().start_iteration(iteration, stats)
         self.launched = 0
 
+    def update_submitted(self) -> None:
+        """With partial rollouts the next round starts from the weights this update makes (every iteration
+        syncs): they are handed over the moment the update ends, queued behind it on the trainers and behind
+        the round in flight on the rollout devices, instead of after the driver has heard back (the next
+        refill waits for it). Without them a sync follows an idle rollout only, which an update cannot know."""
+        if self.partial is not None:
+            self.rollout.hand_over(self.iteration)
+
     def _groups_in_flight(self) -> int:
         """Groups launched and not yet in the queue (with partial rollouts: every open group, paused or not)."""
         if self.partial is not None:
@@ -211,6 +219,8 @@ class Streaming(Mode):
                                      "the dataflow a prompt source (`prompts`)")
                 self._collect_next()
         self.refill(trained_at=self.version + 1)  # the rollout runs on while this batch trains (for the next)
+        if self.partial is not None:  # a refill that launched nothing (the queue full) leaves it on its way
+            self.rollout.finish_handover(self.stats)
         self.stats.update({"async/queue_groups": float(len(self.queue)),
                            "async/in_flight_groups": float(self._groups_in_flight()),
                            "async/dropped_groups": self.stats.get("async/dropped_groups", 0.0) + dropped})

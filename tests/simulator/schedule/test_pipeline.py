@@ -154,3 +154,24 @@ def test_the_last_trained_batch_trains_beside_the_next_rollout(response_len):
     steady = [tl.iteration_seconds(i) for i in tl.steady_iterations()]
     assert steady == pytest.approx([steady[0]] * 3, rel=1e-9)
     assert max(e.iteration for e in tl.events) == 3  # the look-ahead rollout is not one of the iterations
+
+
+@pytest.mark.parametrize("partial, gap", [(None, 0.05), (128, 0.01)])
+def test_partial_rollouts_hand_the_weights_over_behind_the_update(partial, gap):
+    """With partial rollouts the runtime submits each sync with the update it carries (rl/rollout.py
+    hand_over): it queues behind it, a queued call's gap, not the driver's round trip; on the rollout devices
+    it queues behind the round (batch i's rollout, before batch i + 1's)."""
+    from hybridflow.simulator.calibration.profiled_cost import EngineOverheads, ProfiledCostModel
+    from hybridflow.simulator.pricing.efficiency import EfficiencyParams
+
+    plan = disaggregated("async", 256).model_copy(update={"max_staleness": 1})
+    cm = ProfiledCostModel(plan.cluster, EfficiencyParams(), EngineOverheads(dispatch_seconds=0.05,
+                                                                             queued_call_seconds=0.01))
+    tl = simulate(plan, cm, partial_rollout_tokens=partial)
+    ends = {(e.op, e.iteration): e.end for e in tl.events}
+    syncs = [e for e in tl.events if e.op == "weight_sync" and ("actor_update", e.iteration - 1) in ends]
+    assert len(syncs) == 2 and all(e.start == pytest.approx(max(ends["actor_update", e.iteration - 1] + gap,
+                                                                ends["generate", e.iteration] + 0.01), rel=1e-9)
+                                   for e in syncs)
+    if partial:  # here the update ends last: the gap shows
+        assert any(ends["actor_update", e.iteration - 1] + gap > ends["generate", e.iteration] for e in syncs)

@@ -146,9 +146,13 @@ def test_async_partial_rollouts_continue_responses_within_the_staleness_bound(ra
     with Trainer(plan, config) as t:
         trained = trained_batches(t)
         out = []
-        for _ in range(4):
+        for i in range(4):
             out.append(t.step())
             assert len(t.df.mode.in_flight) == 1  # the next round, launched while this batch trained: one call
+            # the weights this update made handed over behind it (rl/rollout.py hand_over), waited for by the
+            # next iteration's refill before its round
+            assert t.df.rollout.handover is not None and t.df.rollout.handover[0] == i + 1
+            assert t.df.rollout.synced_version == i
         whole = concat_groups([b.select(*SEQ_FIELDS, *PROMPT_FIELDS, "response_mask", "behaviour_log_probs",
                                         "partial_segments", "token_policy_version", "data_row", meta=False)
                                for b in trained])  # the batches' prompts left-padded to one width
