@@ -28,7 +28,10 @@ ROW_MAJOR_MAX_BATCH = 16
 # speed (MKL's and oneDNN's kernels at about half of it on these shapes). Built with AVX-512 its
 # 8-row tile also keeps the FMA units busy: a third faster than oneDNN at 16 rows, even at 64 and
 # within a few percent at 512, so it takes every row count there; without, up to PANEL_MAX_ROWS.
-PANEL_MAX_ROWS = 4
+# There (AVX2: 4-row tiles) each panel is read from memory once per block of rows and stays in
+# cache for the block's tiles, so whole decode steps still run faster through it than through
+# MKL/oneDNN well past one tile, up to about this many rows (docs/engines.md, measured).
+PANEL_MAX_ROWS = 128
 MATMUL_KINDS = ("packed", "row_major", "view", "panel")
 
 
