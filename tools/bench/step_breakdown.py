@@ -110,6 +110,22 @@ def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out]
 
 
+def _minus(spans: list[tuple[float, float]], taken: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of `spans` outside `taken` (both unions: sorted, disjoint)."""
+    out = []
+    for s, e in spans:
+        cur = s
+        for ts, te in taken:
+            if te <= cur or ts >= e:
+                continue
+            if ts > cur:
+                out.append((cur, ts))
+            cur = max(cur, te)
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
 def _mean_over_ranks(per_rank: list[dict], key: str) -> float:
     return statistics.fmean(r.get(key, 0.0) for r in per_rank) if per_rank else 0.0
 
@@ -142,18 +158,25 @@ def _work(spec, phase: str, per_rank: list[dict], reshard_bytes: float) -> tuple
 
 
 def split_step(step: dict, spec, world: int) -> list[dict]:
-    """Rows (phase, parent op, seconds, FLOPs, bytes, note) of one step; seconds sum to the step's span."""
+    """Rows (phase, parent op, seconds, FLOPs, bytes, note) of one step; seconds sum to the step's span: each
+    op's events are taken within the step, and time two ops share (the driver's work beside a call in flight)
+    counts for the op first in ORDER only."""
     rows = []
-    events = step["events"]
+    lo, hi = step["start"], step["end"]
+    events = [{**e, "start": max(e["start"], lo), "end": min(e["end"], hi)} for e in step["events"]
+              if min(e["end"], hi) > max(e["start"], lo)]
     by_op: dict[str, list[dict]] = {}
     for e in events:
         by_op.setdefault(e["op"], []).append(e)
     clocks = step["phases"]
+    counted: list[tuple[float, float]] = []  # the step's time already given to an op
     for op in [*ORDER, *sorted(set(by_op) - set(ORDER))]:
         if op not in by_op:
             continue
         evs = by_op[op]
-        seconds = sum(e["end"] - e["start"] for e in evs)
+        own = _union([(e["start"], e["end"]) for e in evs])
+        seconds = sum(e - s for s, e in _minus(own, counted))
+        counted = _union(counted + own)
         role = evs[0]["role"]
         on_driver = evs[0]["group"] == "driver"
         per_rank = [] if on_driver else clocks.get(role, [])

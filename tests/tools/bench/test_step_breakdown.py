@@ -37,6 +37,19 @@ def test_a_step_splits_into_ops_phases_and_controller_gaps():
     assert next(r for r in rows if r["phase"] == "decode")["bytes"] > 0
 
 
+def test_time_two_ops_share_or_past_the_step_counts_once():
+    """The driver's work beside a call in flight, and an event past the step's end: the rows still add up
+    to the step (the shared time goes to the op first in the step's order)."""
+    step = {"start": 0.0, "end": 10.0, "tokens": 100, "reward": 0.5, "phases": {}, "events": [
+        _event("generate", 1.0, 4.0), _event("ref_logprob", 4.0, 6.0, role="ref"),
+        _event("reward", 4.5, 5.5, group="driver"), _event("actor_update", 7.0, 10.5)]}
+    top = {r["phase"]: r["seconds"] for r in step_breakdown.split_step(step, model_preset("tiny"), world=1)
+           if r["parent"] is None}
+    assert sum(top.values()) == pytest.approx(10.0)
+    assert top["actor_update"] == pytest.approx(3.0) and top["controller"] == pytest.approx(2.0)
+    assert top["reward"] + top["ref_logprob"] == pytest.approx(2.0)
+
+
 def test_bad_arguments_are_one_line_errors():
     with pytest.raises(HflowError, match="--model"):
         step_breakdown.main(["--model", "gpt5"])
