@@ -196,8 +196,8 @@ def split_step(step: dict, spec, world: int) -> list[dict]:
         if subs and inner > 0:
             rows.append({"phase": "other", "parent": op, "seconds": max(seconds - inner, 0.0), "flops": 0.0,
                          "bytes": 0.0, "note": "outside the engine's phases", "ranks": world, "driver": False})
-    # the controller: the step's time outside every op, by the op it leads to
-    busy = _union([(e["start"], e["end"]) for e in events])
+    # the controller: the step's time outside every op (every op's time is `counted` now), by the op it leads to
+    busy = counted
     cursor, gaps = step["start"], {}
     for (s, e), nxt in zip(busy, [min((ev for ev in events if ev["start"] >= s), key=lambda ev: ev["start"])["op"]
                                    for s, _ in busy], strict=True):
