@@ -35,6 +35,22 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def cache_share(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes of this CPU's last-level cache per core sharing it (sysfs: the highest cache level of cpu0, its size
+    over the CPUs in its shared_cpu_list); 0 where the system does not say."""
+    try:
+        level = max(root.glob("index*"), key=lambda d: int((d / "level").read_text()))
+        size = (level / "size").read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        shared = 0
+        for part in (level / "shared_cpu_list").read_text().strip().split(","):
+            lo, _, hi = part.partition("-")
+            shared += int(hi or lo) - int(lo) + 1
+        return int(size.rstrip("KMG")) * scale // max(shared, 1)
+    except (OSError, ValueError):
+        return 0
+
+
 def memory_total() -> float:
     """Bytes of physical memory."""
     try:

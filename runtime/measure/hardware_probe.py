@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 import torch
 import torch.distributed as dist
 
-from hybridflow.runtime.controller.host import cache_dir, cpu_count, cpu_name, memory_total
+from hybridflow.runtime.controller.host import cache_dir, cache_share, cpu_count, cpu_name, memory_total
 from hybridflow.runtime.measure.process_group import local_device, run_group
 from hybridflow.simulator.calibration.profile import Fingerprint, ProfilePoint
 from hybridflow.simulator.vocabulary.hardware import ClusterSpec, HardwareSpec
@@ -44,6 +44,7 @@ def fingerprint(devices: int | None = None) -> Fingerprint:
         hostname=platform.node(), platform=platform.platform(), processor=platform.machine(), cpu_count=cpu_count(),
         device_kind="cuda" if cuda else "cpu", device_name=torch.cuda.get_device_name(0) if cuda else cpu_name(),
         devices=devices or default_devices(), torch_version=torch.__version__, dtype="bfloat16" if cuda else "float32",
+        cache_bytes=0 if cuda else cache_share(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

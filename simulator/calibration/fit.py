@@ -74,6 +74,7 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("params", "width_half", 1e-2, 1e6),
     Term("params", "decode_step_overhead", 1e-7, 1.0),
     Term("params", "kv_read_efficiency", 1e-3, 1.0),
+    Term("params", "cache_read_speedup", 1.0, 1e3),
     Term("params", "prefill_attention_efficiency", 1e-3, 2.0),
     Term("params", "fsdp_overlap", 1e-4, 1.0),
     Term("params", "adam_bytes_per_param", 1e-2, 1e3),
@@ -95,6 +96,8 @@ DEFAULT_TERMS: tuple[Term, ...] = (
 # with a prompt that long, the prefill's attention (prefill_attention_efficiency) above the rest; with shorter
 # ones only the weights and the per-step costs show, and both keep their defaults.
 KV_CONTEXT_TOKENS = 256
+# Where the fit starts cache_read_speedup when the profile names its cache (the bound, 1, is a flat spot).
+CACHE_SPEEDUP_START = 2.0
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
 PINNED = {"matmul_efficiency": 1.0, "hbm_efficiency": 1.0, "intra_link_efficiency": 1.0,
@@ -221,9 +224,12 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
         raise HflowError(f"profile '{profile.name}' has no points of kinds {', '.join(ops)} to fit; "
                          "measure one with `hflow-plan profile`")
     base = (base or EfficiencyParams()).model_copy(update=PINNED)
+    dtype_bytes = _dtype_bytes(profile.fingerprint.dtype)
     if profile.fingerprint.device_kind == "cpu":  # the training passes' attention: PyTorch's CPU kernel
         base = base.model_copy(update={"attention_key_block": CPU_ATTENTION_KEY_BLOCK})
-    dtype_bytes = _dtype_bytes(profile.fingerprint.dtype)
+        if profile.fingerprint.cache_bytes:  # a decode step's reads the core's cache share keeps (bf16-equivalent)
+            base = base.model_copy(update={"decode_cache_bytes": profile.fingerprint.cache_bytes * BF16 / dtype_bytes,
+                                           "cache_read_speedup": CACHE_SPEEDUP_START})
     devices = cluster_devices or max([profile.fingerprint.devices]
                                      + [p.parallel.world_size for p in points] + [p.group_size for p in points])
     engine_terms = tuple(t for t in terms if t.field not in MEGATRON_OVERHEADS)
@@ -260,7 +266,7 @@ def _fit(points: list[ProfilePoint], terms: tuple[Term, ...], hw0: HardwareSpec,
     weights = np.array([1.0 / math.sqrt(counts[p.op]) for p in points])
     measured = np.array([p.seconds for p in points])
     # Terms no point can move (no collective points → no bandwidth signal) stay at their start.
-    live = tuple(t for t in terms if _moves(t, points))
+    live = tuple(t for t in terms if _moves(t, points, base.decode_cache_bytes > 0))
 
     def residuals(x):
         hw, pr, ov = _build(hw0, base, live, x, ov0)
@@ -279,8 +285,9 @@ def _fit(points: list[ProfilePoint], terms: tuple[Term, ...], hw0: HardwareSpec,
     return hw, pr, ov, {t.key: float(v) for t, v in zip(live, np.exp(x), strict=True)}, converged
 
 
-def _moves(term: Term, points: list[ProfilePoint]) -> bool:
-    """Whether any point's price depends on the term (a crude but exact-enough relevance rule)."""
+def _moves(term: Term, points: list[ProfilePoint], cached: bool = False) -> bool:
+    """Whether any point's price depends on the term (a crude but exact-enough relevance rule); `cached`: the
+    params price a cache for decode reads (decode_cache_bytes > 0)."""
     ops = {p.op for p in points}
     multi = any(p.parallel.world_size > 1 or p.group_size > 1 for p in points)
     needs = {
@@ -291,6 +298,7 @@ def _moves(term: Term, points: list[ProfilePoint]) -> bool:
         "tokens_half": ops & {"train", "forward", "generate"},
         "width_half": ops & {"train", "forward", "generate"},
         "decode_step_overhead": "generate" in ops,
+        "cache_read_speedup": cached and "generate" in ops,
         "kv_read_efficiency": any(p.op == "generate" and p.prompt_len + p.response_len >= KV_CONTEXT_TOKENS
                                   and p.response_len > 1 for p in points),
         "prefill_attention_efficiency": any(p.op == "generate" and p.prompt_len >= KV_CONTEXT_TOKENS for p in points),
@@ -340,7 +348,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "8"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "10"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

@@ -63,6 +63,9 @@ class Fingerprint(BaseModel):
     devices: PositiveInt = 1  # devices per node the profile used (CPU: gloo processes)
     torch_version: str = ""
     dtype: str = "float32"  # element type the engines ran in (fp32 on CPU, bf16 on GPUs)
+    # bytes of the last-level cache per CPU core sharing it (a CPU device's share; 0: unknown, or a GPU, whose
+    # cache holds a sliver of a model's weights): calibration prices decode reads that fit it
+    cache_bytes: NonNegativeInt = 0
     created: str = ""  # ISO-8601 UTC
 
     def same_machine(self, other: Fingerprint) -> bool:

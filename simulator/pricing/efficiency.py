@@ -71,6 +71,17 @@ class EfficiencyParams(BaseModel):
         1.0, gt=0, le=1,
         description="a decode step's KV-cache reads relative to its weight streaming (attention kernels gather the "
                     "cache in pages and per head, below a GEMV's streaming rate at long contexts). 1: alike.")
+    decode_cache_bytes: float = Field(
+        0.0, ge=0,
+        description="bytes (bf16-equivalent, as the model counts them) of the device's last-level cache: a decode "
+                    "step whose reads (its weights and the batch's KV cache) fit it reads them at cache_read_speedup "
+                    "times the memory's rate, one whose reads outgrow it streams them all from memory. A CPU core's "
+                    "share of its L3 holds a small model whole (a profile's Fingerprint.cache_bytes sets it); a GPU's "
+                    "L2 holds a sliver of a model's weights. 0: every byte from memory.")
+    cache_read_speedup: float = Field(
+        1.0, ge=1,
+        description="how many times faster than memory a decode step reads the bytes its cache keeps "
+                    "(decode_cache_bytes); fitted to a profile's generate points.")
     adam_bytes_per_param: PositiveFloat = Field(
         28.0,
         description="HBM bytes an Adam step moves per parameter: read fp32 master, m, v (12) and the bf16 "

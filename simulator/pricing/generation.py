@@ -3,12 +3,13 @@
 A rollout is prefill (compute-bound) then one decode step per response token on each of gen.dp replicas, in
 waves of the largest batch the free memory's KV cache holds (or a static engine's batch). A decode step costs
 max(memory: (weights/tp + KV read)/HBM bandwidth, compute: 2·N·batch/peak) plus each layer's two tensor-parallel
-all-reduces (latency-dominated) and a fixed per-step overhead; a profile's or the GPU fit's engine overheads
-(calibration/profiled_cost.py) add per layer and per sequence. An engine whose sampler rebuilds every sequence's
-token history each step (vLLM 0.3-0.4: EfficiencyParams.sampler_history_seconds) pays it per token of the histories
-its slowest replica holds, per pass ("host": the GPU idles meanwhile, and a replica's batch is not split by tp).
-A distribution of response lengths decodes in segments (decode_schedule.py), each priced in closed form.
-OpCost.bytes is the HBM bytes read per device.
+all-reduces (latency-dominated) and a fixed per-step overhead; the bytes a device's cache keeps between steps
+(EfficiencyParams.decode_cache_bytes: a CPU core's L3 share) read faster (DecodeTerms.step_memory); a profile's
+or the GPU fit's engine overheads (calibration/profiled_cost.py) add per layer and per sequence. An engine whose
+sampler rebuilds every sequence's token history each step (vLLM 0.3-0.4: EfficiencyParams.sampler_history_seconds)
+pays it per token of the histories its slowest replica holds, per pass ("host": the GPU idles meanwhile, and a
+replica's batch is not split by tp). A distribution of response lengths decodes in segments (decode_schedule.py),
+each priced in closed form. OpCost.bytes is the HBM bytes read per device.
 
 Every function takes the cost model it prices on (`cm`: what `Device` names); cost.CostModel.generate, the op's
 entry point, calls generate() here.
@@ -55,7 +56,9 @@ class Device(Protocol):
 
 class DecodeTerms(NamedTuple):
     """One decode step of a batch at context c: memory = a_m + b_m·c, compute = a_c + b_c·c (the step takes the
-    larger), plus fixed seconds of tensor-parallel and pipeline bandwidth and of collectives' latency."""
+    larger), plus fixed seconds of tensor-parallel and pipeline bandwidth and of collectives' latency. `cached`:
+    the memory-seconds of reads its devices' caches hold (EfficiencyParams.decode_cache_bytes); a step whose reads
+    fit reads them `speedup` times faster, one whose reads outgrow it streams them all from memory (step_memory)."""
 
     a_m: float
     b_m: float
@@ -64,6 +67,28 @@ class DecodeTerms(NamedTuple):
     tp_comm: float
     pp_comm: float
     latency: float
+    cached: float = 0.0
+    speedup: float = 1.0
+
+    def step_memory(self, m: float) -> float:
+        """Seconds of a step whose reads take `m` seconds from memory. All from the cache or none: a step reads its
+        weights and KV cache in the same order every step, and a least-recently-used cache smaller than that
+        cycle evicts each line before the next step comes back to it."""
+        return m / self.speedup if self.cached > 0.0 and m <= self.cached else m
+
+    def sums(self, m0: float, c0: float, n: int) -> tuple[float, float]:
+        """sum_of_max over n steps whose k-th reads m0 + b_m·k memory-seconds and computes c0 + b_c·k: split where
+        the reads outgrow the cache (each side linear in k), exact and O(1)."""
+        if self.cached <= 0.0 or self.speedup == 1.0:
+            return sum_of_max(m0, self.b_m, c0, self.b_c, n)
+        if self.b_m > 0.0:  # steps 0 … k-1 read within the cache
+            k = min(max(math.floor((self.cached - m0) / self.b_m) + 1, 0), n)
+        else:
+            k = n if m0 <= self.cached else 0
+        s = self.speedup
+        m1, c1 = sum_of_max(m0 / s, self.b_m / s, c0, self.b_c, k)
+        m2, c2 = sum_of_max(m0 + self.b_m * k, self.b_m, c0 + self.b_c * k, self.b_c, n - k)
+        return m1 + m2, c1 + c2
 
 
 def sum_of_max(a1: float, b1: float, a2: float, b2: float, n: int) -> tuple[float, float]:
@@ -126,14 +151,16 @@ def decode_terms(cm: Device, model: ModelSpec, gen: ParallelConfig, batch: int) 
     bw, lat = cm.allreduce(BF16 * x * model.hidden, world, tp_ranks(gen))
     pbw, plat = cm.p2p(BF16 * x * model.hidden / tp, world, pp_ranks(gen))
     latency = 2 * model.layers * lat + (pp * plat if pp > 1 else 0.0)
-    return DecodeTerms(a_m, b_m, a_c, b_c, 2 * model.layers * bw, pp * pbw if pp > 1 else 0.0, latency)
+    cached = pp * cm.params.decode_cache_bytes / cm.hbm  # each stage's device its own cache
+    return DecodeTerms(a_m, b_m, a_c, b_c, 2 * model.layers * bw, pp * pbw if pp > 1 else 0.0, latency, cached,
+                       cm.params.cache_read_speedup)
 
 
 def decode_step(cm: Device, model: ModelSpec, gen: ParallelConfig, batch: int, context: int) -> dict[str, float]:
     """Seconds by part of one decode step of `batch` sequences at `context` tokens. "memory" and "compute" are
     both reported; the step takes the larger (see step_seconds)."""
     t = decode_terms(cm, model, gen, batch)
-    memory, compute = t.a_m + t.b_m * context, t.a_c + t.b_c * context
+    memory, compute = t.step_memory(t.a_m + t.b_m * context), t.a_c + t.b_c * context
     fixed = t.tp_comm + t.pp_comm + t.latency + cm.params.decode_step_overhead
     return {"memory": memory, "compute": compute, "tp_comm": t.tp_comm, "pp_comm": t.pp_comm, "latency": t.latency,
             "overhead": cm.params.decode_step_overhead, "step_seconds": max(memory, compute) + fixed}
@@ -208,7 +235,7 @@ def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Worklo
     pre = prefill(cm, model, gen, batch, P)
     t = decode_terms(cm, model, gen, batch)
     steps = R - 1  # the prefill yields the first token; step k attends to P + k tokens
-    memory, compute = sum_of_max(t.a_m + t.b_m * (P + 1), t.b_m, t.a_c + t.b_c * (P + 1), t.b_c, steps)
+    memory, compute = t.sums(t.a_m + t.b_m * (P + 1), t.a_c + t.b_c * (P + 1), steps)
     parts = {
         "compute": waves * (pre["compute"] + compute),
         "memory": waves * (pre["memory"] + memory),
@@ -250,7 +277,7 @@ def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workloa
         # per step j: memory a_m + (b_m / b)·C_j with C_j = b·P + generated + b·j the batch's context
         per_ctx_m, per_ctx_c = t.b_m / seg.batch, t.b_c / seg.batch
         c0 = seg.batch * P + seg.generated
-        memory, compute = sum_of_max(t.a_m + per_ctx_m * c0, t.b_m, t.a_c + per_ctx_c * c0, t.b_c, seg.steps)
+        memory, compute = t.sums(t.a_m + per_ctx_m * c0, t.a_c + per_ctx_c * c0, seg.steps)
         parts["memory"] += memory
         parts["compute"] += compute
         parts["tp_comm"] += seg.steps * t.tp_comm

@@ -3,7 +3,7 @@ predicted (issue 34, item 4).
 
     python -m hybridflow.tools.bench.partial_rollouts [--iterations 24] [--repeats 1] [--prompts 4] [--samples 4]
         [--mean 64] [--response-len 512] [--budget LONGEST/k] [--staleness 4] [--temperature 1.5]
-        [--natural-lengths] [--profile cpu-2core] [--seed 0] [--no-speed-check] [--json]
+        [--natural-lengths] [--model tiny|p256] [--profile cpu-2core] [--seed 0] [--no-speed-check] [--json]
     python -m hybridflow.tools.bench.partial_rollouts --predict      # the simulator alone, a few long-tail shapes
 
 The regime partial rollouts are for: the rollout is the longer side and its tail decodes at a small batch —
@@ -52,6 +52,7 @@ import sys
 from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.bench.async_modes import balance_word, bench_plans, median_run, sides, thirds
 from hybridflow.tools.cli_help import OneLineErrorParser
+from hybridflow.tools.commands.profile import GRID_MODELS
 from hybridflow.tools.outputs import run_main
 
 PACKED_SEQUENCES = 8  # the trainers' micro-batch token budget, in longest sequences
@@ -61,13 +62,17 @@ SHORTEST = 8  # the shortest imposed response: room for the sort task's longest 
 PREDICT_SHAPES = ((16, 16, 128), (16, 64, 512), (4, 16, 128), (4, 64, 512), (4, 128, 1024), (2, 64, 512))
 
 
-def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness: int, reference: bool = True):
+def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness: int, reference: bool = True,
+               model: str = "tiny"):
     """The async plan of tools/bench/async_modes.py with this workload, bound and packed micro-batches;
-    `reference=False`: without the reference model (GRPO without its KL term, as DAPO runs it)."""
+    `reference=False`: without the reference model (GRPO without its KL term, as DAPO runs it); `model`: one of
+    the profile grid's models (MODELS) for every role."""
     from hybridflow.simulator.vocabulary.plan import Plan
 
     doc = bench_plans(cluster.model_dump())["async"].model_dump()
     doc["workload"].update(response_len=response_len, prompts=prompts, samples_per_prompt=samples)
+    for role in doc["roles"].values():
+        role["model"] = GRID_MODELS[model].model_dump()
     doc["max_staleness"] = staleness
     if not reference:
         del doc["roles"]["ref"]
@@ -76,7 +81,7 @@ def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness
     return Plan.model_validate(doc).validate_parallel()
 
 
-def predict_shapes(cal, cluster, samples: int, staleness: int) -> list[dict]:
+def predict_shapes(cal, cluster, samples: int, staleness: int, model: str = "tiny") -> list[dict]:
     """The simulator alone, per PREDICT_SHAPES shape: rollout : trainers and iteration seconds without and with
     partial rollouts — where they can pay on this profile's machine."""
     from hybridflow.simulator.schedule.schedule import simulate
@@ -84,7 +89,7 @@ def predict_shapes(cal, cluster, samples: int, staleness: int) -> list[dict]:
 
     cm, rows = cal.cost_model(cluster), []
     for prompts, mean, longest in PREDICT_SHAPES:
-        plan = bench_plan(cluster, longest, prompts, samples, staleness, reference=False)
+        plan = bench_plan(cluster, longest, prompts, samples, staleness, reference=False, model=model)
         plan = plan.model_copy(update={"workload": plan.workload.model_copy(
             update={"response_lengths": LengthDistribution.max_entropy(mean, longest, shortest=SHORTEST)})})
         row = {"prompts": prompts, "mean": mean, "longest": longest, "budget": longest // staleness}
@@ -235,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="responses per prompt (default 4; 8 with --natural-lengths)")
     ap.add_argument("--staleness", type=int, default=4, help="the async plan's bound k (default 4)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per side, taking turns; the median run is reported")
+    ap.add_argument("--model", choices=("tiny", "p256"), default="tiny",
+                    help="every role's model: tiny (default: its 4 MB of fp32 weights stay in a core's share of the L3 "
+                         "between decode steps) or the profile grid's p256 (17 MB: a decode step streams them from "
+                         "memory, as a GPU's does)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-speed-check", action="store_true", help="skip re-timing the profile's one-device points "
                     "before each run (the machine's speed then against the profile's: the predictions at that speed)")
@@ -270,11 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     cal = calibrate_file(a.profile)
     cluster = cal.cluster(nodes=1, devices_per_node=2)
     if a.predict:
-        rows = predict_shapes(cal, cluster, a.samples, a.staleness)
+        rows = predict_shapes(cal, cluster, a.samples, a.staleness, a.model)
         if a.json:
             print(json.dumps(rows))
             return 0
-        print(f"predicted on {cal.profile}, {a.samples} responses per prompt, k = {a.staleness}, budget = longest / k:")
+        print(f"predicted on {cal.profile}, the {a.model} model, {a.samples} responses per prompt, k = {a.staleness}, "
+              "budget = longest / k:")
         for r in rows:
             (ra, ta), (rp, tp) = r["async"]["rollout_trainers"], r["partial"]["rollout_trainers"]
             print(f"  {r['prompts']:>2} prompts, mean {r['mean']:>4} max {r['longest']:>5}: rollout : trainers {ra:.3f} : "
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     from hybridflow.runtime.rl.run_config import RunConfig
     from hybridflow.simulator.schedule.schedule import simulate
 
-    plan = bench_plan(cluster, a.response_len, a.prompts, a.samples, a.staleness, reference=natural)
+    plan = bench_plan(cluster, a.response_len, a.prompts, a.samples, a.staleness, reference=natural, model=a.model)
     imposed = None if natural else LengthDistribution.max_entropy(a.mean, a.response_len, shortest=SHORTEST)
     init_ray(num_cpus=2)
     sides_run = {"async": None, f"async + partial rollouts ({a.budget} tokens)": a.budget}
@@ -327,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     how = "imposed" if imposed is not None else "as sampled"
-    print(f"async GRPO, tiny model, 2 devices, {a.prompts} prompts × {a.samples} responses at temperature "
+    print(f"async GRPO, {a.model} model, 2 devices, {a.prompts} prompts × {a.samples} responses at temperature "
           f"{a.temperature}, lengths {how}: {out['response_lengths']} (longest {lengths.longest}, "
           f"{lengths.longest / lengths.mean:.1f}× the mean); staleness bound k = {a.staleness}")
     for name, r in runs.items():
@@ -341,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['trainer_seconds']:.3f} s ({r['balance']}), predicted {r['predicted_rollout_seconds']:.3f} : "
               f"{r['predicted_trainer_seconds']:.3f} s ({r['predicted_balance']})")
     print(f"  partial rollouts: {out['measured_speedup']:.2f}× measured, {out['predicted_speedup']:.2f}× predicted")
-    if base["predicted_balance"] != "rollout-bound":  # they shorten the rollout side only
-        print("  the plan is not rollout-bound: cutting the rollout's tail cannot shorten its iteration (docs/rl.md)")
+    if base["predicted_rollout_seconds"] <= base["predicted_trainer_seconds"]:  # they shorten the rollout side only
+        print("  the rollout is not the longer side (predicted): cutting its tail cannot shorten the iteration "
+              "(docs/rl.md)")
     return 0
 
 

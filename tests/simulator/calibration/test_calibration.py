@@ -49,9 +49,9 @@ RECOVERED = ("hardware.peak_flops", "hardware.hbm_bandwidth", "hardware.intra_no
              "overheads.backward_ratio")
 
 
-def synthetic_points(noise: float = 0.0) -> list[ProfilePoint]:
+def synthetic_points(noise: float = 0.0, params: EfficiencyParams = TRUE_PARAMS) -> list[ProfilePoint]:
     """A profile-shaped grid priced by the TRUE model (times a deterministic ±noise pattern)."""
-    cm = ProfiledCostModel(ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2), TRUE_PARAMS, TRUE_OVERHEADS)
+    cm = ProfiledCostModel(ClusterSpec(hardware=TRUE_HW, nodes=1, devices_per_node=2), params, TRUE_OVERHEADS)
     jobs = []
     for m in MODELS:
         for par in (ParallelConfig(), ParallelConfig(tp=2), ParallelConfig(dp=2)):
@@ -110,6 +110,23 @@ def test_fit_under_noise_reports_the_noise_per_op_kind():
     for op, err in cal.errors.items():
         assert err.max < 0.12, op  # the points wobble by at most 5 %
     assert max(e.median for e in cal.errors.values()) > 0.005  # …and the report shows it
+
+
+def test_a_profile_naming_its_cache_fits_how_fast_decode_reads_it():
+    """A CPU profile's Fingerprint.cache_bytes (fp32 bytes) sets decode_cache_bytes (bf16-equivalent) and the fit
+    recovers cache_read_speedup from the generate points; a profile that names no cache prices none."""
+    # the two smaller models' steps fit the cache (the largest's 6 MB of weights do not); on the truth's device a
+    # step of 4 rows reads its weights in twice its compute, so a speedup past 2 would hide under the compute
+    truth = TRUE_PARAMS.model_copy(update={"decode_cache_bytes": 4e6, "cache_read_speedup": 1.6})
+    points = synthetic_points(params=truth)
+    cal = calibrate(Profile(name="cached", fingerprint=Fingerprint(devices=2, dtype="float32", cache_bytes=8_000_000),
+                            hardware=START_HW, points=points))
+    assert cal.params.decode_cache_bytes == 4e6
+    assert cal.terms["params.cache_read_speedup"] == pytest.approx(1.6, rel=0.05)
+    assert cal.errors["generate"].max < 2e-2
+    blind = calibrate(Profile(name="blind", fingerprint=Fingerprint(devices=2, dtype="float32"), hardware=START_HW,
+                              points=points))
+    assert "params.cache_read_speedup" not in blind.terms and blind.params.decode_cache_bytes == 0.0
 
 
 def test_fit_only_moves_terms_the_points_can_see():

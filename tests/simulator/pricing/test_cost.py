@@ -7,6 +7,7 @@ from sim_util import make_plan
 from hybridflow.simulator import (
     ClusterSpec,
     HflowError,
+    ModelSpec,
     ParallelConfig,
     Workload,
     hardware_preset,
@@ -87,6 +88,43 @@ def test_sum_of_max_matches_brute_force():
         s1, s2 = generation.sum_of_max(a1, b1, a2, b2, n)
         assert s1 + s2 == pytest.approx(sum(max(x, y) for x, y in zip(f1, f2, strict=True)), abs=1e-9)
         assert s1 == pytest.approx(sum(x for x, y in zip(f1, f2, strict=True) if x >= y), abs=1e-9)
+
+
+def test_decode_sums_through_a_cache_match_brute_force():
+    """A step whose reads fit the cache's share reads at `speedup` times the memory's rate, one whose reads outgrow
+    it from memory: the closed-form sums split where the reads outgrow the cache and equal step-by-step pricing."""
+    rng = random.Random(1)
+    for _ in range(300):
+        a_m, b_m, a_c, b_c = rng.uniform(0, 5), rng.choice([0.0, rng.uniform(0, 1)]), rng.uniform(0, 5), rng.uniform(0, 1)
+        t = generation.DecodeTerms(a_m, b_m, a_c, b_c, 0.0, 0.0, 0.0, cached=rng.uniform(0, 30),
+                                   speedup=rng.choice([1.0, rng.uniform(1, 20)]))
+        n = rng.randint(0, 40)
+        steps = [(t.step_memory(a_m + b_m * k), a_c + b_c * k) for k in range(n)]
+        mem, comp = t.sums(a_m, a_c, n)
+        assert mem == pytest.approx(sum(m for m, c in steps if m >= c), abs=1e-9)
+        assert comp == pytest.approx(sum(c for m, c in steps if c > m), abs=1e-9)
+
+
+def test_a_cache_serves_a_small_models_decode_reads_not_a_large_ones():
+    """decode_cache_bytes: a model whose weights the cache holds decodes its small batches faster, until the
+    batch's KV cache makes the step's reads outgrow it; a model whose weights outgrow it pays the memory's rate,
+    and a cache of 0 prices as before."""
+    tiny = ModelSpec(name="t", layers=2, hidden=128, heads=4, kv_heads=4, ffn=512, vocab=64)
+    weights = 2 * generation.model_shape(tiny, "lm")[1]  # bf16-equivalent bytes a step reads
+    params = EfficiencyParams(decode_cache_bytes=4 * weights, cache_read_speedup=8.0)
+    plain, cached = CostModel(ClusterSpec(hardware=A100)), CostModel(ClusterSpec(hardware=A100), params)
+    one = {name: generation.decode_step(c, tiny, ParallelConfig(), 1, 16) for name, c in (("plain", plain),
+                                                                                             ("cached", cached))}
+    assert one["cached"]["memory"] == pytest.approx(one["plain"]["memory"] / 8)
+    long = {name: generation.decode_step(c, tiny, ParallelConfig(), 64, 2048) for name, c in (("plain", plain),
+                                                                                               ("cached", cached))}
+    assert long["cached"]["memory"] == long["plain"]["memory"]  # 64 rows × 2,048 tokens of KV: past the cache
+    big = model_preset("llama2-7b")  # GBs of weights
+    assert (generation.decode_step(cached, big, ParallelConfig(), 1, 16)["memory"]
+            == generation.decode_step(plain, big, ParallelConfig(), 1, 16)["memory"])
+    w = Workload(prompts=4, prompt_len=16, response_len=64)
+    assert CostModel(ClusterSpec(hardware=A100), EfficiencyParams(decode_cache_bytes=0.0, cache_read_speedup=8.0)
+                     ).generate(tiny, ParallelConfig(), w).seconds == plain.generate(tiny, ParallelConfig(), w).seconds
 
 
 def test_train_single_device_by_hand():

@@ -50,3 +50,26 @@ def test_the_tail_past_the_answer_is_out_of_the_loss_and_in_the_sequence():
     out = tail_out_of_loss(Batch({"responses": responses, "response_mask": mask, "attention_mask": attention}), [eos])
     assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]]
     assert torch.equal(out["attention_mask"], attention)
+
+
+def test_a_cache_that_holds_the_tiny_model_prices_its_tail_cheaper(tmp_path, capsys):
+    """A profile that names its core's cache share (8 MiB here) prices the tiny model's decode steps of a few rows
+    from the cache, its 4 MB of fp32 weights in it: the tail costs less and partial rollouts gain less than on the
+    same profile without; the p256 model's 17 MB outgrow it, and its tail still pays for them."""
+    from hybridflow.simulator.calibration.profile import resolve_profile
+
+    shipped = resolve_profile("cpu-2core")
+    assert shipped.fingerprint.cache_bytes == 0  # measured before profiles recorded it: priced with no cache
+    cached = shipped.model_copy(update={"fingerprint": shipped.fingerprint.model_copy(update={"cache_bytes": 8 << 20})})
+    path = str(cached.save(tmp_path / "cached.json"))
+
+    def default_row(*args):
+        assert main(["--predict", "--json", *args]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        return next(r for r in rows if (r["prompts"], r["mean"], r["longest"]) == (4, 64, 512))
+
+    plain, tiny, p256 = default_row(), default_row("--profile", path), default_row("--profile", path, "--model", "p256")
+    assert tiny["async"]["rollout_trainers"][0] < plain["async"]["rollout_trainers"][0]
+    assert tiny["speedup"] < plain["speedup"]
+    rollout, trainers = p256["async"]["rollout_trainers"]
+    assert rollout > trainers and p256["speedup"] > 1.2, p256
