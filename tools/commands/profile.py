@@ -125,7 +125,8 @@ def megatron_grid(devices: int, quick: bool = False) -> list[dict]:
     """The megatron-core engine's points (megatron_train / megatron_forward) at the shapes the FSDP
     points use, grouped by layout (each layout's engines are built once; a model joins the layouts
     it fits)."""
-    models = [GRID_MODELS["p64"]] if quick else [GRID_MODELS["p64"], GRID_MODELS["tiny"]]
+    # quick: the tiny model, whose 4 heads split over 4 ranks (p64's 2 do not) so tp is measured there too
+    models = [GRID_MODELS["tiny"]] if quick else [GRID_MODELS["p64"], GRID_MODELS["tiny"]]
     shapes = [(8, 32, 8, 1)] if quick else [(8, 32, 8, 1), (16, 24, 8, 2), (32, 64, 16, 2)]
     fits = [(m, megatron_layouts(devices, m)) for m in models]
     order = [par for _, pars in fits for par in pars]

@@ -203,6 +203,7 @@ def test_the_profilers_megatron_jobs_run_the_megatron_engine(results):
 
     points = [ProfilePoint.model_validate(r) for r in results[0]["profile"]]
     assert {p.op for p in points} == {"megatron_train", "megatron_forward"}
-    assert {(p.parallel.tp, p.parallel.dp) for p in points} == {(1, 4), (4, 1)}  # dp over the group, and tp
+    # dp over the group, tp and pp (the quick grid's tiny model: 4 heads, 4 layers)
+    assert {(p.parallel.tp, p.parallel.dp, p.parallel.pp) for p in points} == {(1, 4, 1), (4, 1, 1), (1, 1, 4)}
     assert all(p.parallel.backend == "megatron" and p.seconds > 0 and p.repeats == 1 for p in points)
     assert results[1]["profile"] == []  # rank 0 records the points
