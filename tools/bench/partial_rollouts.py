@@ -66,7 +66,7 @@ def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness
                model: str = "tiny"):
     """The async plan of tools/bench/async_modes.py with this workload, bound and packed micro-batches;
     `reference=False`: without the reference model (GRPO without its KL term, as DAPO runs it); `model`: one of
-    the profile grid's models (MODELS) for every role."""
+    the profile grid's models (GRID_MODELS) for every role."""
     from hybridflow.simulator.vocabulary.plan import Plan
 
     doc = bench_plans(cluster.model_dump())["async"].model_dump()
