@@ -96,7 +96,7 @@ DEFAULT_TERMS: tuple[Term, ...] = (
 # with a prompt that long, the prefill's attention (prefill_attention_efficiency) above the rest; with shorter
 # ones only the weights and the per-step costs show, and both keep their defaults.
 KV_CONTEXT_TOKENS = 256
-# Where the fit starts cache_read_speedup when the profile names its cache (the bound, 1, is a flat spot).
+# Where the fit starts cache_read_speedup (its bound, 1, is a flat spot); unfitted, it stays 1.
 CACHE_SPEEDUP_START = 2.0
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
@@ -204,6 +204,7 @@ def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) ->
     for t in terms:
         v = getattr(start[t.where], t.field)
         v = 1.0 if v is None else v  # an optional efficiency (None: another's) starts at par
+        v = CACHE_SPEEDUP_START if t.field == "cache_read_speedup" else v
         vals.append(min(max(float(v), t.lower * 1.0001), t.upper * 0.9999))
     return np.log(np.array(vals))
 
@@ -228,8 +229,7 @@ def calibrate(profile: Profile, terms: tuple[Term, ...] = DEFAULT_TERMS, *, ops:
     if profile.fingerprint.device_kind == "cpu":  # the training passes' attention: PyTorch's CPU kernel
         base = base.model_copy(update={"attention_key_block": CPU_ATTENTION_KEY_BLOCK})
         if profile.fingerprint.cache_bytes:  # a decode step's reads the core's cache share keeps (bf16-equivalent)
-            base = base.model_copy(update={"decode_cache_bytes": profile.fingerprint.cache_bytes * BF16 / dtype_bytes,
-                                           "cache_read_speedup": CACHE_SPEEDUP_START})
+            base = base.model_copy(update={"decode_cache_bytes": profile.fingerprint.cache_bytes * BF16 / dtype_bytes})
     devices = cluster_devices or max([profile.fingerprint.devices]
                                      + [p.parallel.world_size for p in points] + [p.group_size for p in points])
     engine_terms = tuple(t for t in terms if t.field not in MEGATRON_OVERHEADS)
@@ -348,7 +348,7 @@ def _source(profile: Profile) -> str:
 
 
 # ---- entry points for the CLI ------------------------------------------------------------------
-CACHE_VERSION = "10"  # bump when the terms or the pricing of points change
+CACHE_VERSION = "11"  # bump when the terms or the pricing of points change
 
 
 @lru_cache(maxsize=8)

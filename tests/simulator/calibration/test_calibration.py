@@ -127,6 +127,9 @@ def test_a_profile_naming_its_cache_fits_how_fast_decode_reads_it():
     blind = calibrate(Profile(name="blind", fingerprint=Fingerprint(devices=2, dtype="float32"), hardware=START_HW,
                               points=points))
     assert "params.cache_read_speedup" not in blind.terms and blind.params.decode_cache_bytes == 0.0
+    no_decode = calibrate(Profile(name="cached", fingerprint=Fingerprint(devices=2, dtype="float32", cache_bytes=8_000_000),
+                                  hardware=START_HW, points=points), ops=("train", "forward"))
+    assert no_decode.params.cache_read_speedup == 1.0  # nothing measured it: no speedup assumed
 
 
 def test_fit_only_moves_terms_the_points_can_see():
