@@ -39,6 +39,13 @@ non_negative_int = bounded_number(int, 0, "a whole number (0 or more)")
 positive_float = bounded_number(float, 0.0, "a positive number of seconds", least_allowed=False)
 
 
+def partial_budget_arg(text: str) -> int | str:
+    """`--partial-rollout-tokens N|auto`: a positive whole number, or auto (the budget the simulator prices fastest)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return bounded_number(int, 1, "a positive whole number of tokens or auto")(text)
+
+
 def backends_arg(text: str) -> tuple[str, ...]:
     """`--backends fsdp,megatron`: the training engines a search may pick per role (one line on a typo)."""
     names = tuple(dict.fromkeys(t.strip().lower() for t in text.split(",") if t.strip()))

@@ -11,6 +11,7 @@ from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import record_dataflow
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.schedule.schedule import check_partial_budget
 from hybridflow.simulator.vocabulary.execution import (
     colocation_problem,
     context_parallel_problem,
@@ -134,20 +135,7 @@ def check_partial_rollouts(plan: Plan, config: RunConfig) -> None:
     budget = config.async_mode.partial_rollout_tokens
     if budget is None:
         return
-    if plan.mode != "async":
-        raise HflowError(f"async_mode.partial_rollout_tokens continues responses across rounds of the async mode; the "
-                         f"plan's mode is '{plan.mode}': use --mode async or drop partial_rollout_tokens")
-    if budget >= plan.workload.response_len:
-        raise HflowError(f"async_mode.partial_rollout_tokens {budget} is not below the response length "
-                         f"{plan.workload.response_len}, so no response would be paused: set it below "
-                         f"{plan.workload.response_len} or drop it")
-    n, k = plan.workload.response_len, plan.staleness
-    if -(-n // budget) > k:
-        fix = f"set partial_rollout_tokens to at least {-(-n // k)} or raise max_staleness" if k > 1 else \
-            "raise max_staleness to 2 or more"
-        raise HflowError(f"a response of response_len {n} tokens takes {-(-n // budget)} rounds of "
-                         f"async_mode.partial_rollout_tokens {budget}, one per iteration while the trainers are the "
-                         f"slower side, so its first tokens would be more than max_staleness {k} updates old: {fix}")
+    check_partial_budget(plan, budget)
     if config.agent.enabled:
         raise HflowError("async_mode.partial_rollout_tokens pauses single-call responses; an agent run's turns are "
                          "calls of their own: drop partial_rollout_tokens for an agent run")

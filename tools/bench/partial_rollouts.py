@@ -53,6 +53,7 @@ from hybridflow.simulator.errors import HflowError
 from hybridflow.tools.bench.async_modes import balance_word, bench_plans, median_run, sides, thirds
 from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.commands.profile import GRID_MODELS
+from hybridflow.tools.flags import partial_budget_arg
 from hybridflow.tools.outputs import run_main
 
 PACKED_SEQUENCES = 8  # the trainers' micro-batch token budget, in longest sequences
@@ -83,7 +84,8 @@ def bench_plan(cluster, response_len: int, prompts: int, samples: int, staleness
 
 def predict_shapes(cal, cluster, samples: int, staleness: int, model: str = "tiny") -> list[dict]:
     """The simulator alone, per PREDICT_SHAPES shape: rollout : trainers and iteration seconds without and with
-    partial rollouts — where they can pay on this profile's machine."""
+    partial rollouts at the budget it prices fastest (`priced_budget`) — where they can pay on this profile's
+    machine."""
     from hybridflow.simulator.schedule.schedule import simulate
     from hybridflow.simulator.vocabulary.lengths import LengthDistribution
 
@@ -92,13 +94,24 @@ def predict_shapes(cal, cluster, samples: int, staleness: int, model: str = "tin
         plan = bench_plan(cluster, longest, prompts, samples, staleness, reference=False, model=model)
         plan = plan.model_copy(update={"workload": plan.workload.model_copy(
             update={"response_lengths": LengthDistribution.max_entropy(mean, longest, shortest=SHORTEST)})})
-        row = {"prompts": prompts, "mean": mean, "longest": longest, "budget": longest // staleness}
-        for key, budget in (("async", None), ("partial", longest // staleness)):
-            t = simulate(plan, cm, iterations=3, partial_rollout_tokens=budget)
+        budget, _ = priced_budget(plan, cm)
+        row = {"prompts": prompts, "mean": mean, "longest": longest, "budget": budget}
+        for key, b in (("async", None), ("partial", budget)):
+            t = simulate(plan, cm, iterations=3, partial_rollout_tokens=b)
             row[key] = {"seconds": t.iteration_seconds(), "rollout_trainers": sides(t, plan)}
         row["speedup"] = row["async"]["seconds"] / row["partial"]["seconds"]
         rows.append(row)
     return rows
+
+
+def priced_budget(plan, cm) -> tuple[int, dict]:
+    """The partial-rollout budget the simulator prices fastest for `plan` (simulator/schedule/schedule.py
+    fastest_partial_budget: the longest response over 2 … k rounds), even where none beats running without them
+    (the comparison is the bench's point), and every price (key None: without)."""
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+
+    _, seconds = fastest_partial_budget(plan, cm, iterations=3)  # as the bench's predictions
+    return min((b for b in seconds if b is not None), key=seconds.__getitem__), seconds
 
 
 class ImposedLengths:
@@ -225,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = OneLineErrorParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="cpu-2core", help="profile file or shipped name (default cpu-2core)")
     ap.add_argument("--iterations", type=int, default=24, help="iterations per run (the first is start-up)")
-    ap.add_argument("--budget", type=int, default=None,
-                    help="partial_rollout_tokens: new tokens per response per round (default: the longest / k)")
+    ap.add_argument("--budget", type=partial_budget_arg, default="auto",
+                    help="partial_rollout_tokens: new tokens per response per round, or auto (default): of the longest "
+                         "response over 2 … k rounds, the one the simulator prices fastest (with --natural-lengths, "
+                         "whose lengths are not known before the run: the longest / k)")
     ap.add_argument("--response-len", type=int, default=None,
                     help="the longest response (default 512; 256 with --natural-lengths)")
     ap.add_argument("--mean", type=int, default=64, help="the imposed lengths' mean (default 64: the longest is 8× it)")
@@ -258,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     a.response_len = a.response_len if a.response_len is not None else 256 if natural else 512
     if a.staleness < 2:
         raise HflowError(f"--staleness {a.staleness}: give at least 2 (a paused response goes on in a later round)")
-    a.budget = a.budget if a.budget is not None else -(-a.response_len // a.staleness)
+    auto = a.budget == "auto"
+    a.budget = -(-a.response_len // a.staleness) if auto else a.budget  # auto, until priced: the finest cut
     if a.iterations < 3:
         raise HflowError(f"--iterations {a.iterations}: give at least 3 (the first is start-up)")
     if not 1 <= a.budget < a.response_len:
@@ -284,11 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows))
             return 0
         print(f"predicted on {cal.profile}, the {a.model} model, {a.samples} responses per prompt, k = {a.staleness}, "
-              "budget = longest / k:")
+              "at the budget it prices fastest (the longest over 2 … k rounds):")
         for r in rows:
             (ra, ta), (rp, tp) = r["async"]["rollout_trainers"], r["partial"]["rollout_trainers"]
             print(f"  {r['prompts']:>2} prompts, mean {r['mean']:>4} max {r['longest']:>5}: rollout : trainers {ra:.3f} : "
-                  f"{ta:.3f} s ({balance_word(ra, ta)}), with partial rollouts {rp:.3f} : {tp:.3f} s; iteration "
+                  f"{ta:.3f} s ({balance_word(ra, ta)}), with partial rollouts of {r['budget']} tokens {rp:.3f} : {tp:.3f} s; "
+                  "iteration "
                   f"{r['async']['seconds']:.3f} → {r['partial']['seconds']:.3f} s ({r['speedup']:.2f}×)")
         return 0
 
@@ -298,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = bench_plan(cluster, a.response_len, a.prompts, a.samples, a.staleness, reference=natural, model=a.model)
     imposed = None if natural else LengthDistribution.max_entropy(a.mean, a.response_len, shortest=SHORTEST)
+    budget_prices = None
+    if auto and imposed is not None:  # the budget the simulator prices fastest on the imposed lengths
+        a.budget, budget_prices = priced_budget(plan.model_copy(update={"workload": plan.workload.model_copy(
+            update={"response_lengths": imposed})}), cal.cost_model(cluster))
     init_ray(num_cpus=2)
     sides_run = {"async": None, f"async + partial rollouts ({a.budget} tokens)": a.budget}
     all_runs: dict[str, list[dict]] = {name: [] for name in sides_run}
@@ -332,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     (base, part) = runs.values()
     out = {"profile": cal.profile, "imposed": imposed is not None, "response_lengths": lengths.describe(),
            "longest": lengths.longest, "mean": lengths.mean, "staleness_bound": a.staleness, "runs": runs,
-           "measured_speedup": base["seconds"] / part["seconds"], "predicted_speedup": base["predicted"] / part["predicted"]}
+           "measured_speedup": base["seconds"] / part["seconds"], "predicted_speedup": base["predicted"] / part["predicted"],
+           "budget": a.budget, "budget_prices": None if budget_prices is None else
+           {str(b or "without"): secs for b, secs in budget_prices.items()}}
     if a.json:
         print(json.dumps(out))
         return 0
@@ -340,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"async GRPO, {a.model} model, 2 devices, {a.prompts} prompts × {a.samples} responses at temperature "
           f"{a.temperature}, lengths {how}: {out['response_lengths']} (longest {lengths.longest}, "
           f"{lengths.longest / lengths.mean:.1f}× the mean); staleness bound k = {a.staleness}")
+    if budget_prices is not None:
+        priced = ", ".join(f"{b or 'without'} {secs:.3f} s" for b, secs in budget_prices.items())
+        print(f"  budget {a.budget} tokens: the fastest the simulator prices of the longest over 2 … k rounds ({priced})")
     for name, r in runs.items():
         spread = f" ({min(r['measured_runs']):.3f}–{max(r['measured_runs']):.3f})" if a.repeats > 1 else ""
         print(f"  {name:<36} measured {r['seconds']:6.3f} s/iteration{spread}, predicted {r['predicted']:6.3f} s "

@@ -13,7 +13,7 @@ from pathlib import Path
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.tools.cli_help import examples
-from hybridflow.tools.flags import add_profile_arg, positive_int
+from hybridflow.tools.flags import add_profile_arg, partial_budget_arg, positive_int
 from hybridflow.tools.outputs import rendered_outputs, write_outputs
 from hybridflow.tools.profile_option import plan_with_profile
 
@@ -28,10 +28,15 @@ def add_parser(subparsers) -> None:
         epilog=examples("hflow-plan simulate examples/plans/ppo-llama2-7b-1x8-colocated.json",
                         "hflow-plan simulate examples/plans/ppo-llama2-13b-2x8-split.json --timeline split.png "
                         "--trace split.json",
-                        "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json"))
+                        "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json",
+                        "hflow-plan simulate async-plan.json --partial-rollout-tokens auto"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. examples/plans/ppo-llama2-7b-1x8-colocated.json")
     p.add_argument("--iterations", type=positive_int, metavar="N", help="iterations to simulate (default: 1; a "
                    "one-step-off or async plan: two of its weight-sync periods, the iterations `search` prices)")
+    p.add_argument("--partial-rollout-tokens", type=partial_budget_arg, metavar="N|auto",
+                   help="an async plan's rollout as partial rollouts' rounds of N new tokens per response (the run "
+                        "config's async_mode.partial_rollout_tokens); auto: the budget priced fastest of the longest "
+                        "response over 2 … k rounds, or none where partial rollouts do not pay (each price is shown)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     p.add_argument("--timeline", metavar="FILE.png", help="write a PNG Gantt chart, one lane per device group")
@@ -39,13 +44,14 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
+def simulation_json(plan: Plan, timeline, memory: dict, partial: dict | None = None) -> dict:
     from hybridflow.tools.reports.tables import memory_rows, summary_values
 
     lanes = timeline.meta.get("lanes", {})
     return {
         "algorithm": plan.algorithm,
         "iterations": len(timeline.iterations()),
+        **({"partial_rollouts": partial} if partial is not None else {}),
         **summary_values(timeline),
         "ops": [{"op": e.op, "model": e.role, "group": e.group, "devices": [lanes.get(g, g) for g in e.group.split("+")],
                  "iteration": e.iteration, "start": e.start, "end": e.end, "seconds": e.seconds,
@@ -57,7 +63,7 @@ def simulation_json(plan: Plan, timeline, memory: dict) -> dict:
 
 def run(args) -> int:
     from hybridflow.simulator.pricing.plan_memory import plan_memory
-    from hybridflow.simulator.schedule.schedule import simulate
+    from hybridflow.simulator.schedule.schedule import check_partial_budget, fastest_partial_budget, simulate
 
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
@@ -65,21 +71,41 @@ def run(args) -> int:
         if path and Path(path).is_dir():
             raise HflowError(f"{path}: is a folder; give a file name")
     plan = Plan.load(args.plan)
+    budget, partial = args.partial_rollout_tokens, None
+    if budget is not None:
+        n = plan.workload.response_len  # auto: what its largest candidate, two rounds, needs
+        check_partial_budget(plan, -(-n // 2) if budget == "auto" else budget, "--partial-rollout-tokens")
     plan, cm = plan_with_profile(plan, args.profile or plan.profile)  # the profile it was priced on, by default
-    timeline = simulate(plan, cm, iterations=args.iterations)
+    if budget == "auto":
+        budget, seconds = fastest_partial_budget(plan, cm, iterations=args.iterations)
+        partial = {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}
+    elif budget is not None:
+        partial = {"budget": budget}
+    timeline = simulate(plan, cm, iterations=args.iterations, partial_rollout_tokens=budget)
     memory = plan_memory(plan)
 
     # Render every output before writing any, so a failure leaves no file behind.
     wrote = write_outputs(rendered_outputs(timeline, Path(args.plan).stem, trace=args.trace, png=args.timeline))
 
     if args.json:
-        print(json.dumps(simulation_json(plan, timeline, memory)))
+        print(json.dumps(simulation_json(plan, timeline, memory, partial)))
         return 0
-    _print_tables(args, plan, timeline, memory, wrote)
+    _print_tables(args, plan, timeline, memory, wrote, partial)
     return 0
 
 
-def _print_tables(args, plan: Plan, timeline, memory, written: list[str]) -> None:
+def partial_line(partial: dict) -> str:
+    """What the partial-rollout budget is and, for auto, what each was priced."""
+    budget = partial["budget"]
+    said = f"{budget} new tokens per response per round" if budget else "none (they do not pay)"
+    prices = partial.get("iteration_seconds")
+    if prices is None:
+        return f"partial rollouts: {said}"
+    priced = ", ".join(f"{b} {t:.3f} s" for b, t in prices.items())
+    return f"partial rollouts: {said}, the fastest of the iterations priced ({priced})"
+
+
+def _print_tables(args, plan: Plan, timeline, memory, written: list[str], partial: dict | None = None) -> None:
     from rich.console import Console
 
     from hybridflow.tools.reports.tables import memory_table, ops_table, summary_table
@@ -89,6 +115,8 @@ def _print_tables(args, plan: Plan, timeline, memory, written: list[str]) -> Non
     console.print(f"[bold]{Path(args.plan).name}[/]: {plan.algorithm} on {plan.cluster.nodes}×"
                   f"{plan.cluster.devices_per_node} {hw.name}, {len(plan.groups)} device group(s), "
                   f"reshard {plan.reshard}{', offload' if plan.offload else ''}")
+    if partial is not None:
+        console.print(partial_line(partial))
     console.print(ops_table(timeline, iteration=timeline.steady_iterations()[0]))  # past a pipeline's warm-up
     capacity = next(iter(memory.values())).capacity if memory else None
     console.print(memory_table(memory, capacity))

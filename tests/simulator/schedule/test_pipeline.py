@@ -6,6 +6,7 @@ import pytest
 
 from hybridflow.simulator import ClusterSpec, Device, DeviceGroup, ParallelConfig, Plan, RolePlan, Workload
 from hybridflow.simulator.calibration.gpu_fit import default_cost_model
+from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.rollout_calls import StreamedRollout
 from hybridflow.simulator.schedule.schedule import simulate
 from hybridflow.simulator.vocabulary.model import model_preset
@@ -175,3 +176,35 @@ def test_partial_rollouts_hand_the_weights_over_behind_the_update(partial, gap):
                                    for e in syncs)
     if partial:  # here the update ends last: the gap shows
         assert any(ends["actor_update", e.iteration - 1] + gap > ends["generate", e.iteration] for e in syncs)
+
+
+def test_partial_budgets_cut_the_longest_into_two_to_k_rounds():
+    from hybridflow.simulator.schedule.schedule import partial_budgets
+
+    assert partial_budgets(512, 4) == [256, 171, 128]
+    assert partial_budgets(512, 2) == [256]
+    assert partial_budgets(512, 1) == []  # a paused response would outlive a bound of 1
+    assert partial_budgets(3, 4) == [2, 1]  # 2 and 3 rounds; 4 rounds of 1 token would be 3 of them
+
+
+def test_the_fastest_partial_budget_is_the_cheapest_simulation_or_none():
+    from hybridflow.simulator.schedule.schedule import check_partial_budget, fastest_partial_budget
+
+    def plan(response_len: int, tail: bool) -> Plan:
+        p = disaggregated("async", response_len=response_len).model_copy(update={"max_staleness": 4})
+        lengths = {"mean": response_len // 8, "max": response_len} if tail else None
+        return p.model_copy(update={"workload": Workload.model_validate(
+            {**p.workload.model_dump(), "response_lengths": lengths})})
+
+    for p, budgets in ((plan(64, False), [32, 22, 16]), (plan(1024, True), [512, 342, 256])):
+        best, seconds = fastest_partial_budget(p)
+        assert list(seconds) == [None, *budgets]
+        brute = {b: simulate(p, partial_rollout_tokens=b).iteration_seconds() for b in seconds}
+        assert seconds == pytest.approx(brute) and best == min(brute, key=brute.get)
+    # 64-token responses: a round only re-prefills them and syncs every iteration; a long tail's rounds cut it short
+    assert fastest_partial_budget(plan(64, False))[0] is None
+    assert fastest_partial_budget(plan(1024, True))[0] is not None
+    with pytest.raises(HflowError, match="the plan's mode is 'one-step-off': use --mode async"):
+        fastest_partial_budget(disaggregated("one-step-off"))
+    with pytest.raises(HflowError, match="takes 6 rounds of async_mode.partial_rollout_tokens 200"):
+        check_partial_budget(plan(1024, False), 200)

@@ -135,3 +135,44 @@ def test_console_script_end_to_end(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def long_tail_async_plan(tmp_path, staleness: int = 4) -> Path:
+    """The partial-rollouts bench's async plan (tiny model, 2 devices) with its long tail: mean 64, longest 512."""
+    from hybridflow.simulator.calibration.fit import calibrate_file
+    from hybridflow.simulator.vocabulary.lengths import LengthDistribution
+    from hybridflow.tools.bench.partial_rollouts import SHORTEST, bench_plan
+
+    cal = calibrate_file("cpu-2core")
+    plan = bench_plan(cal.cluster(nodes=1, devices_per_node=2), 512, 4, 4, staleness, reference=False)
+    plan = plan.model_copy(update={"workload": plan.workload.model_copy(
+        update={"response_lengths": LengthDistribution.max_entropy(64, 512, shortest=SHORTEST)})})
+    return write(tmp_path, "async.json", plan.model_dump_json())
+
+
+def test_partial_rollouts_priced_at_a_budget_and_the_fastest_picked(tmp_path, capsys):
+    plan = long_tail_async_plan(tmp_path)
+    auto = run_json(capsys, plan, "--profile", "cpu-2core", "--partial-rollout-tokens", "auto")
+    prices = auto["partial_rollouts"]["iteration_seconds"]
+    assert list(prices) == ["without", "256", "171", "128"]  # the longest over 2, 3 and 4 = k rounds
+    best = min(prices, key=prices.get)
+    assert best != "without" and str(auto["partial_rollouts"]["budget"]) == best
+    assert auto["iteration_seconds"] == pytest.approx(prices[best])  # the timeline shown is the pick's
+    for budget, seconds in prices.items():  # each price is that budget's own simulation
+        argv = [] if budget == "without" else ["--partial-rollout-tokens", budget]
+        assert run_json(capsys, plan, "--profile", "cpu-2core", *argv)["iteration_seconds"] == pytest.approx(seconds)
+    assert main(["simulate", str(plan), "--profile", "cpu-2core", "--partial-rollout-tokens", "auto"]) == 0
+    assert f"partial rollouts: {best} new tokens per response per round, the fastest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--partial-rollout-tokens", "512"], "--partial-rollout-tokens 512 is not below the response length 512"),
+    (["--partial-rollout-tokens", "64"], "takes 8 rounds of --partial-rollout-tokens 64"),
+    (["--partial-rollout-tokens", "lots"], "expected a positive whole number of tokens or auto, got 'lots'"),
+])
+def test_bad_partial_rollout_budget_is_one_line_exit_2(tmp_path, capsys, argv, says):
+    assert main(["simulate", str(long_tail_async_plan(tmp_path)), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert main(["simulate", str(COLOCATED), "--partial-rollout-tokens", "auto"]) == 2  # a sync plan
+    assert "the plan's mode is 'sync': use --mode async" in capsys.readouterr().err

@@ -120,7 +120,7 @@ def test_partial_rollout_settings_refused_in_one_line():
         (async_plan("one-step-off", ParallelConfig(dp=1)), {"async_mode": {"partial_rollout_tokens": 4}},
          "use --mode async"),
         (plan, {"async_mode": {"partial_rollout_tokens": WORKLOAD.response_len}}, "set it below"),
-        (plan, {"async_mode": {"partial_rollout_tokens": 3}}, "takes 3 rounds .* set partial_rollout_tokens to at least 4"),
+        (plan, {"async_mode": {"partial_rollout_tokens": 3}}, "takes 3 rounds .* set async_mode.partial_rollout_tokens to at least 4"),
         (async_plan("async", ParallelConfig(dp=1)), {"async_mode": {"partial_rollout_tokens": 4}},
          "raise max_staleness to 2"),
     ]:
