@@ -326,4 +326,11 @@ def fastest_partial_budget(plan: Plan, cost_model=None, budgets: list[int] | Non
     seconds: dict[int | None, float] = {}
     for budget in [None, *budgets]:
         seconds[budget] = simulate(plan, cost_model, iterations, partial_rollout_tokens=budget).iteration_seconds()
-    return min(seconds, key=seconds.__getitem__), seconds
+    return first_fastest(seconds), seconds
+
+
+def first_fastest(seconds: Mapping) -> Hashable:
+    """The first key whose seconds are the least, to a rounding (budgets that leave the same side the longer one
+    price alike but for the last bits: the first priced, the fewer rounds, is kept)."""
+    least = min(seconds.values())
+    return next(k for k, t in seconds.items() if t <= least * (1 + 1e-9))

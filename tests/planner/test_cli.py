@@ -199,3 +199,23 @@ def test_bad_modes_are_one_line_and_exit_2(capsys, argv, msg):
     assert main(["search", "--nodes", "1", "--model", "llama2-7b", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0]
+
+
+def test_an_async_plan_under_a_long_tail_names_its_fastest_partial_rollout_budget(capsys):
+    argv = ["search", "--gpu", "a100-80g", "--nodes", "2", "--gpus-per-node", "8", "--model", "llama2-7b", "--batch",
+            "64", "--prompt-len", "256", "--response-lengths", "mean=256,max=2048", "--algo", "grpo", "--samples", "4",
+            "--modes", "async", "--max-staleness", "4"]
+    out = _json(capsys, [*argv, "--json"])
+    partial = out["partial_rollouts"]
+    assert list(partial["iteration_seconds"]) == ["without", "1024", "683", "512"]  # the longest over 2 … 4 rounds
+    prices = partial["iteration_seconds"]
+    picked = list(prices).index(str(partial["budget"] or "without"))
+    least = min(prices.values())
+    assert list(prices.values())[picked] == pytest.approx(least, rel=1e-9)  # the fastest, the first priced of equals
+    assert all(t > least * (1 + 1e-9) for t in list(prices.values())[:picked])
+    assert prices["without"] == pytest.approx(out["best"]["iteration_seconds"], rel=1e-9)  # the plan as searched
+    assert main(argv) == 0
+    assert "partial rollouts: " in capsys.readouterr().out
+    out = _json(capsys, ["search", *SMALL, "--nodes", "2", "--algo", "grpo", "--samples", "4", "--modes", "async",
+                         "--max-staleness", "2", "--json"])
+    assert "partial_rollouts" not in out  # fixed lengths: no tail to cut

@@ -108,10 +108,10 @@ def priced_budget(plan, cm) -> tuple[int, dict]:
     """The partial-rollout budget the simulator prices fastest for `plan` (simulator/schedule/schedule.py
     fastest_partial_budget: the longest response over 2 … k rounds), even where none beats running without them
     (the comparison is the bench's point), and every price (key None: without)."""
-    from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget, first_fastest
 
     _, seconds = fastest_partial_budget(plan, cm, iterations=3)  # as the bench's predictions
-    return min((b for b in seconds if b is not None), key=seconds.__getitem__), seconds
+    return first_fastest({b: t for b, t in seconds.items() if b is not None}), seconds
 
 
 class ImposedLengths:

@@ -94,21 +94,10 @@ def run(args) -> int:
     return 0
 
 
-def partial_line(partial: dict) -> str:
-    """What the partial-rollout budget is and, for auto, what each was priced."""
-    budget = partial["budget"]
-    said = f"{budget} new tokens per response per round" if budget else "none (they do not pay)"
-    prices = partial.get("iteration_seconds")
-    if prices is None:
-        return f"partial rollouts: {said}"
-    priced = ", ".join(f"{b} {t:.3f} s" for b, t in prices.items())
-    return f"partial rollouts: {said}, the fastest of the iterations priced ({priced})"
-
-
 def _print_tables(args, plan: Plan, timeline, memory, written: list[str], partial: dict | None = None) -> None:
     from rich.console import Console
 
-    from hybridflow.tools.reports.tables import memory_table, ops_table, summary_table
+    from hybridflow.tools.reports.tables import memory_table, ops_table, partial_line, summary_table
 
     console = Console(file=sys.stdout, width=max(Console().width, 140))
     hw = plan.cluster.hardware

@@ -4,7 +4,8 @@ mode side by side, and the fastest within the staleness limit as the plan (plann
 The output is the mode table, then the picked plan as a plain `search` shows it (its top plans, its
 ops, the summary); `--out/--trace/--timeline` write the picked plan. `--json` prints one object:
 mode, max_staleness, modes (per mode: the plan summary with its staleness and the devices for rollout
-vs training, and whether it is within the limit), best, top, search_seconds, plans_priced.
+vs training, and whether it is within the limit), best, top, search_seconds, plans_priced, and for an async
+plan under a length distribution `partial_rollouts` (`partial_budget`).
 """
 
 from __future__ import annotations
@@ -79,18 +80,20 @@ def _report(args, req, cm, modes) -> int:
                               "within_max_staleness": r.staleness <= k}
     seconds = sum(r.result.search_seconds for r in results.values())
     priced = sum(r.result.plans_priced for r in results.values())
+    partial = partial_budget(req, best, cm)
     if args.json:
         print(json.dumps({
             "mode": chosen, "max_staleness": k, "modes": per_mode,
             "best": mode_summary(best, picked.best.seconds),
             "top": [plan_summary(p, s.seconds) for p, s in zip(plans, picked.result.top, strict=True)],
             "search_seconds": seconds, "plans_priced": priced,
+            **({"partial_rollouts": partial} if partial is not None else {}),
         }))
         return 0
     from rich.console import Console
 
     from hybridflow.tools.reports.search import modes_table, top_plans_table
-    from hybridflow.tools.reports.tables import ops_table, summary_table
+    from hybridflow.tools.reports.tables import ops_table, partial_line, summary_table
 
     console = Console(file=sys.stdout, width=max(Console().width, 140))
     hw = req.cluster.hardware
@@ -101,6 +104,20 @@ def _report(args, req, cm, modes) -> int:
                                   title=f"top plans, {chosen} (pp-tp-dp per model)"))
     steady = timeline.steady_iterations()[0]
     console.print(ops_table(timeline, iteration=steady, title=f"best plan: ops (simulated, iteration {steady})"))
+    if partial is not None:
+        console.print(f"{partial_line(partial)} — a run setting, not the plan's: async_mode.partial_rollout_tokens")
     extra = {"wrote": ", ".join(wrote)} if wrote else None
     console.print(summary_table(timeline, extra))
     return 0
+
+
+def partial_budget(req, best, cm) -> dict | None:
+    """An async plan's partial-rollout budget priced fastest (simulator/schedule/schedule.py fastest_partial_budget)
+    with every price, where a long tail of response lengths gives them a tail to cut; None for other plans (and an
+    agent's, whose turns are calls of their own)."""
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+
+    if best.mode != "async" or best.workload.response_lengths is None or req.agent is not None or best.staleness < 2:
+        return None
+    budget, seconds = fastest_partial_budget(best, cm)
+    return {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}

@@ -121,3 +121,15 @@ def summary_table(timeline: Timeline, extra: Mapping[str, str] | None = None) ->
     for k, val in (extra or {}).items():
         t.add_row(k, val)
     return t
+
+
+def partial_line(partial: dict) -> str:
+    """An async plan's partial-rollout budget ({budget, iteration_seconds?}: None, they do not pay) and, where
+    several were priced (simulate --partial-rollout-tokens auto, search --modes), each one's iteration."""
+    budget = partial["budget"]
+    said = f"{budget} new tokens per response per round" if budget else "none (they do not pay)"
+    prices = partial.get("iteration_seconds")
+    if prices is None:
+        return f"partial rollouts: {said}"
+    priced = ", ".join(f"{b} {t:.3f} s" for b, t in prices.items())
+    return f"partial rollouts: {said}, the fastest of the iterations priced ({priced})"

@@ -200,7 +200,8 @@ def test_the_fastest_partial_budget_is_the_cheapest_simulation_or_none():
         best, seconds = fastest_partial_budget(p)
         assert list(seconds) == [None, *budgets]
         brute = {b: simulate(p, partial_rollout_tokens=b).iteration_seconds() for b in seconds}
-        assert seconds == pytest.approx(brute) and best == min(brute, key=brute.get)
+        least = min(brute.values())  # the fastest; of budgets priced alike (to the last bits), the first
+        assert seconds == pytest.approx(brute) and best == next(b for b, t in brute.items() if t <= least * (1 + 1e-9))
     # 64-token responses: a round only re-prefills them and syncs every iteration; a long tail's rounds cut it short
     assert fastest_partial_budget(plan(64, False))[0] is None
     assert fastest_partial_budget(plan(1024, True))[0] is not None

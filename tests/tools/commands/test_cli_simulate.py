@@ -155,7 +155,8 @@ def test_partial_rollouts_priced_at_a_budget_and_the_fastest_picked(tmp_path, ca
     auto = run_json(capsys, plan, "--profile", "cpu-2core", "--partial-rollout-tokens", "auto")
     prices = auto["partial_rollouts"]["iteration_seconds"]
     assert list(prices) == ["without", "256", "171", "128"]  # the longest over 2, 3 and 4 = k rounds
-    best = min(prices, key=prices.get)
+    least = min(prices.values())
+    best = next(b for b, t in prices.items() if t <= least * (1 + 1e-9))  # the first priced of equals
     assert best != "without" and str(auto["partial_rollouts"]["budget"]) == best
     assert auto["iteration_seconds"] == pytest.approx(prices[best])  # the timeline shown is the pick's
     for budget, seconds in prices.items():  # each price is that budget's own simulation
