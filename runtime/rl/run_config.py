@@ -19,7 +19,7 @@ what to train on and how:
     logging:    {sample_log_every: 10, sample_log_count: 3}                  # sampled responses shown
     lora:       {actor: null, critic: null}   # {rank, alpha, dropout, target_modules}: over the plan's `lora`
     agent:      {tools: [], environment: null, max_turns: 4, max_tokens: 256, ...}   # multi-turn rollouts
-    async_mode: {partial_rollout_tokens: null}   # async mode: tokens per response per round (partial rollouts)
+    async_mode: {partial_rollout_tokens: null}   # async mode: tokens per response per round (partial rollouts), or auto
     loss, kl, advantage, shaping, lagrange, value_loss                       # the algorithm's settings
 
 Run-level defaults suit the tiny model on the built-in `sort` task. A section given in part keeps the
@@ -185,8 +185,18 @@ class AsyncModeConfig(BaseModel):
     model_config = _SECTION
 
     # partial rollouts (rl/partial_rollouts.py): each round generates at most this many new tokens per response,
-    # an unfinished response is continued in a later round; None: off (every response generated in one call)
-    partial_rollout_tokens: PositiveInt | None = None
+    # an unfinished response is continued in a later round; None: off (every response generated in one call);
+    # auto: the budget the simulator prices fastest for the plan, or off where none pays (rl/resolve.py)
+    partial_rollout_tokens: PositiveInt | Literal["auto"] | None = None
+
+    @field_validator("partial_rollout_tokens", mode="before")
+    @classmethod
+    def _number_or_auto(cls, v):
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"expected a positive whole number of tokens, auto or null, got {v!r}")
 
 
 class LoggingConfig(BaseModel):

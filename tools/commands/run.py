@@ -261,12 +261,18 @@ def _run(args, took_over: str | None) -> int:
             raise HflowError(f"--max-staleness {args.max_staleness} bounds mode 'async', and the plan runs "
                              f"'{plan.mode}'; add --mode async")
         plan = plan.model_copy(update={"max_staleness": args.max_staleness})
-    resolved = resolve_run(plan, cfg)  # once: the rollout backend, parallel configs, the algorithm's defaults
+    resolved = resolve_run(plan, cfg, args.profile)  # once: the rollout backend, parallel configs, the algorithm's defaults
     plan = resolved.plan
+    auto = cfg.async_mode.partial_rollout_tokens == "auto"
+    budget = resolved.config.async_mode.partial_rollout_tokens
+    cfg = cfg.model_copy(update={"async_mode": resolved.config.async_mode})  # auto made a number for the checks
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     if took_over:
         events.say(took_over)
+    if auto:
+        events.say(f"partial rollouts: {f'{budget} new tokens per response per round' if budget else 'off'} (auto: "
+                   "the fastest the simulator prices; hflow-plan simulate --partial-rollout-tokens auto shows each)")
     checks = check_plan(plan, cfg, args.address, events)
     inputs = check_inputs(plan, resolved.config)  # every prompt row, its tokens, the reward on a row: before torch
     events.say(inputs.line(plan.workload.prompt_len, resolved.config.data.overlong))
@@ -274,7 +280,8 @@ def _run(args, took_over: str | None) -> int:
         events.say(f"warning: {problem}")
     if args.profile:
         events.say(f"pricing the plan on profile '{args.profile}'")
-    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=resolved.config.kl_in_reward)
+    predicted = predicted_timeline(*plan_with_profile(plan, args.profile), kl_in_reward=resolved.config.kl_in_reward,
+                                   partial_rollout_tokens=budget)
     events.say("loading the runtime (torch, Ray)")
     try:
         from hybridflow.runtime.rl.trainer import Trainer

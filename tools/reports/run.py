@@ -25,15 +25,18 @@ LOG_EVERY_STEPS = 25  # into a file (no bar drawn), a warm-up line every so many
 SPEED_CHECK_MAX_SECONDS = 0.09  # the quick speed check re-times the profile's points up to this long
 
 
-def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool | None = None) -> Timeline | None:
+def predicted_timeline(plan: Plan, cost_model=None, kl_in_reward: bool | None = None,
+                       partial_rollout_tokens: int | None = None) -> Timeline | None:
     """The simulator's timeline of one iteration of `plan` (None if the simulator cannot price it);
     `cost_model` prices it on a measured profile's hardware (default: the plan's own); `kl_in_reward`
     as the run's resolved settings (whether the actor keeps its old-log-prob pass; None: the
-    algorithm's defaults)."""
+    algorithm's defaults); `partial_rollout_tokens`: the run's resolved partial-rollout budget (an async plan's
+    rollout as its rounds)."""
     from hybridflow.simulator.schedule.schedule import simulate
 
     try:
-        return simulate(plan, cost_model, iterations=1, kl_in_reward=kl_in_reward)
+        return simulate(plan, cost_model, iterations=1, kl_in_reward=kl_in_reward,
+                        partial_rollout_tokens=partial_rollout_tokens)
     except HflowError:
         return None
 

@@ -126,8 +126,33 @@ def test_partial_rollout_settings_refused_in_one_line():
     ]:
         with pytest.raises(HflowError, match=says):
             check_runnable(bad_plan, RunConfig(**config))
-    with pytest.raises(ValueError, match="greater than 0"):
-        RunConfig(async_mode={"partial_rollout_tokens": 0})
+    for bad in (0, "sometimes", 2.5, True):
+        with pytest.raises(ValueError, match="expected a positive whole number of tokens, auto or null"):
+            RunConfig(async_mode={"partial_rollout_tokens": bad})
+
+
+def test_an_auto_budget_resolves_to_the_fastest_priced_before_anything_runs():
+    from hybridflow.runtime.rl.resolve import resolve_run
+    from hybridflow.simulator.calibration.fit import plan_on_profile
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+    from hybridflow.simulator.vocabulary.workload import Workload
+
+    auto = RunConfig(async_mode={"partial_rollout_tokens": "auto"})
+    for lengths in (None, {"mean": 64, "max": 512}):  # fixed lengths (8 tokens) and a long tail
+        plan = async_plan("async", ParallelConfig(dp=1), max_staleness=4)
+        workload = Workload.model_validate({**plan.workload.model_dump(exclude={"response_len"}),
+                                            "response_len": plan.workload.response_len if lengths is None else 512,
+                                            "response_lengths": lengths})
+        plan = plan.model_copy(update={"workload": workload})
+        picked = resolve_run(plan, auto).config.async_mode.partial_rollout_tokens
+        assert picked == fastest_partial_budget(plan)[0]  # a number, or None (off) where none pays
+        on_profile = resolve_run(plan, auto, profile="cpu-2core").config.async_mode.partial_rollout_tokens
+        assert on_profile == fastest_partial_budget(*plan_on_profile(plan, "cpu-2core")[:2])[0]  # priced there
+    assert picked is not None  # the long tail's rounds pay on the plan's hardware
+    for bad_plan, says in [(async_plan("one-step-off", ParallelConfig(dp=1)), "use --mode async"),
+                           (async_plan("async", ParallelConfig(dp=1)), "raise max_staleness to 2")]:
+        with pytest.raises(HflowError, match=says):
+            resolve_run(bad_plan, auto)
 
 
 @pytest.mark.ray
