@@ -11,8 +11,8 @@ from hybridflow.runtime.rl.run_config import RunConfig
 from hybridflow.simulator.algorithms import get_algorithm
 from hybridflow.simulator.algorithms.recording import record_dataflow
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.schedule.schedule import check_partial_budget
 from hybridflow.simulator.vocabulary.execution import (
+    check_partial_budget,
     colocation_problem,
     context_parallel_problem,
     moe_tp_problem,
@@ -135,6 +135,10 @@ def check_partial_rollouts(plan: Plan, config: RunConfig) -> None:
     budget = config.async_mode.partial_rollout_tokens
     if budget is None:
         return
+    if budget == "auto":
+        raise HflowError("async_mode.partial_rollout_tokens: auto is priced by the simulator before a run starts, as "
+                         "`hflow-plan run` does; from Python, pass the config through hybridflow.tools.preflight."
+                         "partial_budget.with_partial_budget first, or give a number")
     check_partial_budget(plan, budget)
     if config.agent.enabled:
         raise HflowError("async_mode.partial_rollout_tokens pauses single-call responses; an agent run's turns are "

@@ -4,8 +4,7 @@
 actor's), checks every parallel config against its model, refuses what the runtime cannot execute
 as written (plan_support.check_runnable) and fills every RL setting the config leaves unset with the
 algorithm's default; `data.chat_template` left unset becomes whether the actor's tokenizer has a chat
-template; `async_mode.partial_rollout_tokens: auto` becomes the budget the simulator prices fastest for the
-plan (or off). `hflow-plan run` resolves once and hands the result to the Trainer, which
+template. `hflow-plan run` resolves once and hands the result to the Trainer, which
 resolves nothing again; a library caller may hand the Trainer a plan and a config instead.
 
     run = resolve_run(Plan.load("plan.json"), RunConfig(seed=1))
@@ -55,35 +54,13 @@ def with_lora(plan: Plan, config: RunConfig) -> Plan:
     return Plan.from_json_text(plan.model_copy(update={"roles": roles}).model_dump_json(), "plan with the run's lora")
 
 
-def resolve_run(plan: Plan, config: RunConfig | None = None, profile: str | None = None) -> ResolvedRun:
-    """The run this plan and config make, with every check that needs neither torch nor Ray; `profile`: the
-    measured profile a budget of `auto` is priced on (default the plan's)."""
+def resolve_run(plan: Plan, config: RunConfig | None = None) -> ResolvedRun:
+    """The run this plan and config make, with every check that needs neither torch nor Ray."""
     config = config or RunConfig()
     plan = with_lora(with_rollout(plan, config), config).validate_parallel()
-    config = with_partial_budget(plan, config, profile or plan.profile)
     check_runnable(plan, config)  # reads what the config sets itself, before the algorithm's defaults
     return ResolvedRun(plan, with_chat_template(plan, config).for_algorithm(
         plan.algorithm, has_ref="ref" in plan.reference_roles()))
-
-
-def with_partial_budget(plan: Plan, config: RunConfig, profile: str | None = None) -> RunConfig:
-    """`async_mode.partial_rollout_tokens: auto` made a number: of the longest response over 2 … k rounds, the
-    budget the simulator prices fastest for this plan (simulator/schedule/schedule.py fastest_partial_budget) on
-    `profile`'s cost model (none: the plan's hardware figures), or None (off) where none beats running without."""
-    if config.async_mode.partial_rollout_tokens != "auto":
-        return config
-    from hybridflow.simulator.schedule.schedule import check_partial_budget, fastest_partial_budget
-
-    name = "async_mode.partial_rollout_tokens auto"
-    check_partial_budget(plan, -(-plan.workload.response_len // 2), name)  # an async plan, k ≥ 2: two rounds at least
-    priced, cost_model = plan, None
-    if profile:
-        from hybridflow.simulator.calibration.fit import plan_on_profile
-
-        priced, cost_model, _ = plan_on_profile(plan, profile)
-    budget, _ = fastest_partial_budget(priced, cost_model)
-    return config.model_copy(update={"async_mode": config.async_mode.model_copy(
-        update={"partial_rollout_tokens": budget})})
 
 
 def with_chat_template(plan: Plan, config: RunConfig) -> RunConfig:

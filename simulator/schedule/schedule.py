@@ -39,7 +39,11 @@ from hybridflow.simulator.schedule.pipeline import (
     priced_iterations,
     sync_period,
 )
-from hybridflow.simulator.vocabulary.execution import needs_old_logprob_pass
+from hybridflow.simulator.vocabulary.execution import (
+    check_partial_budget,
+    needs_old_logprob_pass,
+    partial_budgets,
+)
 from hybridflow.simulator.vocabulary.plan import Plan
 from hybridflow.simulator.vocabulary.timeline import GENERATE_OPS, Event, Timeline
 
@@ -287,41 +291,14 @@ def pipeline_period(big: nx.DiGraph, times: Mapping[Hashable, tuple[float, float
     return (ends[iterations] - ends[iterations - span]) / span
 
 
-def partial_budgets(response_len: int, staleness: int) -> list[int]:
-    """The partial-rollout budgets worth pricing for an async plan: the longest response cut into j rounds,
-    j = 2 … k (largest first). Fewer rounds re-prefill less of each paused response; more cut its tail finer.
-    Beyond k a paused response would outlive the staleness bound (check_partial_budget), and one round is no
-    partial rollout at all."""
-    return sorted({-(-response_len // j) for j in range(2, staleness + 1)} - {response_len}, reverse=True)
-
-
-def check_partial_budget(plan: Plan, budget: int, name: str = "async_mode.partial_rollout_tokens") -> None:
-    """HflowError (one line) unless `budget` (the setting `name`) is a partial-rollout budget `plan` can run: an
-    async plan, below the response length, and few enough rounds that a response's first tokens stay within the
-    staleness bound (the runtime regenerates one that would not, runtime/rl/partial_rollouts.py)."""
-    if plan.mode != "async":
-        raise HflowError(f"{name} continues responses across rounds of the async mode; the plan's mode is "
-                         f"'{plan.mode}': use --mode async or drop {name}")
-    n, k = plan.workload.response_len, plan.staleness
-    if budget >= n:
-        raise HflowError(f"{name} {budget} is not below the response length {n}, so no response would be paused: "
-                         f"set it below {n} or drop it")
-    if -(-n // budget) > k:
-        fix = f"set {name} to at least {-(-n // k)} or raise max_staleness" if k > 1 else \
-            "raise max_staleness to 2 or more"
-        raise HflowError(f"a response of response_len {n} tokens takes {-(-n // budget)} rounds of {name} {budget}, "
-                         f"one per iteration while the trainers are the slower side, so its first tokens would be "
-                         f"more than max_staleness {k} updates old: {fix}")
-
-
 def fastest_partial_budget(plan: Plan, cost_model=None, budgets: list[int] | None = None,
-                           iterations: int | None = None) -> tuple[int | None, dict[int | None, float]]:
+                           iterations: int | None = None,
+                           name: str = "partial rollouts auto") -> tuple[int | None, dict[int | None, float]]:
     """The async plan's simulated iteration seconds (`simulate`'s `iterations`) without partial rollouts (key
     None) and with each budget (default partial_budgets), and the fastest of them (None: partial rollouts do not
-    pay; a tie keeps the fewer rounds, the first priced)."""
-    if plan.mode != "async":
-        raise HflowError(f"partial rollouts continue responses across rounds of the async mode; the plan's mode is "
-                         f"'{plan.mode}': use --mode async")
+    pay; a tie keeps the fewer rounds, the first priced). A plan that cannot run them (not async, k < 2) is one
+    line naming the setting `name`."""
+    check_partial_budget(plan, -(-plan.workload.response_len // 2), name)  # two rounds, the fewest: any at all
     budgets = partial_budgets(plan.workload.response_len, plan.staleness) if budgets is None else budgets
     seconds: dict[int | None, float] = {}
     for budget in [None, *budgets]:

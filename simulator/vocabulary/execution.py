@@ -1,6 +1,7 @@
 """How the runtime executes a plan, in the rules both the runtime follows and the simulator prices —
 defined here once, so that neither reads the other's code: which ops a loop issues, which passes compute
-a prompt once for all of its samples, how a weight sync is bucketed, and what our Megatron engine can run.
+a prompt once for all of its samples, how a weight sync is bucketed, what our Megatron engine can run, and which
+partial-rollout budgets an async plan can run.
 Torch-free.
 
 The Megatron rules: the planner proposes only layouts that pass them (planner/configs.py,
@@ -20,11 +21,16 @@ planner/sets.py, planner/brute.py), `check_runnable` refuses a plan that breaks 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.vocabulary.model import Head, ModelSpec
 from hybridflow.simulator.vocabulary.parallel import ParallelConfig
 from hybridflow.simulator.vocabulary.units import MiB
 from hybridflow.simulator.vocabulary.workload import Workload
+
+if TYPE_CHECKING:
+    from hybridflow.simulator.vocabulary.plan import Plan
 
 WEIGHT_SYNC_BUCKET_BYTES = 64 * MiB  # a weight sync broadcasts the model in buckets of at most this
 
@@ -92,3 +98,30 @@ def context_parallel_problem(cfg: ParallelConfig) -> str | None:
     return (f"{cfg.label()} splits sequences over sp={cfg.sp} ranks on Megatron (context parallelism, ring attention), "
             "which the simulator prices but this runtime does not run: megatron-core's context parallelism needs "
             "Transformer Engine's attention on CUDA; train with backend fsdp (Ulysses sp) or sp 1")
+
+
+def partial_budgets(response_len: int, staleness: int) -> list[int]:
+    """The partial-rollout budgets worth pricing for an async plan: the longest response cut into j rounds,
+    j = 2 … k (largest first). Fewer rounds re-prefill less of each paused response; more cut its tail finer.
+    Beyond k a paused response would outlive the staleness bound (check_partial_budget), and one round is no
+    partial rollout at all."""
+    return sorted({-(-response_len // j) for j in range(2, staleness + 1)} - {response_len}, reverse=True)
+
+
+def check_partial_budget(plan: Plan, budget: int, name: str = "async_mode.partial_rollout_tokens") -> None:
+    """HflowError (one line) unless `budget` (the setting `name`) is a partial-rollout budget `plan` can run: an
+    async plan, below the response length, and few enough rounds that a response's first tokens stay within the
+    staleness bound (the runtime regenerates one that would not, runtime/rl/partial_rollouts.py)."""
+    if plan.mode != "async":
+        raise HflowError(f"{name} continues responses across rounds of the async mode; the plan's mode is "
+                         f"'{plan.mode}': use --mode async or drop {name}")
+    n, k = plan.workload.response_len, plan.staleness
+    if budget >= n:
+        raise HflowError(f"{name} {budget} is not below the response length {n}, so no response would be paused: "
+                         f"set it below {n} or drop it")
+    if -(-n // budget) > k:
+        fix = f"set {name} to at least {-(-n // k)} or raise max_staleness" if k > 1 else \
+            "raise max_staleness to 2 or more"
+        raise HflowError(f"a response of response_len {n} tokens takes {-(-n // budget)} rounds of {name} {budget}, "
+                         f"one per iteration while the trainers are the slower side, so its first tokens would be "
+                         f"more than max_staleness {k} updates old: {fix}")

@@ -237,6 +237,7 @@ def _run(args, took_over: str | None) -> int:
     from hybridflow.runtime.rl.resolve import resolve_run
     from hybridflow.simulator.vocabulary.plan import Plan
     from hybridflow.tools.outputs import rendered_outputs, write_outputs
+    from hybridflow.tools.preflight.partial_budget import with_partial_budget
     from hybridflow.tools.preflight.role_folders import resolve_role_paths
     from hybridflow.tools.reports.comparison import Comparison, comparison_table, speed_line
     from hybridflow.tools.reports.run import (
@@ -261,11 +262,11 @@ def _run(args, took_over: str | None) -> int:
             raise HflowError(f"--max-staleness {args.max_staleness} bounds mode 'async', and the plan runs "
                              f"'{plan.mode}'; add --mode async")
         plan = plan.model_copy(update={"max_staleness": args.max_staleness})
-    resolved = resolve_run(plan, cfg, args.profile)  # once: the rollout backend, parallel configs, the algorithm's defaults
-    plan = resolved.plan
     auto = cfg.async_mode.partial_rollout_tokens == "auto"
-    budget = resolved.config.async_mode.partial_rollout_tokens
-    cfg = cfg.model_copy(update={"async_mode": resolved.config.async_mode})  # auto made a number for the checks
+    cfg = with_partial_budget(plan, cfg, args.profile)  # `auto`: the budget the simulator prices fastest, or off
+    budget = cfg.async_mode.partial_rollout_tokens
+    resolved = resolve_run(plan, cfg)  # once: the rollout backend, parallel configs, the algorithm's defaults
+    plan = resolved.plan
     console = Console(file=sys.stderr if args.json else sys.stdout, width=max(Console().width, 120))
     events = ConsoleEvents(console, quiet=args.json)
     if took_over:

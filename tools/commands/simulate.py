@@ -28,8 +28,7 @@ def add_parser(subparsers) -> None:
         epilog=examples("hflow-plan simulate examples/plans/ppo-llama2-7b-1x8-colocated.json",
                         "hflow-plan simulate examples/plans/ppo-llama2-13b-2x8-split.json --timeline split.png "
                         "--trace split.json",
-                        "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json",
-                        "hflow-plan simulate async-plan.json --partial-rollout-tokens auto"))
+                        "hflow-plan simulate examples/plans/tiny-local.json --profile cpu-2core --json"))
     p.add_argument("plan", help="plan file (JSON or YAML), e.g. examples/plans/ppo-llama2-7b-1x8-colocated.json")
     p.add_argument("--iterations", type=positive_int, metavar="N", help="iterations to simulate (default: 1; a "
                    "one-step-off or async plan: two of its weight-sync periods, the iterations `search` prices)")
@@ -63,7 +62,8 @@ def simulation_json(plan: Plan, timeline, memory: dict, partial: dict | None = N
 
 def run(args) -> int:
     from hybridflow.simulator.pricing.plan_memory import plan_memory
-    from hybridflow.simulator.schedule.schedule import check_partial_budget, fastest_partial_budget, simulate
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget, simulate
+    from hybridflow.simulator.vocabulary.execution import check_partial_budget
 
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
@@ -72,12 +72,11 @@ def run(args) -> int:
             raise HflowError(f"{path}: is a folder; give a file name")
     plan = Plan.load(args.plan)
     budget, partial = args.partial_rollout_tokens, None
-    if budget is not None:
-        n = plan.workload.response_len  # auto: what its largest candidate, two rounds, needs
-        check_partial_budget(plan, -(-n // 2) if budget == "auto" else budget, "--partial-rollout-tokens")
+    if budget not in (None, "auto"):
+        check_partial_budget(plan, budget, "--partial-rollout-tokens")
     plan, cm = plan_with_profile(plan, args.profile or plan.profile)  # the profile it was priced on, by default
     if budget == "auto":
-        budget, seconds = fastest_partial_budget(plan, cm, iterations=args.iterations)
+        budget, seconds = fastest_partial_budget(plan, cm, iterations=args.iterations, name="--partial-rollout-tokens auto")
         partial = {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}
     elif budget is not None:
         partial = {"budget": budget}

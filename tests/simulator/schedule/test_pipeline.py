@@ -179,7 +179,7 @@ def test_partial_rollouts_hand_the_weights_over_behind_the_update(partial, gap):
 
 
 def test_partial_budgets_cut_the_longest_into_two_to_k_rounds():
-    from hybridflow.simulator.schedule.schedule import partial_budgets
+    from hybridflow.simulator.vocabulary.execution import partial_budgets
 
     assert partial_budgets(512, 4) == [256, 171, 128]
     assert partial_budgets(512, 2) == [256]
@@ -188,7 +188,8 @@ def test_partial_budgets_cut_the_longest_into_two_to_k_rounds():
 
 
 def test_the_fastest_partial_budget_is_the_cheapest_simulation_or_none():
-    from hybridflow.simulator.schedule.schedule import check_partial_budget, fastest_partial_budget
+    from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+    from hybridflow.simulator.vocabulary.execution import check_partial_budget
 
     def plan(response_len: int, tail: bool) -> Plan:
         p = disaggregated("async", response_len=response_len).model_copy(update={"max_staleness": 4})

@@ -136,6 +136,7 @@ def test_an_auto_budget_resolves_to_the_fastest_priced_before_anything_runs():
     from hybridflow.simulator.calibration.fit import plan_on_profile
     from hybridflow.simulator.schedule.schedule import fastest_partial_budget
     from hybridflow.simulator.vocabulary.workload import Workload
+    from hybridflow.tools.preflight.partial_budget import with_partial_budget
 
     auto = RunConfig(async_mode={"partial_rollout_tokens": "auto"})
     for lengths in (None, {"mean": 64, "max": 512}):  # fixed lengths (8 tokens) and a long tail
@@ -144,15 +145,20 @@ def test_an_auto_budget_resolves_to_the_fastest_priced_before_anything_runs():
                                             "response_len": plan.workload.response_len if lengths is None else 512,
                                             "response_lengths": lengths})
         plan = plan.model_copy(update={"workload": workload})
-        picked = resolve_run(plan, auto).config.async_mode.partial_rollout_tokens
+        picked = with_partial_budget(plan, auto).async_mode.partial_rollout_tokens
         assert picked == fastest_partial_budget(plan)[0]  # a number, or None (off) where none pays
-        on_profile = resolve_run(plan, auto, profile="cpu-2core").config.async_mode.partial_rollout_tokens
+        assert resolve_run(plan, with_partial_budget(plan, auto)).config.async_mode.partial_rollout_tokens == picked
+        on_profile = with_partial_budget(plan, auto, "cpu-2core").async_mode.partial_rollout_tokens
         assert on_profile == fastest_partial_budget(*plan_on_profile(plan, "cpu-2core")[:2])[0]  # priced there
     assert picked is not None  # the long tail's rounds pay on the plan's hardware
+    fixed = RunConfig(async_mode={"partial_rollout_tokens": 4})
+    assert with_partial_budget(plan, fixed) is fixed  # a number stays as given
+    with pytest.raises(HflowError, match="auto is priced by the simulator before a run starts"):
+        resolve_run(plan, auto)  # the runtime prices nothing: unresolved, it is refused in one line
     for bad_plan, says in [(async_plan("one-step-off", ParallelConfig(dp=1)), "use --mode async"),
                            (async_plan("async", ParallelConfig(dp=1)), "raise max_staleness to 2")]:
         with pytest.raises(HflowError, match=says):
-            resolve_run(bad_plan, auto)
+            with_partial_budget(bad_plan, auto)
 
 
 @pytest.mark.ray
