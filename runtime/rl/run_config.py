@@ -186,7 +186,8 @@ class AsyncModeConfig(BaseModel):
 
     # partial rollouts (rl/partial_rollouts.py): each round generates at most this many new tokens per response,
     # an unfinished response is continued in a later round; None: off (every response generated in one call);
-    # auto: the budget the simulator prices fastest for the plan, or off where none pays (rl/resolve.py)
+    # auto: the budget the simulator prices fastest for the plan, or off where none pays, set before the run starts
+    # (tools/preflight/partial_budget.py: the runtime itself prices nothing)
     partial_rollout_tokens: PositiveInt | Literal["auto"] | None = None
 
     @field_validator("partial_rollout_tokens", mode="before")
