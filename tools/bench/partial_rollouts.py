@@ -2,7 +2,7 @@
 predicted (issue 34, item 4).
 
     python -m hybridflow.tools.bench.partial_rollouts [--iterations 24] [--repeats 1] [--prompts 4] [--samples 4]
-        [--mean 64] [--response-len 512] [--budget LONGEST/k] [--staleness 4] [--temperature 1.5]
+        [--mean 64] [--response-len 512] [--budget auto|N] [--staleness 4] [--temperature 1.5]
         [--natural-lengths] [--model tiny|p256] [--profile cpu-2core] [--seed 0] [--no-speed-check] [--json]
     python -m hybridflow.tools.bench.partial_rollouts --predict      # the simulator alone, a few long-tail shapes
 
@@ -24,7 +24,9 @@ trainer pass computes them) and out of the loss (`response_mask` 0, as a tool's 
 the reward, the advantages and the loss read the policy's answer and the task stays learnable.
 
 Run twice on the same data and seed: every response in one call, then with
-`async_mode.partial_rollout_tokens` = `--budget` (runtime/rl/partial_rollouts.py). Per run: the measured
+`async_mode.partial_rollout_tokens` = `--budget` (runtime/rl/partial_rollouts.py; `auto`, the default: of the
+longest over 2 … k rounds, the budget the simulator prices fastest on the imposed lengths, printed with every
+price — simulator/schedule/schedule.py fastest_partial_budget). Per run: the measured
 steady iteration (the Timeline's), each side's busy seconds per iteration after the first (`busy_sides`), the
 prediction (the simulator with the profile's cost model and the imposed distribution — or, with
 `--natural-lengths`, the lengths the first run recorded — and for the second the partial rollouts' rounds,
