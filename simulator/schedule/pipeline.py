@@ -129,7 +129,9 @@ def partial_rollout_workload(workload: Workload, budget: int) -> Workload:
     tail it meets). The same tokens, but none longer than the budget. A segment's prompt is its prompt plus
     the tokens before it, and the continued segments are the long ones, still decoding when the new short
     ones have ended: the prompt is widened by the prefix a decode step's rows hold on average over the
-    round's steps (each step is priced at its rows' context)."""
+    round's steps (each step is priced at its rows' context), and the prefill is priced on the segments' own
+    prompts (`prefill_len`: the prompt plus the mean prefix over the segments, the tokens the round re-prefills:
+    the new prompts' none, the continued ones' theirs)."""
     dist = workload.response_lengths or LengthDistribution.fixed(workload.response_len)
     lengths = dist.sample(workload.sequences)
     segments = [(start, min(budget, n - start)) for n in lengths for start in range(0, n, budget)]
@@ -146,5 +148,6 @@ def partial_rollout_workload(workload: Workload, budget: int) -> Workload:
         **workload.model_dump(exclude={"response_lengths", "response_len"}),
         "prompts": math.ceil(len(segments) / workload.samples_per_prompt - 1e-9),
         "prompt_len": workload.prompt_len + round(step_prefixes / steps),
+        "prefill_len": workload.prompt_len + round(sum(starts.values()) / len(segments)),
         # the segments themselves (a call of as many rows draws exactly them), not a histogram read between bins
         "response_len": steps, "response_lengths": {"observed": [length for _, length in segments]}})

@@ -29,6 +29,10 @@ class Workload(BaseModel):
     # long. With one, response_len is the longest response allowed (memory is sized for it) and
     # defaults to the distribution's longest.
     response_lengths: LengthDistribution | None = None
+    # A partial-rollout round's (simulator/schedule/pipeline.py partial_rollout_workload): the mean tokens a
+    # sequence prefills — its prompt plus the tokens it continues from — where prompt_len is the mean context its
+    # decode steps hold. None: prompt_len (every other workload).
+    prefill_len: PositiveInt | None = None
 
     @model_validator(mode="before")
     @classmethod

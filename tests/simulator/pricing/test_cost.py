@@ -78,6 +78,19 @@ def test_generate_sums_prefill_and_decode_steps():
     assert c.breakdown["memory"] > c.breakdown["compute"]  # decode dominates and is memory-bound
 
 
+def test_a_partial_rounds_prefill_is_priced_on_its_own_prompts():
+    """`Workload.prefill_len` (a partial-rollout round's re-prefilled prompts) prices the prefill and leaves every
+    decode step at the context `prompt_len` gives it, fixed lengths or a distribution."""
+    model = cm()
+    for lengths in (None, {"observed": [8, 16, 64, 64]}):
+        w = Workload(prompts=4, prompt_len=300, response_len=64, response_lengths=lengths)
+        short = w.model_copy(update={"prefill_len": 40})
+        whole, cut = model.generate(LLAMA7, ParallelConfig(), w), model.generate(LLAMA7, ParallelConfig(), short)
+        prefill = [sum(generation.prefill(model, LLAMA7, ParallelConfig(), 4, n).values()) for n in (300, 40)]
+        assert whole.seconds - cut.seconds == pytest.approx(prefill[0] - prefill[1], rel=1e-9)
+        assert cut.seconds < whole.seconds
+
+
 def test_sum_of_max_matches_brute_force():
     rng = random.Random(0)
     for _ in range(300):

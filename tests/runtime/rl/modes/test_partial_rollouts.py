@@ -254,6 +254,7 @@ def test_simulator_prices_the_rounds_of_partial_rollouts():
     # 100 tokens: segments 30, 30, 30, 10 after prefixes 0, 30, 60, 90, one batch's in a round; steps 0-9 decode
     # all four (mean prefix 45), steps 10-29 the three of 30 tokens (mean prefix 30): 16 + (10·45 + 20·30) / 30
     assert (fixed.prompts, fixed.response_len, fixed.prompt_len) == (16, 30, 16 + 35)
+    assert fixed.prefill_len == 16 + 45  # the prefill on the segments' own prompts: the mean prefix of 0, 30, 60, 90
     assert fixed.response_lengths.sample(16) == [10] * 4 + [30] * 12  # the segments themselves, as a call draws them
     # a batch of 2 × 2 responses draws 10, 10, 10 and the longest, 40 (a generate call's sample: the tail it
     # meets); budget 20: segments 10, 10, 10, 20, 20 (prefixes 0, 0, 0, 0, 20) — 5 rows, 3 groups of 2 wide;
@@ -262,6 +263,7 @@ def test_simulator_prices_the_rounds_of_partial_rollouts():
                       response_lengths={"histogram": {"lengths": [10, 40], "counts": [3, 1]}})
     round_ = partial_rollout_workload(skewed, budget=20)
     assert (round_.prompts, round_.response_len, round_.prompt_len) == (3, 20, 16 + 7)
+    assert round_.prefill_len == 16 + 4  # prefixes 0, 0, 0, 0, 20
     assert round_.response_lengths.sample(5) == [10, 10, 10, 20, 20]
     tail = Workload(prompts=64, prompt_len=16, response_lengths={"mean": 128, "max": 1024})
     rounds = partial_rollout_workload(tail, budget=256)
