@@ -53,12 +53,14 @@ FIT_OPS = ("train", "forward", "generate", "reshard", *MEGATRON_OPS, "allreduce"
 
 
 class Term(NamedTuple):
-    """One fitted figure: where it lives ("hardware" or "params"), its field and its bounds."""
+    """One fitted figure: where it lives ("hardware" or "params"), its field, its bounds and, where the base
+    value is a flat spot of the fit, the value it starts from (unfitted, the base value stays)."""
 
     where: Literal["hardware", "params", "overheads"]
     field: str
     lower: float
     upper: float
+    start: float | None = None
 
     @property
     def key(self) -> str:
@@ -74,7 +76,7 @@ DEFAULT_TERMS: tuple[Term, ...] = (
     Term("params", "width_half", 1e-2, 1e6),
     Term("params", "decode_step_overhead", 1e-7, 1.0),
     Term("params", "kv_read_efficiency", 1e-3, 1.0),
-    Term("params", "cache_read_speedup", 1.0, 1e3),
+    Term("params", "cache_read_speedup", 1.0, 1e3, start=2.0),  # its bound, 1, is flat
     Term("params", "prefill_attention_efficiency", 1e-3, 2.0),
     Term("params", "fsdp_overlap", 1e-4, 1.0),
     Term("params", "adam_bytes_per_param", 1e-2, 1e3),
@@ -96,8 +98,6 @@ DEFAULT_TERMS: tuple[Term, ...] = (
 # with a prompt that long, the prefill's attention (prefill_attention_efficiency) above the rest; with shorter
 # ones only the weights and the per-step costs show, and both keep their defaults.
 KV_CONTEXT_TOKENS = 256
-# Where the fit starts cache_read_speedup (its bound, 1, is a flat spot); unfitted, it stays 1.
-CACHE_SPEEDUP_START = 2.0
 # Fractions pinned at 1: the fitted hardware figures already are the achieved ones. The native
 # engine decodes every sequence it is given at once (no max_num_seqs), so no batch cap either.
 PINNED = {"matmul_efficiency": 1.0, "hbm_efficiency": 1.0, "intra_link_efficiency": 1.0,
@@ -202,9 +202,8 @@ def _start(hw: HardwareSpec, base: EfficiencyParams, terms: tuple[Term, ...]) ->
     vals = []
     start = {"hardware": hw, "params": base, "overheads": _START_OVERHEADS}
     for t in terms:
-        v = getattr(start[t.where], t.field)
+        v = t.start if t.start is not None else getattr(start[t.where], t.field)
         v = 1.0 if v is None else v  # an optional efficiency (None: another's) starts at par
-        v = CACHE_SPEEDUP_START if t.field == "cache_read_speedup" else v
         vals.append(min(max(float(v), t.lower * 1.0001), t.upper * 0.9999))
     return np.log(np.array(vals))
 

@@ -232,7 +232,8 @@ def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Worklo
     _, pm, attn, kv_tok = model_shape(model, "lm")
     per_replica, waves, batch = decode_waves(cm, model, gen, workload, sequences, free_bytes_per_device, batch_cap)
     P, R = workload.prompt_len, workload.response_len
-    pre = prefill(cm, model, gen, batch, workload.prefill_len or P)
+    prefilled = workload.prefill_len or P  # a partial round's: its segments' own prompts
+    pre = prefill(cm, model, gen, batch, prefilled)
     t = decode_terms(cm, model, gen, batch)
     steps = R - 1  # the prefill yields the first token; step k attends to P + k tokens
     memory, compute = t.sums(t.a_m + t.b_m * (P + 1), t.a_c + t.b_c * (P + 1), steps)
@@ -248,7 +249,7 @@ def generate(cm: Device, model: ModelSpec, gen: ParallelConfig, workload: Worklo
     }
     if gather_every_step and gen.dp > 1:
         _gather_every_pass(cm, model, gen, waves * (1 + steps), parts)
-    flops = sequences * (seq_flops(pm, attn, workload.prefill_len or P) + steps * (2 * pm + attn * (P + 1 + (steps - 1) / 2)))
+    flops = sequences * (seq_flops(pm, attn, prefilled) + steps * (2 * pm + attn * (P + 1 + (steps - 1) / 2)))
     kv_share = max(model.kv_heads / gen.tp, 1.0) / model.kv_heads
     weights_read = BF16 * pm / (gen.tp * gen.pp) * min(gen.pp, batch)  # once per micro-batch per step
     hbm_bytes = waves * steps * (weights_read + batch * kv_tok * kv_share / gen.pp * (P + 1 + (steps - 1) / 2))
@@ -262,9 +263,10 @@ def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workloa
     segments, each priced in closed form (the step's price is linear in the context its batch holds)."""
     _, pm, attn, kv_tok = model_shape(model, "lm")
     P = workload.prompt_len
+    prefilled = workload.prefill_len or P  # a partial round's: its segments' own prompts
     d = slowest_replica(cm, model, gen, workload, seqs, free_bytes_per_device, batch_cap, drain_calls)
     per_prefill = -(-d.sequences // d.admissions)
-    pre = prefill(cm, model, gen, per_prefill, workload.prefill_len or P)  # a partial round's: the real prefixes
+    pre = prefill(cm, model, gen, per_prefill, prefilled)
     parts = {k: d.admissions * v for k, v in pre.items()}
     terms: dict[int, DecodeTerms] = {}
     steps_total, hbm_bytes = 0, 0.0
@@ -295,5 +297,5 @@ def _generate_lengths(cm: Device, model: ModelSpec, gen: ParallelConfig, workloa
     # every sequence's FLOPs: its prompt, then a decode step per further token at contexts P+1 … P+L-1
     mean_steps = dist.mean - 1.0
     mean_ctx_sum = P * mean_steps + (dist.mean_square - dist.mean) / 2.0  # E[Σ_{k=1}^{L-1} (P + k)]
-    flops = seqs * (seq_flops(pm, attn, workload.prefill_len or P) + 2 * pm * mean_steps + attn * mean_ctx_sum)
+    flops = seqs * (seq_flops(pm, attn, prefilled) + 2 * pm * mean_steps + attn * mean_ctx_sum)
     return op_cost(flops, hbm_bytes, **parts)

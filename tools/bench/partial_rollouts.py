@@ -57,6 +57,7 @@ from hybridflow.tools.cli_help import OneLineErrorParser
 from hybridflow.tools.commands.profile import GRID_MODELS
 from hybridflow.tools.flags import partial_budget_arg
 from hybridflow.tools.outputs import run_main
+from hybridflow.tools.reports.tables import partial_summary
 
 PACKED_SEQUENCES = 8  # the trainers' micro-batch token budget, in longest sequences
 SHORTEST = 8  # the shortest imposed response: room for the sort task's longest answer (6 digits) and its EOS
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
            "longest": lengths.longest, "mean": lengths.mean, "staleness_bound": a.staleness, "runs": runs,
            "measured_speedup": base["seconds"] / part["seconds"], "predicted_speedup": base["predicted"] / part["predicted"],
            "budget": a.budget, "budget_prices": None if budget_prices is None else
-           {str(b or "without"): secs for b, secs in budget_prices.items()}}
+           partial_summary(a.budget, budget_prices)["iteration_seconds"]}
     if a.json:
         print(json.dumps(out))
         return 0
@@ -366,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.temperature}, lengths {how}: {out['response_lengths']} (longest {lengths.longest}, "
           f"{lengths.longest / lengths.mean:.1f}× the mean); staleness bound k = {a.staleness}")
     if budget_prices is not None:
-        priced = ", ".join(f"{b or 'without'} {secs:.3f} s" for b, secs in budget_prices.items())
-        print(f"  budget {a.budget} tokens: the fastest the simulator prices of the longest over 2 … k rounds ({priced})")
+        print(f"  budget {a.budget} tokens: the fastest the simulator prices of the longest over 2 … k rounds "
+              f"({', '.join(f'{b} {t:.3f} s' for b, t in out['budget_prices'].items())})")
     for name, r in runs.items():
         spread = f" ({min(r['measured_runs']):.3f}–{max(r['measured_runs']):.3f})" if a.repeats > 1 else ""
         print(f"  {name:<36} measured {r['seconds']:6.3f} s/iteration{spread}, predicted {r['predicted']:6.3f} s "

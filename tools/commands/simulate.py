@@ -64,6 +64,7 @@ def run(args) -> int:
     from hybridflow.simulator.pricing.plan_memory import plan_memory
     from hybridflow.simulator.schedule.schedule import fastest_partial_budget, simulate
     from hybridflow.simulator.vocabulary.execution import check_partial_budget
+    from hybridflow.tools.reports.tables import partial_summary
 
     if args.timeline and Path(args.timeline).suffix.lower() != ".png":
         raise HflowError(f"{args.timeline}: the timeline picture is a PNG; give a file name ending in .png")
@@ -77,7 +78,7 @@ def run(args) -> int:
     plan, cm = plan_with_profile(plan, args.profile or plan.profile)  # the profile it was priced on, by default
     if budget == "auto":
         budget, seconds = fastest_partial_budget(plan, cm, iterations=args.iterations, name="--partial-rollout-tokens auto")
-        partial = {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}
+        partial = partial_summary(budget, seconds)
     elif budget is not None:
         partial = {"budget": budget}
     timeline = simulate(plan, cm, iterations=args.iterations, partial_rollout_tokens=budget)

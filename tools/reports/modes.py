@@ -116,8 +116,9 @@ def partial_budget(req, best, cm) -> dict | None:
     with every price, where a long tail of response lengths gives them a tail to cut; None for other plans (and an
     agent's, whose turns are calls of their own)."""
     from hybridflow.simulator.schedule.schedule import fastest_partial_budget
+    from hybridflow.tools.reports.tables import partial_summary
 
     if best.mode != "async" or best.workload.response_lengths is None or req.agent is not None or best.staleness < 2:
         return None
     budget, seconds = fastest_partial_budget(best, cm)
-    return {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}
+    return partial_summary(budget, seconds)

@@ -123,6 +123,12 @@ def summary_table(timeline: Timeline, extra: Mapping[str, str] | None = None) ->
     return t
 
 
+def partial_summary(budget: int | None, seconds: dict) -> dict:
+    """A partial-rollout budget and the iteration seconds priced per budget (simulator/schedule/schedule.py
+    fastest_partial_budget's, key None: without them) as the JSON outputs and `partial_line` read them."""
+    return {"budget": budget, "iteration_seconds": {str(b or "without"): t for b, t in seconds.items()}}
+
+
 def partial_line(partial: dict) -> str:
     """An async plan's partial-rollout budget ({budget, iteration_seconds?}: None, they do not pay) and, where
     several were priced (simulate --partial-rollout-tokens auto, search --modes), each one's iteration."""
