@@ -189,8 +189,8 @@ def _job_forward(rank, par, job, warmup, repeats):
 def _job_generate(rank, par, job, warmup, repeats):
     """Generation in layout `par` as the PolicyWorker runs it: the tensor-parallel model itself
     when dp = 1, else a plain local model per rank generating its dp share of the prompts. Each row's end is
-    checked every step as a rollout checks its EOS (here: its length, so every row runs `response_len`): on a
-    CPU that per-step bookkeeping costs about a sixth of a small batch's step, and a rollout always pays it."""
+    checked every step as a rollout checks its EOS (here: its length, so every row runs `response_len`): small
+    tensor ops and a host sync per step that every rollout pays, a visible share of a small batch's step on a CPU."""
     from hybridflow.runtime.engines.rollout.generation import GenerationEngine, SamplingParams
 
     spec = ModelSpec.model_validate(job["model"])
