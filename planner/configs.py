@@ -32,7 +32,8 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp:
                   max_tp: int | None = None, backends: tuple[str, ...] = ("fsdp",),
                   trained: bool = False, sequence_parallel: bool = False) -> tuple[ParallelConfig, ...]:
     """Every (pp, tp, dp) layout, once per training engine in `backends` (and per ep: `expert_sizes`; per
-    sp with `sequence_parallel`: `sequence_sizes`); `trained`: only those the runtime trains (`moe_tp_problem`)."""
+    sp with `sequence_parallel`: `sequence_sizes`, at pp = 1, where the FSDP engine runs Ulysses); `trained`: only
+    those the runtime trains (`moe_tp_problem`)."""
     out = []
     for tp in divisors(devices):
         if devices_per_node % tp or model.heads % tp or model.kv_heads % tp:
@@ -46,8 +47,8 @@ def train_configs(model: ModelSpec, devices: int, devices_per_node: int, max_pp:
             for b in backends:
                 out.extend(ParallelConfig(pp=pp, tp=tp, dp=dp, backend=b, ep=ep, sp=sp)
                            for ep in expert_sizes(model, dp, b)
-                           for sp in (sequence_sizes(model, dp, tp, devices_per_node, b) if sequence_parallel
-                                      else (1,)))
+                           for sp in (sequence_sizes(model, dp, tp, devices_per_node, b)
+                                      if sequence_parallel and pp == 1 else (1,)))
     return tuple(c for c in out if not (trained and moe_tp_problem(model, c)))
 
 

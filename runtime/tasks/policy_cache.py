@@ -91,9 +91,9 @@ def step_flops(spec: ModelSpec, cfg: WarmupConfig) -> float:
 
 def peak_bytes(spec: ModelSpec, cfg: WarmupConfig) -> float:
     """Memory the driver holds while warming up: fp32 training states and one batch's activations
-    (the memory model's bf16 figure, doubled for fp32) and logits (+ their softmax and gradient)."""
+    (the memory model's, in fp32) and logits (+ their softmax and gradient)."""
     tokens = max(cfg.batch_size, cfg.eval_size) * _sequence_len(cfg)
-    acts = 2 * activation_bytes_per_token_layer(spec, 1) * tokens * spec.layers
+    acts = activation_bytes_per_token_layer(spec, 1, element_bytes=4) * tokens * spec.layers
     logits = 3 * 4 * tokens * spec.vocab
     return FP32_TRAIN_BYTES_PER_PARAM * spec.num_params() + acts + logits
 

@@ -25,6 +25,7 @@ frozen base too, but no full-size gradient is reduce-scattered.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from pydantic import BaseModel, ConfigDict
@@ -42,8 +43,6 @@ from hybridflow.simulator.vocabulary.workload import Workload
 
 MEGATRON_GRAD_BYTES = FP32  # Megatron's fp32 main-grad buffer (grad_reduce_in_fp32)
 OPTIMIZER_BYTES = 12  # fp32 master + Adam m + v
-LOGIT_BYTES = 6  # bf16 logits + their fp32 log-softmax (forward)
-LOGIT_TRAIN_BYTES = 8  # … + the bf16 gradient of the logits (backward)
 PARTS = ("weights", "gradients", "optimizer", "activations", "kv_cache", "buffers")
 
 
@@ -89,14 +88,41 @@ def memory_parts(**parts: float) -> MemoryBreakdown:
 
 
 # ---- the parts, as plain floats --------------------------------------------------------------
-def activation_bytes_per_token_layer(model: ModelSpec, tp: int) -> float:
-    """Activation bytes one token leaves in one layer for the backward (bf16, FlashAttention: no
-    s×s scores). Replicated over tp: the two norm inputs and the two matmul inputs (8h); sharded:
-    q, k, v, attention output (4·q_dim + 4·kv_dim) and the SwiGLU gate, up, act(gate), product (8·ffn).
-    Korthikanti et al. 2022 count 34·h for GPT; Llama's SwiGLU gives ~37·h for 7B."""
+def _norm_saved_bytes(model: ModelSpec, backend: str, element_bytes: int) -> float:
+    """Bytes per token an RMSNorm leaves for the backward, with the matmul input it feeds. Fused (megatron's
+    Transformer Engine): its input and its output, the next matmul's input. Eager (the FSDP runtime's decoder,
+    HF's for deepspeed): normalising in fp32 keeps an fp32 copy of the input (the input itself in fp32), the
+    normalised tensor and its product with the weight."""
+    if backend == "megatron":
+        return 2 * element_bytes * model.hidden
+    return (FP32 + 2 * element_bytes) * model.hidden
+
+
+def activation_bytes_per_token_layer(model: ModelSpec, tp: int, backend: str = "fsdp",
+                                     element_bytes: int = BF16) -> float:
+    """Activation bytes one token leaves in one layer for the backward (no s×s scores: FlashAttention, or
+    attention per packed sequence). Replicated over tp: the two norms' (_norm_saved_bytes); sharded: q, k, v
+    and the attention output, and the SwiGLU's gate, up, act(gate) and product (4·ffn). A fused backend is
+    Korthikanti et al. 2022's count (34·h for GPT; Llama's SwiGLU gives ~37·h for 7B); the eager decoder also
+    keeps the attention output's copy laid out for the output projection."""
     q_dim = model.heads * model.dim_head
     kv_dim = model.kv_heads * model.dim_head
-    return 8 * model.hidden + (4 * q_dim + 4 * kv_dim + 8 * model.ffn) / tp
+    attention = (2 if backend == "megatron" else 3) * q_dim + 2 * kv_dim
+    return 2 * _norm_saved_bytes(model, backend, element_bytes) + element_bytes * (attention + 4 * model.ffn) / tp
+
+
+def layer_working_bytes_per_token(model: ModelSpec, tp: int, element_bytes: int = BF16) -> float:
+    """Bytes per token a forward without gradients holds, one layer at a time: at its largest step the SwiGLU's
+    act(gate), up and their product (3·ffn, sharded) beside the residual stream, the normed input and the
+    block's output (3·h)."""
+    return element_bytes * (3 * model.ffn / tp + 3 * model.hidden)
+
+
+def backward_working_bytes_per_token(model: ModelSpec, tp: int, element_bytes: int = BF16) -> float:
+    """Bytes per token the backward adds to what the forward saved, at its peak — its start, while every saved
+    tensor still lives: the gradients of the last block's output (h) and of its SwiGLU product (ffn, sharded).
+    Later layers' gradients take the place of saved tensors already freed."""
+    return element_bytes * (model.ffn / tp + model.hidden)
 
 
 def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int | None = None) -> tuple[int, int]:
@@ -107,30 +133,45 @@ def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int |
     return b, -(-per_rank // b)
 
 
+@functools.lru_cache(maxsize=4096)
+def _rank_step_tokens(workload: Workload, dp: int, mini_batches: int) -> float:
+    """Tokens of the largest mini-batch the most loaded data-parallel rank takes, for a length distribution: the
+    batch's representative lengths (prompt + LengthDistribution.sample) dealt in equal counts with about equal
+    tokens (the runtime's balanced partition, rl/batches.py dp_balanced_order), whose most loaded part holds at
+    least the mean share and at least the longest sequence beside the shortest others (the optimum's lower bound:
+    the partition lies within a few % of it, closer the more rows a rank holds); the rank's rows then cut in
+    order into mini-batches, the one holding its longest sequence filled with average ones."""
+    lengths = [workload.prompt_len + r for r in workload.response_lengths.sample(workload.sequences)]
+    rows = -(-len(lengths) // dp)
+    part = max(sum(lengths) / dp, lengths[-1] + sum(lengths[:rows - 1]))
+    per_step = max(1, -(-rows // mini_batches))
+    if rows == 1:
+        return float(part)
+    return lengths[-1] + (part - lengths[-1]) * (per_step - 1) / (rows - 1)
+
+
 def micro_batch_tokens_held(workload: Workload, dp: int, mini_batches: int, micro_batch_tokens: int | None) -> float:
     """Tokens one micro-batch of a data-parallel rank holds: b rows of seq_len, or packed (a token budget) the
-    budget, but never more than the rank holds in a step — per_rank sequences, about its even share under the
-    token-balanced partition: at most the mean share plus one longest sequence (the largest-first rule's bound)."""
+    budget, but never more than the rank holds in a step (_rank_step_tokens for a length distribution)."""
     b, _ = _microbatch(workload, dp, mini_batches)
     if micro_batch_tokens is None:
         return float(b * workload.seq_len)
-    per_rank = max(1, -(-workload.sequences // (mini_batches * dp)))
     if workload.response_lengths is None:
-        held = per_rank * workload.seq_len
+        held = max(1, -(-workload.sequences // (mini_batches * dp))) * workload.seq_len
     else:
-        held = per_rank * (workload.prompt_len + workload.mean_response_len) + workload.seq_len
+        held = _rank_step_tokens(workload, dp, mini_batches)
     return float(min(micro_batch_tokens, held))
 
 
-def at_element_bytes(m: MemoryBreakdown, element_bytes: int) -> MemoryBreakdown:
-    """`m`, counted in bf16 (module docstring), on a device that computes in `element_bytes` per element (a CPU
-    profile measured in fp32: 4): weights, gradients, activations, the KV cache and the gather buffers scale
-    with the element; Adam's m and v are fp32 either way, and fp32 weights are their own master copy (8 bytes
-    per trained parameter instead of 12). Leave the fixed reservation out of `m`: it is no element count."""
+def at_element_bytes(states: MemoryBreakdown, element_bytes: int) -> MemoryBreakdown:
+    """`states` (state_bytes: counted in bf16) on a device that computes in `element_bytes` per element (a CPU
+    profile measured in fp32: 4): weights and a gradient buffer scale with the element; Adam's m and v are fp32
+    either way, and fp32 weights are their own master copy (8 bytes per trained parameter instead of 12). The
+    transients take the element size themselves (an eager norm's fp32 copy does not scale)."""
     scale = element_bytes / BF16
     optimizer = (OPTIMIZER_BYTES - (FP32 if element_bytes >= FP32 else 0)) / OPTIMIZER_BYTES
-    return memory_parts(weights=m.weights * scale, gradients=m.gradients * scale, optimizer=m.optimizer * optimizer,
-                        activations=m.activations * scale, kv_cache=m.kv_cache * scale, buffers=m.buffers * scale)
+    return memory_parts(weights=states.weights * scale, gradients=states.gradients * scale,
+                        optimizer=states.optimizer * optimizer)
 
 
 def megatron_local_params(model: ModelSpec, head: Head, parallel: ParallelConfig) -> float:
@@ -159,45 +200,52 @@ def state_bytes(model: ModelSpec, head: Head, parallel: ParallelConfig, trainabl
     return memory_parts(weights=BF16 * weights, gradients=grads, optimizer=OPTIMIZER_BYTES * params / n if kept else 0.0)
 
 
-def _gather_unit_bytes(model: ModelSpec, tp: int) -> float:
+def _gather_unit_bytes(model: ModelSpec, tp: int, element_bytes: int = BF16) -> float:
     """The largest FSDP unit, unsharded over dp (still split over tp): a layer or the embedding."""
-    return BF16 * max(model.layer_params(), model.vocab * model.hidden) / tp
+    return element_bytes * max(model.layer_params(), model.vocab * model.hidden) / tp
 
 
 def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
                     recompute: bool = False, lora: LoraConfig | None = None,
-                    micro_batch_tokens: int | None = None) -> MemoryBreakdown:
-    """micro_batch_tokens: the role's packing budget (micro_batch_tokens_held)."""
-    tp, pp, dp = parallel.tp, parallel.pp, parallel.dp
+                    micro_batch_tokens: int | None = None, element_bytes: int = BF16) -> MemoryBreakdown:
+    """micro_batch_tokens: the role's packing budget (micro_batch_tokens_held). element_bytes: the compute
+    element (bf16 on GPUs; a CPU profile's fp32)."""
+    tp, pp, dp, e = parallel.tp, parallel.pp, parallel.dp, element_bytes
     _, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
     # Ulysses: 1/sp of the sequences' tokens
     tokens = micro_batch_tokens_held(workload, dp // parallel.sp, workload.mini_batches, micro_batch_tokens) / parallel.sp
-    per_layer = activation_bytes_per_token_layer(model, tp) * tokens
+    per_layer = activation_bytes_per_token_layer(model, tp, parallel.backend, e) * tokens
     in_flight = min(m, pp)  # 1F1B: the first stage holds pp micro-batches
     layers = model.layers / pp
     if recompute:  # keep each layer's input, rebuild one layer at a time in the backward
-        acts = in_flight * layers * BF16 * model.hidden * tokens + per_layer
+        acts = in_flight * layers * e * model.hidden * tokens + per_layer
     else:
         acts = in_flight * layers * per_layer
-    if head == "lm":
-        acts += tokens * model.vocab / tp * LOGIT_TRAIN_BYTES
+    # the final norm's saved tensors and the backward's first gradients
+    acts += (_norm_saved_bytes(model, parallel.backend, e) + backward_working_bytes_per_token(model, tp, e)) * tokens
+    if head == "lm":  # logits, their fp32 log-softmax, the logits' gradient
+        acts += tokens * model.vocab / tp * (2 * e + FP32)
     if parallel.backend == "megatron":  # its gradient buffer is a state (state_bytes); no gathers
         return memory_parts(activations=acts)
     if lora is not None:  # gradients of the adapters only; the gathers still move the frozen base
-        bufs = 2 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0
-        return memory_parts(gradients=BF16 * adapter_params(model, lora) / parallel.world_size, activations=acts, buffers=bufs)
-    bufs = 3 * _gather_unit_bytes(model, tp) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
-    return memory_parts(gradients=BF16 * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
+        bufs = 2 * _gather_unit_bytes(model, tp, e) if dp > 1 else 0.0
+        return memory_parts(gradients=e * adapter_params(model, lora) / parallel.world_size, activations=acts,
+                            buffers=bufs)
+    bufs = 3 * _gather_unit_bytes(model, tp, e) if dp > 1 else 0.0  # gather current + prefetch, grad to scatter
+    return memory_parts(gradients=e * model.num_params(head) / parallel.world_size, activations=acts, buffers=bufs)
 
 
 def forward_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, workload: Workload,
-                      micro_batch_tokens: int | None = None) -> MemoryBreakdown:
+                      micro_batch_tokens: int | None = None, element_bytes: int = BF16) -> MemoryBreakdown:
+    """Without gradients a forward holds one layer's working set at a time (+ the logits and their fp32
+    log-softmax)."""
+    e = element_bytes
     tokens = micro_batch_tokens_held(workload, parallel.dp // parallel.sp, 1, micro_batch_tokens) / parallel.sp
-    acts = activation_bytes_per_token_layer(model, parallel.tp) * tokens  # one layer at a time
+    acts = layer_working_bytes_per_token(model, parallel.tp, e) * tokens
     if head == "lm":
-        acts += tokens * model.vocab / parallel.tp * LOGIT_BYTES
+        acts += tokens * model.vocab / parallel.tp * (e + FP32)
     gathers = parallel.dp > 1 and parallel.backend == "fsdp"
-    bufs = 2 * _gather_unit_bytes(model, parallel.tp) if gathers else 0.0
+    bufs = 2 * _gather_unit_bytes(model, parallel.tp, e) if gathers else 0.0
     return memory_parts(activations=acts, buffers=bufs)
 
 

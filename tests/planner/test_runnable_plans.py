@@ -23,7 +23,7 @@ from hybridflow.simulator.vocabulary.execution import colocation_problem, megatr
 BOTH = ("fsdp", "megatron")
 # (algorithm, model, cluster shape, GiB per device, backends): memory binds in each, so sets mix layouts
 CASES = {
-    "ppo-dense-both": ("ppo", small_model(layers=2), (1, 4), 2.0, BOTH),
+    "ppo-dense-both": ("ppo", small_model(layers=2), (1, 4), 2.2, BOTH),
     "grpo-dense-both": ("grpo", small_model(layers=2), (1, 4), 2.5, BOTH),
     "grpo-moe-megatron": ("grpo", small_moe(), (2, 2), 1.9, ("megatron",)),
     "ppo-moe-both": ("ppo", small_moe(), (1, 4), 1.9, BOTH),

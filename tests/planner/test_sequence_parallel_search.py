@@ -8,10 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_util import assert_search_is_exact, small_cluster, small_model
 
+from hybridflow.planner.configs import train_configs
 from hybridflow.planner.request import SearchRequest
 from hybridflow.runtime.rl.plan_support import check_runnable
 from hybridflow.runtime.rl.run_config import RunConfig
-from hybridflow.simulator import Workload
+from hybridflow.simulator import Workload, model_preset
 from hybridflow.simulator.errors import HflowError
 from hybridflow.simulator.pricing.cost import CostModel
 from hybridflow.tools.cli import main
@@ -28,26 +29,29 @@ def test_search_with_sp_equals_brute_force(width, shape, gib, algo, seq):
     assert_search_is_exact(SearchRequest.for_algorithm(algo, actor, cluster, wl, top_k=2), CostModel(cluster))
 
 
-QWEN_32K = ["search", "--gpu", "h100-80g", "--model", "qwen2.5-7b", "--algo", "grpo", "--batch", "32", "--samples",
+LLAMA_32K = ["search", "--gpu", "h100-80g", "--model", "llama3.1-8b", "--algo", "grpo", "--batch", "32", "--samples",
             "8", "--prompt-len", "1024", "--response-len", "31744", "--micro-batch", "4", "--top", "1"]
 
 
 def test_a_32k_workload_on_8_h100_fits_only_with_sequence_parallelism(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main([*QWEN_32K, "--out", str(out)]) == 0
+    assert main([*LLAMA_32K, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "sp_comm" in text  # the all-to-all in the breakdown
     plan = json.loads(out.read_text())
     assert max(r["train"].get("sp", 1) for r in plan["roles"].values()) >= 2
-    assert main([*QWEN_32K, "--max-sp", "1"]) == 2
+    assert main([*LLAMA_32K, "--max-sp", "1"]) == 2
     assert "does not fit" in capsys.readouterr().err
     from hybridflow.simulator import Plan
 
     check_runnable(Plan.model_validate(plan), RunConfig())  # the FSDP engine runs Ulysses (pp = 1)
     actor = next(r for r in plan["roles"].values() if r["train"].get("sp", 1) > 1)
-    actor["train"] |= {"pp": 2, "dp": actor["train"]["dp"] // 2}
+    dp = actor["train"]["dp"] // 2
+    actor["train"] |= {"pp": 2, "dp": dp, "sp": min(actor["train"]["sp"], dp)}
     with pytest.raises(HflowError, match="plan with --max-sp 1 or --max-pp 1"):
         check_runnable(Plan.model_validate(plan), RunConfig())
+    # and the search proposes no such layout (planner/configs.py: sp only at pp = 1)
+    assert all(c.sp == 1 for c in train_configs(model_preset("llama3.1-8b"), 8, 8, sequence_parallel=True) if c.pp > 1)
 
 
 def test_short_sequences_are_searched_without_sp(capsys):

@@ -77,9 +77,9 @@ def test_a_cpu_profile_prices_pytorch_s_cpu_attention_blocks():
     assert EfficiencyParams().attention_key_block == 0  # GPU presets: the causal half
 
 
-def test_fp32_elements_double_all_but_adam_which_loses_the_master_copy():
-    bf16 = memory_parts(weights=2.0, gradients=2.0, optimizer=12.0, activations=100.0, kv_cache=10.0, buffers=3.0)
+def test_fp32_states_double_all_but_adam_which_loses_the_master_copy():
+    bf16 = memory_parts(weights=2.0, gradients=2.0, optimizer=12.0)
     fp32 = at_element_bytes(bf16, 4)
-    assert fp32.model_dump() == {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0, "activations": 200.0,
-                                 "kv_cache": 20.0, "buffers": 6.0}
+    assert fp32.model_dump() == {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0, "activations": 0.0,
+                                 "kv_cache": 0.0, "buffers": 0.0}
     assert at_element_bytes(bf16, 2) == bf16

@@ -7,6 +7,7 @@ from hybridflow.simulator.pricing.memory import (
     InfeasibleError,
     activation_bytes_per_token_layer,
     fits_on,
+    forward_transient,
     kv_bytes_per_sequence,
     min_devices,
     role_memory,
@@ -45,13 +46,25 @@ def test_states_shard_over_all_devices():
 
 
 def test_activations_by_hand_and_recompute():
-    # Llama-2-7B, tp=1: 8h replicated + 4·4096 (q) + 4·4096 (kv) + 8·11008 (SwiGLU) bytes per token per layer
-    assert activation_bytes_per_token_layer(L7, 1) == 8 * 4096 + 4 * 4096 + 4 * 4096 + 8 * 11008
-    assert activation_bytes_per_token_layer(L7, 4) == 8 * 4096 + (4 * 4096 + 4 * 4096 + 8 * 11008) / 4
-    full = train_transient(L7, "lm", ParallelConfig(), W)
+    # Llama-2-7B, bf16, per token and layer. Fused (megatron: Korthikanti's count): the norms' inputs and the
+    # matmuls' inputs (4·h), q, k, v and the attention output, the SwiGLU's gate, up, act and product (4·ffn)
+    fused = 8 * 4096 + 4 * 4096 + 4 * 4096 + 8 * 11008
+    assert activation_bytes_per_token_layer(L7, 1, "megatron") == fused
+    assert activation_bytes_per_token_layer(L7, 4, "megatron") == 8 * 4096 + (4 * 4096 + 4 * 4096 + 8 * 11008) / 4
+    # eager (this runtime's FSDP decoder): each norm keeps an fp32 copy of its input, its normalised output and
+    # that times the weight; the output projection its own copy of the attention output
+    eager = 2 * (4 + 2 * 2) * 4096 + 2 * (3 * 4096 + 2 * 4096) + 8 * 11008
+    assert activation_bytes_per_token_layer(L7, 1) == eager
+    assert activation_bytes_per_token_layer(L7, 1, element_bytes=4) == 2 * 3 * 4 * 4096 + 4 * (5 * 4096) + 16 * 11008
     tokens = 4 * 1024
-    assert full.activations == pytest.approx(32 * tokens * activation_bytes_per_token_layer(L7, 1)
-                                             + tokens * 32000 * 8)
+    final_norm, first_gradients, logits = 8 * 4096, 2 * (11008 + 4096), 32000 * (2 + 4 + 2)
+    full = train_transient(L7, "lm", ParallelConfig(), W)
+    assert full.activations == pytest.approx(tokens * (32 * eager + final_norm + first_gradients + logits))
+    megatron = train_transient(L7, "lm", ParallelConfig(backend="megatron"), W)
+    assert megatron.activations == pytest.approx(tokens * (32 * fused + 4 * 4096 + first_gradients + logits))
+    # a forward without gradients: one layer's working set (3·ffn + 3·h) and the logits with their log-softmax
+    fwd = forward_transient(L7, "lm", ParallelConfig(), W)
+    assert fwd.activations == pytest.approx(tokens * (2 * (3 * 11008 + 3 * 4096) + 32000 * 6))
     rec = train_transient(L7, "lm", ParallelConfig(), W, recompute=True)
     assert rec.activations < full.activations / 5
     # 1F1B: the first stage keeps pp micro-batches in flight over layers/pp layers → same total as pp=1
@@ -116,8 +129,8 @@ def test_check_plan_memory_names_the_group_and_breakdown():
 
 def test_actor_generation_fills_free_memory_with_kv_cache():
     gen = ParallelConfig(tp=2, dp=4)
-    mem = role_memory(L7, "lm", ParallelConfig(tp=2, dp=4), Workload(prompts=4096), trainable=True, hardware=A100,
-                      gen=gen)
+    mem = role_memory(L7, "lm", ParallelConfig(tp=2, dp=4), Workload(prompts=4096, micro_batch_size=2), trainable=True,
+                      hardware=A100, gen=gen)
     assert mem.kv_cache > 0
     assert mem.kv_cache % kv_bytes_per_sequence(L7, gen, 2048) == 0  # whole sequences
     assert mem.total <= 80 * GiB * 0.95
