@@ -21,7 +21,7 @@ from hybridflow.runtime.controller.host import cache_dir
 from hybridflow.runtime.tasks.builtin import get_task
 from hybridflow.runtime.tasks.char_vocab import VOCAB_SIZE
 from hybridflow.simulator.errors import HflowError
-from hybridflow.simulator.pricing.memory import activation_bytes_per_token_layer
+from hybridflow.simulator.pricing.activations import activation_bytes_per_token_layer
 from hybridflow.simulator.vocabulary.model import ModelSpec
 
 WARMUP_VERSION = 1

@@ -8,12 +8,12 @@ under `backend: megatron` (distributed optimizer) only the optimizer states are 
 weights and an fp32 gradient buffer are whole on each dp rank. That buffer is a state: megatron-core's
 DDP allocates it with the model and keeps it (through generation too) unless the model is offloaded.
 
-A model's memory is its *states* (weights, optimizer: resident while it lives on the device) plus
-the *transient* of the op it runs (training: gradients, activations, FSDP gather buffers; forward:
-one layer's working set and the logits; generation: the generation-layout weights and the KV
-cache). Colocated models take turns: without offload every model's states stay resident and only
-the running op's transient is added; with `plan.offload` idle models' states live in host memory,
-so the peak is the largest single model's states + its largest transient. Each device also keeps
+A model's memory is its *states* (weights, optimizer: resident while it lives on the device) plus the
+*transient* of the op it runs (training: gradients, activations, FSDP gather buffers; forward: one layer's
+working set and the logits — what a token holds: activations.py; generation: the generation-layout weights
+and the KV cache). Colocated models take turns: without offload every model's states stay resident and
+only the running op's transient is added; with `plan.offload` idle models' states live in host memory, so
+the peak is the largest single model's states + its largest transient. Each device also keeps
 `reserved_bytes` (CUDA context, NCCL) once, reported under buffers.
 (A Plan's groups summed so: plan_memory.py.)
 
@@ -25,12 +25,19 @@ frozen base too, but no full-size gradient is reduce-scattered.
 
 from __future__ import annotations
 
-import functools
 import math
 
 from pydantic import BaseModel, ConfigDict
 
 from hybridflow.simulator.errors import HflowError
+from hybridflow.simulator.pricing.activations import (
+    activation_bytes_per_token_layer,
+    backward_working_bytes_per_token,
+    layer_working_bytes_per_token,
+    micro_batch_split,
+    micro_batch_tokens_held,
+    norm_saved_bytes,
+)
 from hybridflow.simulator.pricing.efficiency import EfficiencyParams
 from hybridflow.simulator.pricing.reshard import reshard_spec
 from hybridflow.simulator.vocabulary.hardware import HardwareSpec
@@ -88,81 +95,6 @@ def memory_parts(**parts: float) -> MemoryBreakdown:
 
 
 # ---- the parts, as plain floats --------------------------------------------------------------
-def _norm_saved_bytes(model: ModelSpec, backend: str, element_bytes: int) -> float:
-    """Bytes per token an RMSNorm leaves for the backward, with the matmul input it feeds. Fused (megatron's
-    Transformer Engine): its input and its output, the next matmul's input. Eager (the FSDP runtime's decoder,
-    HF's for deepspeed): normalising in fp32 keeps an fp32 copy of the input (the input itself in fp32), the
-    normalised tensor and its product with the weight."""
-    if backend == "megatron":
-        return 2 * element_bytes * model.hidden
-    return (FP32 + 2 * element_bytes) * model.hidden
-
-
-def activation_bytes_per_token_layer(model: ModelSpec, tp: int, backend: str = "fsdp",
-                                     element_bytes: int = BF16) -> float:
-    """Activation bytes one token leaves in one layer for the backward (no s×s scores: FlashAttention, or
-    attention per packed sequence). Replicated over tp: the two norms' (_norm_saved_bytes); sharded: q, k, v
-    and the attention output, and the SwiGLU's gate, up, act(gate) and product (4·ffn). A fused backend is
-    Korthikanti et al. 2022's count (34·h for GPT; Llama's SwiGLU gives ~37·h for 7B); the eager decoder also
-    keeps the attention output's copy laid out for the output projection."""
-    q_dim = model.heads * model.dim_head
-    kv_dim = model.kv_heads * model.dim_head
-    attention = (2 if backend == "megatron" else 3) * q_dim + 2 * kv_dim
-    return 2 * _norm_saved_bytes(model, backend, element_bytes) + element_bytes * (attention + 4 * model.ffn) / tp
-
-
-def layer_working_bytes_per_token(model: ModelSpec, tp: int, element_bytes: int = BF16) -> float:
-    """Bytes per token a forward without gradients holds, one layer at a time: at its largest step the SwiGLU's
-    act(gate), up and their product (3·ffn, sharded) beside the residual stream, the normed input and the
-    block's output (3·h)."""
-    return element_bytes * (3 * model.ffn / tp + 3 * model.hidden)
-
-
-def backward_working_bytes_per_token(model: ModelSpec, tp: int, element_bytes: int = BF16) -> float:
-    """Bytes per token the backward adds to what the forward saved, at its peak — its start, while every saved
-    tensor still lives: the gradients of the last block's output (h) and of its SwiGLU product (ffn, sharded).
-    Later layers' gradients take the place of saved tensors already freed."""
-    return element_bytes * (model.ffn / tp + model.hidden)
-
-
-def _microbatch(workload: Workload, dp: int, mini_batches: int, sequences: int | None = None) -> tuple[int, int]:
-    """(sequences per micro-batch, micro-batches per mini-batch) on one data-parallel rank."""
-    seqs = sequences if sequences is not None else workload.sequences
-    per_rank = max(1, -(-seqs // (mini_batches * dp)))
-    b = min(workload.micro_batch_size, per_rank)
-    return b, -(-per_rank // b)
-
-
-@functools.lru_cache(maxsize=4096)
-def _rank_step_tokens(workload: Workload, dp: int, mini_batches: int) -> float:
-    """Tokens of the largest mini-batch the most loaded data-parallel rank takes, for a length distribution: the
-    batch's representative lengths (prompt + LengthDistribution.sample) dealt in equal counts with about equal
-    tokens (the runtime's balanced partition, rl/batches.py dp_balanced_order), whose most loaded part holds at
-    least the mean share and at least the longest sequence beside the shortest others (the optimum's lower bound:
-    the partition lies within a few % of it, closer the more rows a rank holds); the rank's rows then cut in
-    order into mini-batches, the one holding its longest sequence filled with average ones."""
-    lengths = [workload.prompt_len + r for r in workload.response_lengths.sample(workload.sequences)]
-    rows = -(-len(lengths) // dp)
-    part = max(sum(lengths) / dp, lengths[-1] + sum(lengths[:rows - 1]))
-    per_step = max(1, -(-rows // mini_batches))
-    if rows == 1:
-        return float(part)
-    return lengths[-1] + (part - lengths[-1]) * (per_step - 1) / (rows - 1)
-
-
-def micro_batch_tokens_held(workload: Workload, dp: int, mini_batches: int, micro_batch_tokens: int | None) -> float:
-    """Tokens one micro-batch of a data-parallel rank holds: b rows of seq_len, or packed (a token budget) the
-    budget, but never more than the rank holds in a step (_rank_step_tokens for a length distribution)."""
-    b, _ = _microbatch(workload, dp, mini_batches)
-    if micro_batch_tokens is None:
-        return float(b * workload.seq_len)
-    if workload.response_lengths is None:
-        held = max(1, -(-workload.sequences // (mini_batches * dp))) * workload.seq_len
-    else:
-        held = _rank_step_tokens(workload, dp, mini_batches)
-    return float(min(micro_batch_tokens, held))
-
-
 def at_element_bytes(states: MemoryBreakdown, element_bytes: int) -> MemoryBreakdown:
     """`states` (state_bytes: counted in bf16) on a device that computes in `element_bytes` per element (a CPU
     profile measured in fp32: 4): weights and a gradient buffer scale with the element; Adam's m and v are fp32
@@ -211,7 +143,7 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     """micro_batch_tokens: the role's packing budget (micro_batch_tokens_held). element_bytes: the compute
     element (bf16 on GPUs; a CPU profile's fp32)."""
     tp, pp, dp, e = parallel.tp, parallel.pp, parallel.dp, element_bytes
-    _, m = _microbatch(workload, dp // parallel.sp, workload.mini_batches)
+    _, m = micro_batch_split(workload, dp // parallel.sp, workload.mini_batches)
     # Ulysses: 1/sp of the sequences' tokens
     tokens = micro_batch_tokens_held(workload, dp // parallel.sp, workload.mini_batches, micro_batch_tokens) / parallel.sp
     per_layer = activation_bytes_per_token_layer(model, tp, parallel.backend, e) * tokens
@@ -222,7 +154,7 @@ def train_transient(model: ModelSpec, head: Head, parallel: ParallelConfig, work
     else:
         acts = in_flight * layers * per_layer
     # the final norm's saved tensors and the backward's first gradients
-    acts += (_norm_saved_bytes(model, parallel.backend, e) + backward_working_bytes_per_token(model, tp, e)) * tokens
+    acts += (norm_saved_bytes(model, parallel.backend, e) + backward_working_bytes_per_token(model, tp, e)) * tokens
     if head == "lm":  # logits, their fp32 log-softmax, the logits' gradient
         acts += tokens * model.vocab / tp * (2 * e + FP32)
     if parallel.backend == "megatron":  # its gradient buffer is a state (state_bytes); no gathers
@@ -397,6 +329,3 @@ def min_devices(models: list[tuple[ModelSpec, str]], workload: Workload, cluster
         if fits_on(models, n, workload, cluster, offload=offload, params=params):
             return n
     return None
-
-
-# ---- a whole plan -----------------------------------------------------------------------------

@@ -2,10 +2,10 @@ import pytest
 from sim_util import make_plan
 
 from hybridflow.simulator import ClusterSpec, ParallelConfig, Plan, Workload, hardware_preset, model_preset
+from hybridflow.simulator.pricing.activations import activation_bytes_per_token_layer
 from hybridflow.simulator.pricing.cost import CostModel, price_op
 from hybridflow.simulator.pricing.memory import (
     InfeasibleError,
-    activation_bytes_per_token_layer,
     fits_on,
     forward_transient,
     kv_bytes_per_sequence,

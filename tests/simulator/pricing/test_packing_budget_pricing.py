@@ -96,7 +96,7 @@ def test_the_memory_model_holds_a_packed_micro_batch_of_the_budget_at_most_the_r
 @pytest.mark.parametrize("mean,longest", [(128, 1024), (2048, 16384), (500, 600)])
 def test_the_priced_rank_load_is_the_runtime_s_balanced_partition(dp, mean, longest):
     from hybridflow.runtime.controller.protocols import balanced_partition
-    from hybridflow.simulator.pricing.memory import micro_batch_tokens_held
+    from hybridflow.simulator.pricing.activations import micro_batch_tokens_held
 
     w = Workload(prompts=64, prompt_len=100, micro_batch_size=4, mini_batches=1,
                  response_lengths=LengthDistribution.max_entropy(mean, longest))

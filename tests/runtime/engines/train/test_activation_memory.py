@@ -13,11 +13,11 @@ from torch.utils._pytree import tree_flatten
 
 from hybridflow.runtime.engines.train.segment_attention import install_segment_attention
 from hybridflow.runtime.models.decoder import CausalLM
-from hybridflow.simulator.pricing.memory import (
-    _norm_saved_bytes,
+from hybridflow.simulator.pricing.activations import (
     activation_bytes_per_token_layer,
     backward_working_bytes_per_token,
     layer_working_bytes_per_token,
+    norm_saved_bytes,
 )
 from hybridflow.simulator.vocabulary.model import model_preset
 
@@ -99,7 +99,7 @@ def _per_token(measure, dtype, *args) -> float:
 def test_the_eager_decoder_saves_what_the_fsdp_count_says(dtype):
     e = DTYPES[dtype]
     layers = SPEC.layers * activation_bytes_per_token_layer(SPEC, 1, "fsdp", e)
-    final = _norm_saved_bytes(SPEC, "fsdp", e)
+    final = norm_saved_bytes(SPEC, "fsdp", e)
     head = SPEC.hidden * e  # the LM head's input (the final norm's output is counted there)
     measured = _per_token(_saved_bytes, dtype)
     assert measured == pytest.approx(layers + final, rel=0.03)
@@ -120,7 +120,7 @@ def test_a_forward_without_gradients_holds_one_layer_s_working_set(dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_a_backward_holds_the_saved_activations_and_its_first_gradients(dtype):
     e = DTYPES[dtype]
-    saved = SPEC.layers * activation_bytes_per_token_layer(SPEC, 1, "fsdp", e) + _norm_saved_bytes(SPEC, "fsdp", e)
+    saved = SPEC.layers * activation_bytes_per_token_layer(SPEC, 1, "fsdp", e) + norm_saved_bytes(SPEC, "fsdp", e)
     logits = SPEC.vocab * (2 * e + 4) + (SPEC.vocab * 4 if e < 4 else 0)  # + the test's own fp32 copy of them
     priced = saved + backward_working_bytes_per_token(SPEC, 1, e) + logits
     measured = _per_token(_peak_bytes, dtype, True)
