@@ -30,7 +30,7 @@ def test_search_with_sp_equals_brute_force(width, shape, gib, algo, seq):
 
 
 LLAMA_32K = ["search", "--gpu", "h100-80g", "--model", "llama3.1-8b", "--algo", "grpo", "--batch", "32", "--samples",
-            "8", "--prompt-len", "1024", "--response-len", "31744", "--micro-batch", "4", "--top", "1"]
+             "8", "--prompt-len", "1024", "--response-len", "31744", "--micro-batch", "4", "--top", "1"]
 
 
 def test_a_32k_workload_on_8_h100_fits_only_with_sequence_parallelism(tmp_path, capsys):
