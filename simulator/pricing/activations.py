@@ -54,11 +54,14 @@ def backward_working_bytes_per_token(model: ModelSpec, tp: int, element_bytes: i
     return element_bytes * (model.ffn / tp + model.hidden)
 
 
-def micro_batch_split(workload: Workload, dp: int, mini_batches: int,
-                      sequences: int | None = None) -> tuple[int, int]:
+def _rows_per_step(workload: Workload, dp: int, mini_batches: int) -> int:
+    """Sequences one data-parallel rank takes in one optimizer step (at least one)."""
+    return max(1, -(-workload.sequences // (mini_batches * dp)))
+
+
+def micro_batch_split(workload: Workload, dp: int, mini_batches: int) -> tuple[int, int]:
     """(sequences per micro-batch, micro-batches per mini-batch) on one data-parallel rank."""
-    seqs = sequences if sequences is not None else workload.sequences
-    per_rank = max(1, -(-seqs // (mini_batches * dp)))
+    per_rank = _rows_per_step(workload, dp, mini_batches)
     b = min(workload.micro_batch_size, per_rank)
     return b, -(-per_rank // b)
 
@@ -74,7 +77,7 @@ def _rank_step_tokens(workload: Workload, dp: int, mini_batches: int) -> float:
     lengths = [workload.prompt_len + r for r in workload.response_lengths.sample(workload.sequences)]
     rows = -(-len(lengths) // dp)
     part = max(sum(lengths) / dp, lengths[-1] + sum(lengths[:rows - 1]))
-    per_step = max(1, -(-rows // mini_batches))
+    per_step = -(-rows // mini_batches)
     if rows == 1:
         return float(part)
     return lengths[-1] + (part - lengths[-1]) * (per_step - 1) / (rows - 1)
@@ -83,11 +86,10 @@ def _rank_step_tokens(workload: Workload, dp: int, mini_batches: int) -> float:
 def micro_batch_tokens_held(workload: Workload, dp: int, mini_batches: int, micro_batch_tokens: int | None) -> float:
     """Tokens one micro-batch of a data-parallel rank holds: b rows of seq_len, or packed (a token budget) the
     budget, but never more than the rank holds in a step (_rank_step_tokens for a length distribution)."""
-    b, _ = micro_batch_split(workload, dp, mini_batches)
     if micro_batch_tokens is None:
-        return float(b * workload.seq_len)
+        return float(micro_batch_split(workload, dp, mini_batches)[0] * workload.seq_len)
     if workload.response_lengths is None:
-        held = max(1, -(-workload.sequences // (mini_batches * dp))) * workload.seq_len
+        held = _rows_per_step(workload, dp, mini_batches) * workload.seq_len
     else:
         held = _rank_step_tokens(workload, dp, mini_batches)
     return float(min(micro_batch_tokens, held))

@@ -1,4 +1,4 @@
-"""The memory model's activation count (simulator/pricing/memory.py) against what this runtime's decoder really
+"""The memory model's activation count (simulator/pricing/activations.py) against what this runtime's decoder really
 holds on a packed micro-batch: the tensors autograd saves for the backward (saved_tensors_hooks), and the peak of
 live tensors of a forward without gradients and of a forward + backward (every op's outputs tracked until their
 storage is freed). Per token: the difference between two packed lengths, so what does not grow with the tokens
